@@ -1,0 +1,64 @@
+# Optional parts (CUDA, NCCL, MPI) switch on when found; GIFT_WITH_<X>=ON makes a missing one
+# an error, OFF skips it. Everything else is required.
+
+set(GIFT_WITH_CUDA AUTO CACHE STRING "Build CUDA parts: AUTO, ON or OFF")
+set(GIFT_WITH_NCCL AUTO CACHE STRING "Build the NCCL transport: AUTO, ON or OFF")
+set(GIFT_WITH_MPI AUTO CACHE STRING "Build the MPI transport: AUTO, ON or OFF")
+foreach(opt GIFT_WITH_CUDA GIFT_WITH_NCCL GIFT_WITH_MPI)
+  set_property(CACHE ${opt} PROPERTY STRINGS AUTO ON OFF)
+endforeach()
+
+function(gift_require_or_note opt found what)
+  if(${opt} STREQUAL "ON" AND NOT found)
+    message(FATAL_ERROR "${opt}=ON but ${what} was not found")
+  endif()
+endfunction()
+
+# Our own targets: warnings are errors, and no floating-point contraction, because an FMA
+# that fuses the scale multiply with the rounding add would change FP8 codes.
+set(GIFT_CXX_FLAGS -Wall -Wextra -Werror -ffp-contract=off)
+set(GIFT_CUDA_FLAGS --fmad=false -Werror=all-warnings -Xcompiler=-Wall,-Wextra)
+
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HWY REQUIRED IMPORTED_TARGET libhwy)
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu/openblas-pthread
+          REQUIRED)
+
+# CUDA: the toolkit's headers serve CPU tests as a reference even without a GPU.
+set(GIFT_HAVE_CUDA OFF)
+if(NOT GIFT_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      # SASS for A100 and H100/H200, plus PTX of the newest for later GPUs.
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(GIFT_HAVE_CUDA ON)
+  endif()
+endif()
+gift_require_or_note(GIFT_WITH_CUDA "${GIFT_HAVE_CUDA}" "a CUDA compiler")
+
+set(GIFT_HAVE_NCCL OFF)
+if(GIFT_HAVE_CUDA AND NOT GIFT_WITH_NCCL STREQUAL "OFF")
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(NCCL_LIBRARY AND NCCL_INCLUDE_DIR)
+    set(GIFT_HAVE_NCCL ON)
+  endif()
+endif()
+gift_require_or_note(GIFT_WITH_NCCL "${GIFT_HAVE_NCCL}" "NCCL (with CUDA)")
+
+set(GIFT_HAVE_MPI OFF)
+if(NOT GIFT_WITH_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS C QUIET)
+  if(MPI_C_FOUND)
+    set(GIFT_HAVE_MPI ON)
+  endif()
+endif()
+gift_require_or_note(GIFT_WITH_MPI "${GIFT_HAVE_MPI}" "MPI")

@@ -1,0 +1,141 @@
+/* libgift public C API: FP8 gradient encoding with block scales.
+ *
+ * Everything here is plain C with opaque or POD types, explicit sizes and error codes, so
+ * transports and other languages can embed it. No function throws; each returns a
+ * giftResult_t, giftGetErrorString() names the code and giftGetLastErrorMessage() gives
+ * the detail of the calling thread's last failure (which tensor, which element, why).
+ *
+ * Numerics are specified in format/FORMAT.md ("Numerics"); the functions below implement
+ * exactly that text. */
+#ifndef GIFT_GIFT_H
+#define GIFT_GIFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(GIFT_BUILDING_LIBRARY) && defined(__GNUC__)
+#define GIFT_API __attribute__((visibility("default")))
+#else
+#define GIFT_API
+#endif
+
+#define GIFT_VERSION_MAJOR 0
+#define GIFT_VERSION_MINOR 1
+#define GIFT_VERSION_PATCH 0
+#define GIFT_VERSION_NUMBER \
+  (GIFT_VERSION_MAJOR * 10000 + GIFT_VERSION_MINOR * 100 + GIFT_VERSION_PATCH)
+
+typedef enum {
+  GIFT_OK = 0,
+  GIFT_ERROR_INVALID_ARGUMENT = 1, /* a parameter is out of its documented range */
+  GIFT_ERROR_NONFINITE_INPUT = 2,  /* NaN or Inf in the input while the policy is ERROR */
+  GIFT_ERROR_BUFFER_TOO_SMALL = 3, /* an output buffer is smaller than required */
+  GIFT_ERROR_OUT_OF_MEMORY = 4,
+  GIFT_ERROR_INTERNAL = 5
+} giftResult_t;
+
+typedef enum { GIFT_FP8_E4M3 = 0, GIFT_FP8_E5M2 = 1 } giftFp8Kind_t;
+
+/* Element types of tensors that are encoded from or decoded to. */
+typedef enum { GIFT_DTYPE_F32 = 0, GIFT_DTYPE_BF16 = 1, GIFT_DTYPE_F16 = 2 } giftDType_t;
+
+/* Which elements share one scale. The tensor is viewed as rows x cols, cols being its last
+ * dimension and rows the product of the others. Scales are stored row-major over the grid
+ * of groups. */
+typedef enum {
+  GIFT_SCALE_TENSOR = 0, /* one scale */
+  GIFT_SCALE_ROW = 1,    /* one scale per row */
+  GIFT_SCALE_BLOCK = 2,  /* blocks of `block` contiguous elements of a row; the last may be short */
+  GIFT_SCALE_TILE = 3    /* tiles of tile_rows x tile_cols; edge tiles may be short */
+} giftScaleLayout_t;
+
+typedef enum {
+  GIFT_SCALE_DTYPE_F32 = 0, /* little-endian IEEE binary32, 4 bytes per scale */
+  GIFT_SCALE_DTYPE_E8M0 = 1 /* OCP MX E8M0 power of two, 1 byte per scale */
+} giftScaleDType_t;
+
+typedef enum { GIFT_ROUND_NEAREST = 0, GIFT_ROUND_STOCHASTIC = 1 } giftRounding_t;
+
+typedef enum {
+  GIFT_NONFINITE_ERROR = 0, /* NaN/Inf input fails the encode (the default) */
+  GIFT_NONFINITE_KEEP = 1   /* store NaN codes (Inf codes in E5M2); scales from finite values */
+} giftNonFinite_t;
+
+#define GIFT_BLOCK_MIN 16
+#define GIFT_BLOCK_MAX 4096
+#define GIFT_BLOCK_DEFAULT 128
+
+typedef struct {
+  giftFp8Kind_t kind;
+  giftScaleLayout_t layout;
+  uint32_t block;     /* GIFT_SCALE_BLOCK: power of two in [GIFT_BLOCK_MIN, GIFT_BLOCK_MAX] */
+  uint32_t tile_rows; /* GIFT_SCALE_TILE: >= 1 */
+  uint32_t tile_cols; /* GIFT_SCALE_TILE: >= 1 */
+  giftScaleDType_t scale_dtype;
+  giftRounding_t rounding;
+  uint64_t seed;         /* stochastic rounding: generator key */
+  uint32_t tensor_index; /* stochastic rounding: distinguishes tensors under one seed */
+  giftNonFinite_t nonfinite;
+  int threads; /* 0: all hardware threads; otherwise the count to use */
+} giftQuantParams;
+
+/* What an encode saw; filled also when it fails with GIFT_ERROR_NONFINITE_INPUT. */
+typedef struct {
+  float amax;               /* largest finite magnitude in the tensor */
+  uint64_t nonfinite_count; /* NaN and Inf elements */
+  uint64_t first_nonfinite; /* flat index of the first one, or UINT64_MAX */
+} giftEncodeStats;
+
+/* Defaults: E4M3, blocks of 128, fp32 scales, round to nearest, non-finite is an error,
+ * all threads. */
+GIFT_API void giftQuantParamsInit(giftQuantParams* params);
+
+/* Checks a parameter set; the message says which field is wrong. */
+GIFT_API giftResult_t giftQuantParamsValidate(const giftQuantParams* params);
+
+/* Number of scales for a rows x cols tensor, and the bytes they take. */
+GIFT_API giftResult_t giftScaleCount(const giftQuantParams* params, uint64_t rows, uint64_t cols,
+                                     uint64_t* count);
+GIFT_API giftResult_t giftScaleBytes(const giftQuantParams* params, uint64_t rows, uint64_t cols,
+                                     uint64_t* bytes);
+
+/* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same
+ * order as the input) and the scales. `stats` may be NULL. */
+GIFT_API giftResult_t giftEncode(const giftQuantParams* params, const void* src,
+                                 giftDType_t src_dtype, uint64_t rows, uint64_t cols,
+                                 uint8_t* codes, void* scales, uint64_t scales_bytes,
+                                 giftEncodeStats* stats);
+
+/* Decodes codes and scales back to rows*cols elements of `dst_dtype` (fp32 exactly
+ * code*scale; bf16 and fp16 round that to nearest even). */
+GIFT_API giftResult_t giftDecode(const giftQuantParams* params, const uint8_t* codes,
+                                 const void* scales, uint64_t scales_bytes, uint64_t rows,
+                                 uint64_t cols, void* dst, giftDType_t dst_dtype);
+
+/* Error of `approx` against `ref` (both rows x cols fp32). */
+typedef struct {
+  double rel_l2;    /* ||approx - ref||_F / ||ref||_F (0 when both are zero) */
+  double cosine;    /* <approx, ref> / (||approx|| ||ref||) (1 when both are zero) */
+  double max_abs;   /* max |approx - ref| */
+  double bias;      /* mean (approx - ref) */
+  double rel_anorm; /* ||(approx - ref) A^1/2||_F / ||ref A^1/2||_F, or -1 without A */
+} giftErrorMetrics;
+
+/* `a` may be NULL; otherwise it is the cols x cols symmetric positive semi-definite matrix
+ * (row-major fp32) defining the A-norm. */
+GIFT_API giftResult_t giftComputeErrorMetrics(const float* ref, const float* approx, uint64_t rows,
+                                              uint64_t cols, const float* a, giftErrorMetrics* out);
+
+GIFT_API const char* giftGetErrorString(giftResult_t result);
+GIFT_API const char* giftGetLastErrorMessage(void);
+GIFT_API unsigned giftVersionNumber(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GIFT_GIFT_H */

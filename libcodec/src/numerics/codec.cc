@@ -1,0 +1,332 @@
+#include "numerics/codec.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "numerics/elementwise.h"
+#include "numerics/groups.h"
+#include "numerics/simd.h"
+
+namespace gift {
+namespace {
+
+using num::Fp8;
+
+// A group of at least this many elements, when there are too few groups to keep every
+// thread busy (tensor and row layouts), is split into chunks across threads.
+constexpr uint64_t kSplitGroupElems = uint64_t(1) << 18;
+constexpr uint64_t kChunkElems = uint64_t(1) << 16;
+
+int thread_count(const giftQuantParams& p) {
+  return p.threads > 0 ? p.threads : omp_get_max_threads();
+}
+
+const uint8_t* at(const void* base, giftDType_t dtype, uint64_t index) {
+  return static_cast<const uint8_t*>(base) + index * dtype_size(dtype);
+}
+
+float load_as_float(const void* src, giftDType_t dtype, uint64_t i) {
+  switch (dtype) {
+    case GIFT_DTYPE_BF16:
+      return num::bf16_to_float(static_cast<const uint16_t*>(src)[i]);
+    case GIFT_DTYPE_F16:
+      return num::f16_to_float(static_cast<const uint16_t*>(src)[i]);
+    default:
+      return static_cast<const float*>(src)[i];
+  }
+}
+
+bool is_finite_bits(uint32_t abs_bits) { return abs_bits < 0x7F800000u; }
+
+// How a group's codes are computed once its scale is known.
+struct GroupScale {
+  float factor;  // code = RN(x / factor) for fp32 scales, RN(x * factor) for E8M0 (exact)
+  bool divide;
+  bool zero;  // every code is +0 (amax == 0, or the fp32 scale underflowed to 0)
+};
+
+// The scale rule of FORMAT.md: stores the scale at index g and returns how to apply it.
+GroupScale make_scale(const giftQuantParams& p, float amax, void* scales, uint64_t g) {
+  const Fp8 kind = static_cast<Fp8>(p.kind);
+  if (p.scale_dtype == GIFT_SCALE_DTYPE_E8M0) {
+    const uint8_t b = num::scale_e8m0(amax, kind);
+    static_cast<uint8_t*>(scales)[g] = b;
+    return {num::e8m0_reciprocal(b), false, !(amax > 0.0f)};
+  }
+  const float s = num::scale_f32(amax, kind);
+  static_cast<float*>(scales)[g] = s;
+  return {s, true, !(s > 0.0f)};
+}
+
+template <Fp8 K>
+uint8_t convert_one(const giftQuantParams& p, float x, const GroupScale& gs, uint64_t index) {
+  if (p.nonfinite == GIFT_NONFINITE_KEEP && !is_finite_bits(num::bits_of(x) & 0x7FFFFFFFu)) {
+    if (x != x) return num::kNanCode;
+    if (K == Fp8::kE5M2) return static_cast<uint8_t>(num::kE5M2InfCode | (x < 0 ? 0x80 : 0));
+    return num::kNanCode;
+  }
+  if (gs.zero) return 0;
+  const float v = gs.divide ? x / gs.factor : x * gs.factor;
+  if (p.rounding == GIFT_ROUND_STOCHASTIC) {
+    const uint32_t r = num::sr_uniforms(p.seed, p.tensor_index, index >> 2).v[index & 3];
+    return num::fp8_from_float_sr<K>(v, r);
+  }
+  return num::fp8_from_float_rn<K>(v);
+}
+
+// Per-element path: stochastic rounding and spans holding NaN/Inf.
+template <Fp8 K>
+void convert_span_scalar(const giftQuantParams& p, const void* src, giftDType_t dtype,
+                         uint64_t begin, uint64_t n, const GroupScale& gs, uint8_t* codes) {
+  for (uint64_t i = begin; i < begin + n; ++i) {
+    codes[i] = convert_one<K>(p, load_as_float(src, dtype, i), gs, i);
+  }
+}
+
+void convert_span(const giftQuantParams& p, const void* src, giftDType_t dtype, uint64_t begin,
+                  uint64_t n, const GroupScale& gs, bool has_nonfinite, uint8_t* codes) {
+  if (!has_nonfinite && gs.zero) {  // all-zero groups are common (unused embedding rows)
+    std::memset(codes + begin, 0, n);
+  } else if (p.rounding == GIFT_ROUND_NEAREST && !has_nonfinite) {
+    simd::quantize_rn(at(src, dtype, begin), dtype, n, gs.factor, gs.divide, p.kind, codes + begin);
+  } else if (p.kind == GIFT_FP8_E4M3) {
+    convert_span_scalar<Fp8::kE4M3>(p, src, dtype, begin, n, gs, codes);
+  } else {
+    convert_span_scalar<Fp8::kE5M2>(p, src, dtype, begin, n, gs, codes);
+  }
+}
+
+// What one pass over values saw.
+struct Census {
+  float finite_amax = 0.0f;
+  uint64_t nonfinite = 0;
+  uint64_t first_nonfinite = UINT64_MAX;
+
+  void merge(const Census& o) {
+    finite_amax = std::max(finite_amax, o.finite_amax);
+    nonfinite += o.nonfinite;
+    first_nonfinite = std::min(first_nonfinite, o.first_nonfinite);
+  }
+};
+
+Census census_span(const void* src, giftDType_t dtype, uint64_t begin, uint64_t n) {
+  Census c;
+  const uint32_t bits = simd::abs_max_bits(at(src, dtype, begin), dtype, n);
+  if (is_finite_bits(bits)) {
+    c.finite_amax = num::float_of(bits);
+    return c;
+  }
+  for (uint64_t i = begin; i < begin + n; ++i) {  // rare: only spans holding NaN/Inf
+    const uint32_t b = num::bits_of(load_as_float(src, dtype, i)) & 0x7FFFFFFFu;
+    if (is_finite_bits(b)) {
+      c.finite_amax = std::max(c.finite_amax, num::float_of(b));
+    } else {
+      c.first_nonfinite = std::min(c.first_nonfinite, i);
+      ++c.nonfinite;
+    }
+  }
+  return c;
+}
+
+template <typename F>
+void for_each_row_span(const GroupGrid& grid, const Rect& r, F&& f) {
+  if (r.c0 == 0 && r.c1 == grid.cols) {  // whole rows: one contiguous span
+    f(r.r0 * grid.cols, r.count());
+    return;
+  }
+  for (uint64_t row = r.r0; row < r.r1; ++row) f(row * grid.cols + r.c0, r.c1 - r.c0);
+}
+
+// One group entirely on the calling thread.
+Census encode_group(const giftQuantParams& p, const GroupGrid& grid, uint64_t g, const void* src,
+                    giftDType_t dtype, uint8_t* codes, void* scales) {
+  const Rect r = grid.rect(g);
+  Census census;
+  for_each_row_span(grid, r,
+                    [&](uint64_t b, uint64_t n) { census.merge(census_span(src, dtype, b, n)); });
+  const GroupScale gs = make_scale(p, census.finite_amax, scales, g);
+  for_each_row_span(grid, r, [&](uint64_t b, uint64_t n) {
+    convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, codes);
+  });
+  return census;
+}
+
+// Splits [begin, begin + n) into chunks spread over threads.
+template <typename F>
+void parallel_chunks(uint64_t begin, uint64_t n, int threads, F&& f) {
+  const int64_t chunks = static_cast<int64_t>(ceil_div(n, kChunkElems));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint64_t b = begin + uint64_t(c) * kChunkElems;
+    f(b, std::min(kChunkElems, begin + n - b));
+  }
+}
+
+// One large contiguous group (whole rows) split across threads: a parallel census, then
+// a parallel conversion with the common scale.
+Census encode_group_split(const giftQuantParams& p, const GroupGrid& grid, uint64_t g,
+                          const void* src, giftDType_t dtype, uint8_t* codes, void* scales,
+                          int threads) {
+  const Rect r = grid.rect(g);
+  std::vector<Census> parts(static_cast<size_t>(threads));
+  parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
+    parts[static_cast<size_t>(omp_get_thread_num())].merge(census_span(src, dtype, b, n));
+  });
+  Census census;
+  for (const Census& c : parts) census.merge(c);
+  const GroupScale gs = make_scale(p, census.finite_amax, scales, g);
+  parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
+    convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, codes);
+  });
+  return census;
+}
+
+// Block layout: the groups of all rows, in order, cut into tasks of about kChunkElems
+// elements; each task is walked as runs of whole blocks within one row.
+template <typename F>
+void for_each_block_run(const giftQuantParams& p, const GroupGrid& grid, int threads, F&& f) {
+  const uint64_t nb = grid.grid_cols, groups = grid.count();
+  const uint64_t per_task = std::max<uint64_t>(1, kChunkElems / p.block);
+  const int64_t tasks = static_cast<int64_t>(ceil_div(groups, per_task));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t t = 0; t < tasks; ++t) {
+    uint64_t g = uint64_t(t) * per_task;
+    const uint64_t end = std::min(groups, g + per_task);
+    while (g < end) {
+      const uint64_t row = g / nb, first = g % nb, last = std::min(nb, first + (end - g));
+      const uint64_t c0 = first * p.block, c1 = std::min(grid.cols, last * p.block);
+      f(g, row * grid.cols + c0, c1 - c0);  // first group, first element, elements
+      g += last - first;
+    }
+  }
+}
+
+simd::BlockRun block_run(const giftQuantParams& p, const void* src, giftDType_t dtype,
+                         uint64_t first_group, uint64_t first_elem, uint64_t n, uint8_t* codes,
+                         void* scales) {
+  const size_t scale_size = p.scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1;
+  return {src ? at(src, dtype, first_elem) : nullptr,
+          dtype,
+          n,
+          p.block,
+          p.kind,
+          p.scale_dtype,
+          codes + first_elem,
+          static_cast<uint8_t*>(scales) + first_group * scale_size};
+}
+
+// Round to nearest in blocks, the hot path: whole runs in vector code. A run that meets
+// NaN/Inf is redone group by group on the general path.
+Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void* src,
+                     giftDType_t dtype, uint8_t* codes, void* scales, int threads) {
+  std::vector<Census> parts(static_cast<size_t>(threads));
+  for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n) {
+    Census& acc = parts[static_cast<size_t>(omp_get_thread_num())];
+    const uint32_t bits = simd::encode_blocks_rn(block_run(p, src, dtype, g, e, n, codes, scales));
+    if (is_finite_bits(bits)) {
+      acc.finite_amax = std::max(acc.finite_amax, num::float_of(bits));
+      return;
+    }
+    for (uint64_t k = 0; k < ceil_div(n, p.block); ++k) {
+      acc.merge(encode_group(p, grid, g + k, src, dtype, codes, scales));
+    }
+  });
+  Census census;
+  for (const Census& c : parts) census.merge(c);
+  return census;
+}
+
+bool split_groups(const GroupGrid& grid, int threads) {
+  return grid.width >= grid.cols && grid.count() < uint64_t(threads) * 4 &&
+         grid.height * grid.cols >= kSplitGroupElems;
+}
+
+}  // namespace
+
+size_t dtype_size(giftDType_t dtype) { return dtype == GIFT_DTYPE_F32 ? 4 : 2; }
+
+giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_t src_dtype,
+                           uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
+                           giftEncodeStats* stats) {
+  const GroupGrid grid = group_grid(p, rows, cols);
+  const int threads = thread_count(p);
+  const int64_t groups = static_cast<int64_t>(grid.count());
+  Census total;
+  if (p.layout == GIFT_SCALE_BLOCK && p.rounding == GIFT_ROUND_NEAREST) {
+    total = encode_blocks(p, grid, src, src_dtype, codes, scales, threads);
+  } else if (split_groups(grid, threads)) {
+    for (int64_t g = 0; g < groups; ++g) {
+      total.merge(encode_group_split(p, grid, uint64_t(g), src, src_dtype, codes, scales, threads));
+    }
+  } else {
+    std::vector<Census> parts(static_cast<size_t>(threads));
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < groups; ++g) {
+      parts[static_cast<size_t>(omp_get_thread_num())].merge(
+          encode_group(p, grid, uint64_t(g), src, src_dtype, codes, scales));
+    }
+    for (const Census& c : parts) total.merge(c);
+  }
+
+  if (stats) {
+    stats->amax = total.finite_amax;
+    stats->nonfinite_count = total.nonfinite;
+    stats->first_nonfinite = total.first_nonfinite;
+  }
+  if (total.nonfinite > 0 && p.nonfinite == GIFT_NONFINITE_ERROR) {
+    const uint64_t i = total.first_nonfinite;
+    return fail(GIFT_ERROR_NONFINITE_INPUT,
+                "%" PRIu64 " non-finite value%s in the input, the first at index %" PRIu64
+                " (row %" PRIu64 ", column %" PRIu64 ")",
+                total.nonfinite, total.nonfinite == 1 ? "" : "s", i, cols ? i / cols : 0,
+                cols ? i % cols : 0);
+  }
+  return GIFT_OK;
+}
+
+void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* scales,
+                   uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype) {
+  const GroupGrid grid = group_grid(p, rows, cols);
+  const int threads = thread_count(p);
+  const int64_t groups = static_cast<int64_t>(grid.count());
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  const size_t width = dtype_size(dst_dtype);
+  if (p.layout == GIFT_SCALE_BLOCK) {
+    for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n) {
+      simd::decode_blocks(block_run(p, nullptr, dst_dtype, g, e, n, const_cast<uint8_t*>(codes),
+                                    const_cast<void*>(scales)),
+                          out + e * width, dst_dtype);
+    });
+    return;
+  }
+  auto scale_of = [&](uint64_t g) {
+    return p.scale_dtype == GIFT_SCALE_DTYPE_E8M0
+               ? num::e8m0_to_float(static_cast<const uint8_t*>(scales)[g])
+               : static_cast<const float*>(scales)[g];
+  };
+  auto decode_span = [&](uint64_t b, uint64_t n, float s) {
+    simd::dequantize(codes + b, n, s, p.kind, out + b * width, dst_dtype);
+  };
+  if (split_groups(grid, threads)) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const Rect r = grid.rect(uint64_t(g));
+      const float s = scale_of(uint64_t(g));
+      parallel_chunks(r.r0 * cols, r.count(), threads,
+                      [&](uint64_t b, uint64_t n) { decode_span(b, n, s); });
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t g = 0; g < groups; ++g) {
+    const float s = scale_of(uint64_t(g));
+    for_each_row_span(grid, grid.rect(uint64_t(g)),
+                      [&](uint64_t b, uint64_t n) { decode_span(b, n, s); });
+  }
+}
+
+}  // namespace gift

@@ -1,0 +1,21 @@
+// The CPU encoder and decoder of one tensor: scale groups, scales, codes. Thin C API
+// wrappers in c_api.cc validate arguments and call these.
+#pragma once
+
+#include <cstdint>
+
+#include "gift/gift.h"
+
+namespace gift {
+
+// Assumes validated params and buffers of the right sizes.
+giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_t src_dtype,
+                           uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
+                           giftEncodeStats* stats);
+
+void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* scales,
+                   uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype);
+
+size_t dtype_size(giftDType_t dtype);
+
+}  // namespace gift

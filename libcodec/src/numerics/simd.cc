@@ -1,0 +1,363 @@
+#include "numerics/simd.h"
+
+#include <algorithm>
+#include <cstring>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "numerics/simd.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "numerics/elementwise.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace gift::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using num::Fp8;
+using num::Fp8Traits;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+
+// Widening loads: every source type becomes Lanes(DF) fp32 lanes, exactly.
+template <typename T>
+struct Source;
+
+template <>
+struct Source<float> {
+  static VF load(DF d, const float* p) { return hn::LoadU(d, p); }
+  static float scalar(const float* p) { return *p; }
+};
+
+template <>
+struct Source<uint16_t> {  // bf16: the upper half of an fp32
+  static VF load(DF d, const uint16_t* p) {
+    const hn::Rebind<uint16_t, DI> d16;
+    const DI di;
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(di, hn::LoadU(d16, p))));
+  }
+  static float scalar(const uint16_t* p) { return num::bf16_to_float(*p); }
+};
+
+template <>
+struct Source<hwy::float16_t> {
+  static VF load(DF d, const hwy::float16_t* p) {
+    const hn::Rebind<hwy::float16_t, DF> d16;
+    return hn::PromoteTo(d, hn::LoadU(d16, p));
+  }
+  static float scalar(const hwy::float16_t* p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return num::f16_to_float(h);
+  }
+};
+
+template <typename T>
+uint32_t AbsMaxBitsT(const T* src, size_t n) {
+  const DF d;
+  const DI di;
+  const size_t lanes = hn::Lanes(d);
+  const VI mask = hn::Set(di, 0x7FFFFFFF);
+  VI m0 = hn::Zero(di), m1 = hn::Zero(di);
+  size_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    m0 = hn::Max(m0, hn::And(hn::BitCast(di, Source<T>::load(d, src + i)), mask));
+    m1 = hn::Max(m1, hn::And(hn::BitCast(di, Source<T>::load(d, src + i + lanes)), mask));
+  }
+  uint32_t m = static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, hn::Max(m0, m1))));
+  for (; i < n; ++i) {
+    const uint32_t b = num::bits_of(Source<T>::scalar(src + i)) & 0x7FFFFFFFu;
+    m = b > m ? b : m;
+  }
+  return m;
+}
+
+// The vector form of num::fp8_from_float_rn, for any input.
+template <Fp8 K>
+HWY_INLINE VI ConvertRN(DF d, VF v) {
+  using Tr = Fp8Traits<K>;
+  constexpr int kShift = 23 - Tr::kMantBits;
+  const DI di;
+  const VI u = hn::BitCast(di, v);
+  const VI sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));
+  const VI a = hn::And(u, hn::Set(di, 0x7FFFFFFF));
+  const VI r = hn::ShiftRight<kShift>(hn::Add(hn::Add(a, hn::Set(di, (1 << (kShift - 1)) - 1)),
+                                              hn::And(hn::ShiftRight<kShift>(a), hn::Set(di, 1))));
+  const VI normal = hn::Min(hn::Sub(r, hn::Set(di, (127 - Tr::kBias) << Tr::kMantBits)),
+                            hn::Set(di, Tr::kMaxCode));
+  const VF magic = hn::Set(d, num::float_of(Tr::kSubnormalMagicBits));
+  const VI sub = hn::Sub(hn::BitCast(di, hn::Add(hn::BitCast(d, a), magic)),
+                         hn::Set(di, static_cast<int32_t>(Tr::kSubnormalMagicBits)));
+  const VI mag =
+      hn::IfThenElse(hn::Lt(a, hn::Set(di, static_cast<int32_t>(Tr::kMinNormalBits))), sub, normal);
+  return hn::IfThenElse(hn::Gt(a, hn::Set(di, 0x7F800000)), hn::Set(di, num::kNanCode),
+                        hn::Or(mag, sign));
+}
+
+// The same rule in fewer instructions for |v| < 2^17. Round |v| to the FP8 step of its
+// binade by adding and subtracting 2^(e + 23 - M), with e clamped below at the smallest
+// normal exponent so that subnormals round at their fixed step; then multiplying by
+// 2^-(127 - bias) is exact and leaves the FP8 code in fp32 bits [30 - M - 4 .. 23 - M],
+// fp32 subnormals included (no flush-to-zero is ever enabled).
+template <Fp8 K>
+HWY_INLINE VI ConvertRNBounded(DF d, VF v) {
+  using Tr = Fp8Traits<K>;
+  constexpr int kShift = 23 - Tr::kMantBits;
+  const DI di;
+  const VI u = hn::BitCast(di, v);
+  const VI sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));
+  const VF a = hn::Abs(v);
+  const VI exp = hn::Max(hn::And(u, hn::Set(di, 0x7F800000)),
+                         hn::Set(di, static_cast<int32_t>(Tr::kMinNormalBits)));
+  const VF magic = hn::BitCast(d, hn::Add(exp, hn::Set(di, kShift << 23)));
+  const VF rounded = hn::Sub(hn::Add(a, magic), magic);
+  const VF rebiased = hn::Mul(rounded, hn::Set(d, num::float_of(uint32_t(Tr::kBias) << 23)));
+  const VI mag =
+      hn::Min(hn::ShiftRight<kShift>(hn::BitCast(di, rebiased)), hn::Set(di, Tr::kMaxCode));
+  return hn::Or(mag, sign);
+}
+
+template <typename T, Fp8 K, bool kDivide, bool kBounded>
+void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
+  const DF d;
+  const hn::Rebind<uint8_t, DI> d8;
+  const size_t lanes = hn::Lanes(d);
+  const VF f = hn::Set(d, factor);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const VF x = Source<T>::load(d, src + i);
+    const VF v = kDivide ? hn::Div(x, f) : hn::Mul(x, f);
+    const VI c = kBounded ? ConvertRNBounded<K>(d, v) : ConvertRN<K>(d, v);
+    hn::StoreU(hn::DemoteTo(d8, c), d8, codes + i);
+  }
+  for (; i < n; ++i) {
+    const float x = Source<T>::scalar(src + i);
+    codes[i] = num::fp8_from_float_rn<K>(kDivide ? x / factor : x * factor);
+  }
+}
+
+template <bool kBounded, typename T>
+void QuantizeOf(const void* src, size_t n, float factor, bool divide, giftFp8Kind_t kind,
+                uint8_t* codes) {
+  const T* s = static_cast<const T*>(src);
+  if (kind == GIFT_FP8_E4M3) {
+    divide ? QuantizeT<T, Fp8::kE4M3, true, kBounded>(s, n, factor, codes)
+           : QuantizeT<T, Fp8::kE4M3, false, kBounded>(s, n, factor, codes);
+  } else {
+    divide ? QuantizeT<T, Fp8::kE5M2, true, kBounded>(s, n, factor, codes)
+           : QuantizeT<T, Fp8::kE5M2, false, kBounded>(s, n, factor, codes);
+  }
+}
+
+template <bool kBounded>
+void QuantizeDispatch(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
+                      giftFp8Kind_t kind, uint8_t* codes) {
+  switch (dtype) {
+    case GIFT_DTYPE_BF16:
+      return QuantizeOf<kBounded, uint16_t>(src, n, factor, divide, kind, codes);
+    case GIFT_DTYPE_F16:
+      return QuantizeOf<kBounded, hwy::float16_t>(src, n, factor, divide, kind, codes);
+    default:
+      return QuantizeOf<kBounded, float>(src, n, factor, divide, kind, codes);
+  }
+}
+
+uint32_t AbsMaxBits(const void* src, giftDType_t dtype, size_t n) {
+  switch (dtype) {
+    case GIFT_DTYPE_BF16:
+      return AbsMaxBitsT(static_cast<const uint16_t*>(src), n);
+    case GIFT_DTYPE_F16:
+      return AbsMaxBitsT(static_cast<const hwy::float16_t*>(src), n);
+    default:
+      return AbsMaxBitsT(static_cast<const float*>(src), n);
+  }
+}
+
+void QuantizeRN(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
+                giftFp8Kind_t kind, uint8_t* codes) {
+  QuantizeDispatch<false>(src, dtype, n, factor, divide, kind, codes);
+}
+
+void QuantizeRNBounded(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
+                       giftFp8Kind_t kind, uint8_t* codes) {
+  QuantizeDispatch<true>(src, dtype, n, factor, divide, kind, codes);
+}
+
+// The vector form of num::fp8_to_float (NaN and Inf codes excepted, see DequantizeK).
+template <Fp8 K>
+HWY_INLINE VF DecodeFp8(DF d, VI c) {
+  using Tr = Fp8Traits<K>;
+  const DI di;
+  const VI mag = hn::And(c, hn::Set(di, 0x7F));
+  const VI normal =
+      hn::Add(hn::ShiftLeft<23 - Tr::kMantBits>(mag), hn::Set(di, (127 - Tr::kBias) << 23));
+  const VF sub = hn::Mul(hn::ConvertTo(d, mag),
+                         hn::Set(d, num::float_of(uint32_t(127 + Tr::kSubnormalStepExp) << 23)));
+  const VI bits =
+      hn::IfThenElse(hn::Lt(mag, hn::Set(di, 1 << Tr::kMantBits)), hn::BitCast(di, sub), normal);
+  return hn::BitCast(d, hn::Or(bits, hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)))));
+}
+
+template <Fp8 K>
+void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype) {
+  const DF d;
+  const DI di;
+  const hn::Rebind<uint8_t, DI> d8;
+  const hn::Rebind<uint16_t, DI> d16;
+  const size_t lanes = hn::Lanes(d);
+  const VF s = hn::Set(d, scale);
+  // Codes that are NaN or Inf (E5M2) take the scalar path, which spells them out.
+  const int special = K == Fp8::kE4M3 ? 0x7F : 0x7C;
+  size_t i = 0;
+  if (dtype != GIFT_DTYPE_F16) {  // fp16 output is on no hot path: scalar rule below
+    for (; i + lanes <= n; i += lanes) {
+      const VI c = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
+      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), hn::Set(di, special - 1)))) break;
+      const VF v = hn::Mul(DecodeFp8<K>(d, c), s);
+      if (dtype == GIFT_DTYPE_F32) {
+        hn::StoreU(v, d, static_cast<float*>(dst) + i);
+      } else {
+        // bf16, round to nearest even; v is finite here, so no NaN case.
+        const VI u = hn::BitCast(di, v);
+        const VI r = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(di, 0x7FFF)),
+                                                hn::And(hn::ShiftRight<16>(u), hn::Set(di, 1))));
+        hn::StoreU(hn::DemoteTo(d16, hn::And(r, hn::Set(di, 0xFFFF))), d16,
+                   static_cast<uint16_t*>(dst) + i);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    const float v = num::fp8_to_float<K>(codes[i]) * scale;
+    if (dtype == GIFT_DTYPE_F32) {
+      static_cast<float*>(dst)[i] = v;
+    } else if (dtype == GIFT_DTYPE_BF16) {
+      static_cast<uint16_t*>(dst)[i] = num::bf16_from_float(v);
+    } else {
+      static_cast<uint16_t*>(dst)[i] = num::f16_from_float(v);
+    }
+  }
+}
+
+void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
+                giftDType_t dtype) {
+  if (kind == GIFT_FP8_E4M3) {
+    DequantizeK<Fp8::kE4M3>(codes, n, scale, dst, dtype);
+  } else {
+    DequantizeK<Fp8::kE5M2>(codes, n, scale, dst, dtype);
+  }
+}
+
+template <typename T, Fp8 K, bool kE8M0>
+uint32_t EncodeBlocksT(const BlockRun& run) {
+  const T* src = static_cast<const T*>(run.src);
+  uint32_t run_max = 0;
+  for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
+    const uint32_t amax_bits = AbsMaxBitsT(src + b0, len);
+    run_max = std::max(run_max, amax_bits);
+    if (amax_bits >= 0x7F800000u) return run_max;
+    // Finite x over a positive scale stays below 2^17 in magnitude: the bounded conversion
+    // applies. A zero scale (amax == 0 or fp32 underflow) means all codes +0.
+    const float amax = num::float_of(amax_bits);
+    uint8_t* codes = run.codes + b0;
+    bool zero;
+    if (kE8M0) {
+      const uint8_t e = num::scale_e8m0(amax, K);
+      static_cast<uint8_t*>(run.scales)[g] = e;
+      zero = amax_bits == 0;
+      if (!zero) QuantizeT<T, K, false, true>(src + b0, len, num::e8m0_reciprocal(e), codes);
+    } else {
+      const float s = num::scale_f32(amax, K);
+      static_cast<float*>(run.scales)[g] = s;
+      zero = !(s > 0.0f);
+      if (!zero) QuantizeT<T, K, true, true>(src + b0, len, s, codes);
+    }
+    if (zero) memset(codes, 0, len);
+  }
+  return run_max;
+}
+
+template <typename T, Fp8 K>
+uint32_t EncodeBlocksK(const BlockRun& run) {
+  return run.scale_dtype == GIFT_SCALE_DTYPE_E8M0 ? EncodeBlocksT<T, K, true>(run)
+                                                  : EncodeBlocksT<T, K, false>(run);
+}
+
+template <typename T>
+uint32_t EncodeBlocksD(const BlockRun& run) {
+  return run.kind == GIFT_FP8_E4M3 ? EncodeBlocksK<T, Fp8::kE4M3>(run)
+                                   : EncodeBlocksK<T, Fp8::kE5M2>(run);
+}
+
+uint32_t EncodeBlocksRN(const BlockRun& run) {
+  switch (run.dtype) {
+    case GIFT_DTYPE_BF16:
+      return EncodeBlocksD<uint16_t>(run);
+    case GIFT_DTYPE_F16:
+      return EncodeBlocksD<hwy::float16_t>(run);
+    default:
+      return EncodeBlocksD<float>(run);
+  }
+}
+
+void DecodeBlocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
+  const size_t width = dst_dtype == GIFT_DTYPE_F32 ? 4 : 2;
+  for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
+    const float s = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0
+                        ? num::e8m0_to_float(static_cast<const uint8_t*>(run.scales)[g])
+                        : static_cast<const float*>(run.scales)[g];
+    Dequantize(run.codes + b0, len, s, run.kind, static_cast<uint8_t*>(dst) + b0 * width,
+               dst_dtype);
+  }
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace gift::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace gift::simd {
+
+HWY_EXPORT(AbsMaxBits);
+HWY_EXPORT(QuantizeRN);
+HWY_EXPORT(QuantizeRNBounded);
+HWY_EXPORT(Dequantize);
+HWY_EXPORT(EncodeBlocksRN);
+HWY_EXPORT(DecodeBlocks);
+HWY_EXPORT(TargetName);
+
+uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n) {
+  return HWY_DYNAMIC_DISPATCH(AbsMaxBits)(src, dtype, n);
+}
+
+void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
+                 giftFp8Kind_t kind, uint8_t* codes) {
+  HWY_DYNAMIC_DISPATCH(QuantizeRN)(src, dtype, n, factor, divide, kind, codes);
+}
+
+void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
+                         giftFp8Kind_t kind, uint8_t* codes) {
+  HWY_DYNAMIC_DISPATCH(QuantizeRNBounded)(src, dtype, n, factor, divide, kind, codes);
+}
+
+void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
+                giftDType_t dtype) {
+  HWY_DYNAMIC_DISPATCH(Dequantize)(codes, n, scale, kind, dst, dtype);
+}
+
+uint32_t encode_blocks_rn(const BlockRun& run) { return HWY_DYNAMIC_DISPATCH(EncodeBlocksRN)(run); }
+
+void decode_blocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
+  HWY_DYNAMIC_DISPATCH(DecodeBlocks)(run, dst, dst_dtype);
+}
+
+const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace gift::simd
+#endif

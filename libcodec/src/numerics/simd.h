@@ -1,0 +1,57 @@
+// Vectorized span kernels of the CPU codec (Google Highway, dispatched at run time to the
+// best instruction set of the machine). Each produces exactly the bytes of the scalar rules
+// in elementwise.h; tests check that for every target on dense samples and, for the
+// machine's best target, on all 2^32 fp32 bit patterns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gift/gift.h"
+
+namespace gift::simd {
+
+// Largest |x| over n elements as an fp32 bit pattern (integer max of the sign-cleared bits,
+// so a NaN or Inf shows as a value >= 0x7F800000).
+uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n);
+
+// codes[i] = fp8_from_float_rn(x[i] / factor) when `divide`, else fp8_from_float_rn(x[i] *
+// factor), for any input.
+void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
+                 giftFp8Kind_t kind, uint8_t* codes);
+
+// The same for inputs whose scaled magnitude is below 2^17 (no NaN, no Inf), as every
+// finite value over its group's scale is; a shorter instruction sequence. Outside that
+// domain the result is unspecified.
+void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
+                         giftFp8Kind_t kind, uint8_t* codes);
+
+// dst[i] = fp8_to_float(codes[i]) * scale, stored as `dtype` (bf16/fp16 round to nearest even).
+void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
+                giftDType_t dtype);
+
+// A run of whole 1-D blocks of one row (the last block may be short): the encoder's hot
+// path, done in one call so that nothing per block leaves vector code.
+struct BlockRun {
+  const void* src;  // first element of the run
+  giftDType_t dtype;
+  uint64_t n;      // elements in the run
+  uint32_t block;  // elements per block
+  giftFp8Kind_t kind;
+  giftScaleDType_t scale_dtype;
+  uint8_t* codes;  // first code of the run
+  void* scales;    // scale of the run's first block
+};
+
+// Round-to-nearest encode of a run: amax, scale (FORMAT.md's rule) and codes per block.
+// Returns the run's abs_max_bits; a value >= 0x7F800000 means a block held NaN/Inf and the
+// run was left unfinished from that block on.
+uint32_t encode_blocks_rn(const BlockRun& run);
+
+// Decode of a run of blocks (`src` unused) into `dst` of `dst_dtype`.
+void decode_blocks(const BlockRun& run, void* dst, giftDType_t dst_dtype);
+
+// Name of the instruction set the dispatcher picked, for benchmarks and --version.
+const char* target_name();
+
+}  // namespace gift::simd

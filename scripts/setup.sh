@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what the build and the tests need, only where it is missing, so a fresh Debian
+# machine gets from a clone to a green test run with no manual step. Safe to run again.
+set -euo pipefail
+
+# Debian packages by name. The CUDA toolkit (nvcc, cuBLAS, NCCL) is not a Debian package
+# here; CMake picks it up when present.
+debs=(
+  cmake ninja-build g++ pkg-config python3
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libhwy-dev libomp-dev
+  libopenblas-dev liblapacke-dev
+)
+
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python packages used only by the cross-check tests (independent FP8 reference).
+py=${PYTHON:-python3}
+if ! "$py" -c 'import numpy, ml_dtypes' 2>/dev/null; then
+  echo "setup: installing Python packages: numpy ml_dtypes" >&2
+  "$py" -m pip install --quiet numpy ml_dtypes
+fi

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: set-up, build, then every test through ctest.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+
+"$root/scripts/build.sh"
+ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900 "$@"

@@ -1,0 +1,466 @@
+// The tensor encoder and decoder through the C API: group geometry, scale rules, the
+// vectorized and threaded paths against a plain per-element reference written here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gift/gift.h"
+#include "numerics/elementwise.h"
+
+namespace {
+
+using gift::num::Fp8;
+
+struct Shape {
+  uint64_t rows, cols;
+};
+
+std::vector<float> gradient_like(Shape s, uint32_t seed) {
+  // Heavy-tailed, row-scaled values: amax varies across groups, as in real gradients.
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> v(s.rows * s.cols);
+  for (uint64_t r = 0; r < s.rows; ++r) {
+    const float row_scale = std::exp2(float(int(gen() % 24)) - 12.0f);
+    for (uint64_t c = 0; c < s.cols; ++c) {
+      const float t = n(gen);
+      v[r * s.cols + c] = row_scale * t * t * t;
+    }
+  }
+  return v;
+}
+
+giftQuantParams params(giftFp8Kind_t kind, giftScaleLayout_t layout, giftScaleDType_t sd,
+                       uint32_t block = 128, uint32_t tr = 1, uint32_t tc = 1) {
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  p.kind = kind;
+  p.layout = layout;
+  p.scale_dtype = sd;
+  p.block = block;
+  p.tile_rows = tr;
+  p.tile_cols = tc;
+  return p;
+}
+
+// The group of element (r, c) under p, by the layout's definition.
+uint64_t group_of(const giftQuantParams& p, Shape s, uint64_t r, uint64_t c) {
+  switch (p.layout) {
+    case GIFT_SCALE_TENSOR:
+      return 0;
+    case GIFT_SCALE_ROW:
+      return r;
+    case GIFT_SCALE_BLOCK:
+      return r * ((s.cols + p.block - 1) / p.block) + c / p.block;
+    default:
+      return (r / p.tile_rows) * ((s.cols + p.tile_cols - 1) / p.tile_cols) + c / p.tile_cols;
+  }
+}
+
+struct Encoded {
+  std::vector<uint8_t> codes;
+  std::vector<uint8_t> scales;
+};
+
+// Per-element reference of FORMAT.md's rule.
+Encoded reference_encode(const giftQuantParams& p, const std::vector<float>& x, Shape s) {
+  uint64_t ng = 0;
+  EXPECT_EQ(giftScaleCount(&p, s.rows, s.cols, &ng), GIFT_OK);
+  std::vector<float> amax(ng, 0.0f);
+  for (uint64_t r = 0; r < s.rows; ++r)
+    for (uint64_t c = 0; c < s.cols; ++c) {
+      float& a = amax[group_of(p, s, r, c)];
+      a = std::max(a, std::fabs(x[r * s.cols + c]));
+    }
+  const Fp8 kind = static_cast<Fp8>(p.kind);
+  const float fmax = kind == Fp8::kE4M3 ? 448.0f : 57344.0f;
+  const int emax = kind == Fp8::kE4M3 ? 8 : 15;
+  Encoded e;
+  std::vector<float> scale(ng);
+  for (uint64_t g = 0; g < ng; ++g) {
+    if (p.scale_dtype == GIFT_SCALE_DTYPE_F32) {
+      scale[g] = amax[g] / fmax;
+      const uint8_t* b = reinterpret_cast<const uint8_t*>(&scale[g]);
+      e.scales.insert(e.scales.end(), b, b + 4);
+    } else {
+      int ex = 0;
+      if (amax[g] > 0) {
+        std::frexp(amax[g], &ex);
+        ex = std::clamp(ex - 1 - emax, -127, 127);
+      } else {
+        ex = -127;
+      }
+      scale[g] = float(std::ldexp(1.0, ex));
+      e.scales.push_back(static_cast<uint8_t>(ex + 127));
+    }
+  }
+  e.codes.resize(x.size());
+  for (uint64_t r = 0; r < s.rows; ++r)
+    for (uint64_t c = 0; c < s.cols; ++c) {
+      const uint64_t i = r * s.cols + c;
+      const float sc = scale[group_of(p, s, r, c)];
+      if (amax[group_of(p, s, r, c)] == 0 || sc == 0) {
+        e.codes[i] = 0;
+        continue;
+      }
+      const float v = x[i] / sc;
+      e.codes[i] = kind == Fp8::kE4M3 ? gift::num::fp8_from_float_rn<Fp8::kE4M3>(v)
+                                      : gift::num::fp8_from_float_rn<Fp8::kE5M2>(v);
+    }
+  return e;
+}
+
+Encoded encode(const giftQuantParams& p, const void* x, giftDType_t dt, Shape s,
+               giftEncodeStats* stats = nullptr) {
+  uint64_t bytes = 0;
+  EXPECT_EQ(giftScaleBytes(&p, s.rows, s.cols, &bytes), GIFT_OK);
+  Encoded e;
+  e.codes.assign(s.rows * s.cols, 0xAA);  // poison: every code must be written
+  e.scales.assign(bytes, 0xAA);
+  const giftResult_t r =
+      giftEncode(&p, x, dt, s.rows, s.cols, e.codes.data(), e.scales.data(), bytes, stats);
+  EXPECT_EQ(r, GIFT_OK) << giftGetLastErrorMessage();
+  return e;
+}
+
+std::vector<float> decode(const giftQuantParams& p, const Encoded& e, Shape s) {
+  std::vector<float> out(s.rows * s.cols, -12345.0f);
+  EXPECT_EQ(giftDecode(&p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows, s.cols,
+                       out.data(), GIFT_DTYPE_F32),
+            GIFT_OK)
+      << giftGetLastErrorMessage();
+  return out;
+}
+
+std::string describe(const giftQuantParams& p, Shape s) {
+  return "kind=" + std::to_string(p.kind) + " layout=" + std::to_string(p.layout) +
+         " block=" + std::to_string(p.block) + " tile=" + std::to_string(p.tile_rows) + "x" +
+         std::to_string(p.tile_cols) + " sd=" + std::to_string(p.scale_dtype) +
+         " threads=" + std::to_string(p.threads) + " shape=" + std::to_string(s.rows) + "x" +
+         std::to_string(s.cols);
+}
+
+TEST(Codec, MatchesPerElementReferenceForEveryLayout) {
+  const std::vector<Shape> shapes = {{1, 1}, {1, 37}, {7, 300}, {33, 128}, {5, 4099}, {64, 64}};
+  std::vector<giftQuantParams> ps;
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+    for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+      ps.push_back(params(kind, GIFT_SCALE_TENSOR, sd));
+      ps.push_back(params(kind, GIFT_SCALE_ROW, sd));
+      for (uint32_t b : {16u, 32u, 128u, 4096u})
+        ps.push_back(params(kind, GIFT_SCALE_BLOCK, sd, b));
+      ps.push_back(params(kind, GIFT_SCALE_TILE, sd, 128, 3, 5));
+      ps.push_back(params(kind, GIFT_SCALE_TILE, sd, 128, 32, 32));
+    }
+  uint32_t seed = 1;
+  for (Shape s : shapes)
+    for (giftQuantParams p : ps)
+      for (int threads : {1, 2}) {
+        p.threads = threads;
+        const std::vector<float> x = gradient_like(s, seed++);
+        const Encoded want = reference_encode(p, x, s);
+        const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
+        ASSERT_EQ(got.scales, want.scales) << describe(p, s);
+        ASSERT_EQ(got.codes, want.codes) << describe(p, s);
+        // Decode is code * scale in fp32, exactly.
+        const std::vector<float> y = decode(p, got, s);
+        for (uint64_t i = 0; i < x.size(); ++i) {
+          const uint64_t g = group_of(p, s, i / s.cols, i % s.cols);
+          float sc;
+          if (p.scale_dtype == GIFT_SCALE_DTYPE_F32) {
+            std::memcpy(&sc, got.scales.data() + 4 * g, 4);
+          } else {
+            sc = float(std::ldexp(1.0, int(got.scales[g]) - 127));
+          }
+          const float v = p.kind == GIFT_FP8_E4M3
+                              ? gift::num::fp8_to_float<Fp8::kE4M3>(got.codes[i])
+                              : gift::num::fp8_to_float<Fp8::kE5M2>(got.codes[i]);
+          ASSERT_EQ(y[i], v * sc) << describe(p, s) << " i=" << i;
+        }
+      }
+}
+
+TEST(Codec, LargeGroupsSplitAcrossThreadsGiveTheSameBytes) {
+  // Tensor and row scales on a tensor large enough that one group spans many threads' chunks.
+  const Shape s{3, 400000};
+  const std::vector<float> x = gradient_like(s, 99);
+  for (auto layout : {GIFT_SCALE_TENSOR, GIFT_SCALE_ROW}) {
+    giftQuantParams p = params(GIFT_FP8_E4M3, layout, GIFT_SCALE_DTYPE_F32);
+    const Encoded want = reference_encode(p, x, s);
+    for (int threads : {1, 2, 3, 0}) {
+      p.threads = threads;
+      const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
+      ASSERT_EQ(got.scales, want.scales) << describe(p, s);
+      ASSERT_EQ(got.codes, want.codes) << describe(p, s);
+      const std::vector<float> y = decode(p, got, s);
+      const std::vector<float> y1 = [&] {
+        giftQuantParams q = p;
+        q.threads = 1;
+        return decode(q, got, s);
+      }();
+      ASSERT_EQ(0, std::memcmp(y.data(), y1.data(), y.size() * 4));
+    }
+  }
+}
+
+TEST(Codec, ErrorIsWithinHalfAStepOfTheGroupScale) {
+  // Round to nearest: |x - decode| <= step/2 where the step at |x| is at most 2^-3 |x|
+  // (E4M3) or the subnormal step, both in units of the scale.
+  const Shape s{16, 1000};
+  const std::vector<float> x = gradient_like(s, 5);
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 32);
+  const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s);
+  const std::vector<float> y = decode(p, e, s);
+  for (uint64_t i = 0; i < x.size(); ++i) {
+    float sc;
+    std::memcpy(&sc, e.scales.data() + 4 * group_of(p, s, i / s.cols, i % s.cols), 4);
+    const double bound =
+        std::max(std::fabs(double(x[i])) / 16.0, std::ldexp(double(sc), -10)) * 1.0001;
+    ASSERT_LE(std::fabs(double(y[i]) - double(x[i])), bound) << i;
+  }
+}
+
+TEST(Codec, ZeroGroupsDecodeToZero) {
+  const Shape s{4, 256};
+  std::vector<float> x(s.rows * s.cols, 0.0f);
+  x[300] = 1.5f;  // row 1 is non-zero, the others are all zero
+  for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+    giftQuantParams p = params(GIFT_FP8_E5M2, GIFT_SCALE_ROW, sd);
+    const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s);
+    const std::vector<float> y = decode(p, e, s);
+    for (uint64_t i = 0; i < x.size(); ++i) {
+      if (i / s.cols != 1) {
+        ASSERT_EQ(e.codes[i], 0) << i;
+        ASSERT_EQ(y[i], 0.0f);
+        ASSERT_FALSE(std::signbit(y[i]));
+      }
+    }
+    EXPECT_EQ(y[300], 1.5f);
+  }
+  // A group whose fp32 scale underflows (amax/max < smallest subnormal) is a zero group.
+  std::vector<float> tiny = {1e-45f, -1e-45f, 0.0f, 1e-45f};
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_TENSOR, GIFT_SCALE_DTYPE_F32);
+  const Encoded e = encode(p, tiny.data(), GIFT_DTYPE_F32, {1, 4});
+  for (uint8_t c : e.codes) EXPECT_EQ(c, 0);
+}
+
+TEST(Codec, E8M0SaturatesAboveMaxAsOcpMx) {
+  // amax = 500: s = 2^(8 - 8) = 1, and 500 saturates to 448 (E4M3), as MX v1.0 specifies.
+  std::vector<float> x = {500.0f, -300.0f, 1.0f, 0.0f};
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_TENSOR, GIFT_SCALE_DTYPE_E8M0);
+  giftEncodeStats st;
+  const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, {1, 4}, &st);
+  EXPECT_EQ(e.scales[0], 127);
+  EXPECT_EQ(e.codes[0], 0x7E);
+  EXPECT_EQ(decode(p, e, {1, 4})[1], -288.0f);  // 300 rounds to 288 (step 32)
+  EXPECT_EQ(st.amax, 500.0f);
+}
+
+TEST(Codec, NonFiniteInputIsAnErrorThatNamesCountAndFirstIndex) {
+  const Shape s{3, 200};
+  std::vector<float> x = gradient_like(s, 8);
+  x[257] = std::nanf("");
+  x[412] = INFINITY;
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 64);
+  std::vector<uint8_t> codes(x.size());
+  uint64_t bytes;
+  giftScaleBytes(&p, s.rows, s.cols, &bytes);
+  std::vector<uint8_t> scales(bytes);
+  giftEncodeStats st;
+  EXPECT_EQ(giftEncode(&p, x.data(), GIFT_DTYPE_F32, s.rows, s.cols, codes.data(), scales.data(),
+                       bytes, &st),
+            GIFT_ERROR_NONFINITE_INPUT);
+  EXPECT_EQ(std::string(giftGetLastErrorMessage()),
+            "2 non-finite values in the input, the first at index 257 (row 1, column 57)");
+  EXPECT_EQ(st.nonfinite_count, 2u);
+  EXPECT_EQ(st.first_nonfinite, 257u);
+}
+
+TEST(Codec, KeepPolicyStoresNanAndInfCodesWithFiniteScales) {
+  const Shape s{1, 64};
+  std::vector<float> x(64);
+  for (int i = 0; i < 64; ++i) x[i] = float(i) - 20.0f;  // finite amax 43
+  x[3] = std::nanf("");
+  x[5] = INFINITY;
+  x[6] = -INFINITY;
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
+    giftQuantParams p = params(kind, GIFT_SCALE_TENSOR, GIFT_SCALE_DTYPE_F32);
+    p.nonfinite = GIFT_NONFINITE_KEEP;
+    giftEncodeStats st;
+    const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s, &st);
+    float sc;
+    std::memcpy(&sc, e.scales.data(), 4);
+    EXPECT_EQ(sc, 43.0f / (kind == GIFT_FP8_E4M3 ? 448.0f : 57344.0f));
+    EXPECT_EQ(e.codes[3], 0x7F);
+    EXPECT_EQ(e.codes[5], kind == GIFT_FP8_E5M2 ? 0x7C : 0x7F);
+    EXPECT_EQ(e.codes[6], kind == GIFT_FP8_E5M2 ? 0xFC : 0x7F);
+    const std::vector<float> y = decode(p, e, s);
+    EXPECT_TRUE(std::isnan(y[3]));
+    if (kind == GIFT_FP8_E5M2) {
+      EXPECT_EQ(y[5], INFINITY);
+      EXPECT_EQ(y[6], -INFINITY);
+    }
+    EXPECT_EQ(y[63], 43.0f);
+    EXPECT_EQ(st.nonfinite_count, 3u);
+  }
+}
+
+uint16_t bf16_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+TEST(Codec, Bf16AndFp16InputsEncodeAsTheirExactFp32Widening) {
+  const Shape s{9, 515};
+  const std::vector<float> x = gradient_like(s, 21);
+  std::vector<uint16_t> xb(x.size()), xh(x.size());
+  std::vector<float> wb(x.size()), wh(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xb[i] = bf16_of(x[i]);
+    wb[i] = gift::num::bf16_to_float(xb[i]);
+    const _Float16 h = static_cast<_Float16>(x[i]);  // the compiler's conversion
+    std::memcpy(&xh[i], &h, 2);
+    wh[i] = static_cast<float>(h);
+  }
+  for (auto layout : {GIFT_SCALE_TENSOR, GIFT_SCALE_BLOCK, GIFT_SCALE_TILE}) {
+    giftQuantParams p = params(GIFT_FP8_E4M3, layout, GIFT_SCALE_DTYPE_F32, 32, 4, 100);
+    const Encoded fb = encode(p, wb.data(), GIFT_DTYPE_F32, s);
+    const Encoded b = encode(p, xb.data(), GIFT_DTYPE_BF16, s);
+    EXPECT_EQ(b.codes, fb.codes);
+    EXPECT_EQ(b.scales, fb.scales);
+    const Encoded fh = encode(p, wh.data(), GIFT_DTYPE_F32, s);
+    const Encoded h = encode(p, xh.data(), GIFT_DTYPE_F16, s);
+    EXPECT_EQ(h.codes, fh.codes);
+    EXPECT_EQ(h.scales, fh.scales);
+  }
+}
+
+TEST(Codec, Bf16AndFp16OutputsRoundTheFp32Decode) {
+  const Shape s{5, 333};
+  const std::vector<float> x = gradient_like(s, 4);
+  giftQuantParams p = params(GIFT_FP8_E5M2, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
+  const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s);
+  const std::vector<float> y = decode(p, e, s);
+  std::vector<uint16_t> yb(x.size()), yh(x.size());
+  ASSERT_EQ(giftDecode(&p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows, s.cols,
+                       yb.data(), GIFT_DTYPE_BF16),
+            GIFT_OK);
+  ASSERT_EQ(giftDecode(&p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows, s.cols,
+                       yh.data(), GIFT_DTYPE_F16),
+            GIFT_OK);
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_EQ(yb[i], gift::num::bf16_from_float(y[i])) << i;
+    const _Float16 h = static_cast<_Float16>(y[i]);
+    uint16_t hb;
+    std::memcpy(&hb, &h, 2);
+    ASSERT_EQ(yh[i], hb) << i;
+  }
+}
+
+TEST(Codec, StochasticRoundingIsDeterministicPerSeedTensorAndElement) {
+  const Shape s{8, 1000};
+  const std::vector<float> x = gradient_like(s, 12);
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 128);
+  p.rounding = GIFT_ROUND_STOCHASTIC;
+  p.seed = 42;
+  p.threads = 1;
+  const Encoded a = encode(p, x.data(), GIFT_DTYPE_F32, s);
+  p.threads = 2;
+  EXPECT_EQ(encode(p, x.data(), GIFT_DTYPE_F32, s).codes, a.codes);
+  p.tensor_index = 1;
+  EXPECT_NE(encode(p, x.data(), GIFT_DTYPE_F32, s).codes, a.codes);
+  p.tensor_index = 0;
+  p.seed = 43;
+  EXPECT_NE(encode(p, x.data(), GIFT_DTYPE_F32, s).codes, a.codes);
+  // Element i uses word i mod 4 of Philox block i / 4: check one element by hand.
+  const uint64_t i = 4321;
+  float sc;
+  std::memcpy(&sc, a.scales.data() + 4 * (4 * 8 + 321 / 128), 4);  // row 4, block 2 of 8
+  const uint32_t r = gift::num::sr_uniforms(42, 0, i / 4).v[i % 4];
+  EXPECT_EQ(a.codes[i], gift::num::fp8_from_float_sr<Fp8::kE4M3>(x[i] / sc, r));
+}
+
+TEST(Codec, StochasticRoundingMeanConvergesThroughTheEncoder) {
+  // Mean over seeds of the decoded tensor approaches x; bound as in fp8_rules_test.
+  const Shape s{2, 256};
+  const std::vector<float> x = gradient_like(s, 77);
+  giftQuantParams p = params(GIFT_FP8_E5M2, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 64);
+  p.rounding = GIFT_ROUND_STOCHASTIC;
+  constexpr int kN = 4000;
+  std::vector<double> sum(x.size(), 0.0);
+  std::vector<float> step(x.size());
+  for (int seed = 0; seed < kN; ++seed) {
+    p.seed = uint64_t(seed);
+    const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s);
+    const std::vector<float> y = decode(p, e, s);
+    for (size_t i = 0; i < x.size(); ++i) {
+      sum[i] += y[i];
+      if (seed == 0) {
+        float sc;
+        std::memcpy(&sc, e.scales.data() + 4 * group_of(p, s, i / s.cols, i % s.cols), 4);
+        // E5M2 step at |x|: 2^(floor(log2|x/sc|) - 2), at least the subnormal step 2^-16.
+        const double v = std::fabs(double(x[i]) / sc);
+        int ex = 0;
+        if (v > 0) std::frexp(v, &ex);
+        step[i] = float(std::ldexp(1.0, std::max(ex - 1 - 2, -16)) * sc);
+      }
+    }
+  }
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(sum[i] / kN, double(x[i]), 4.0 * step[i] / std::sqrt(double(kN))) << i;
+  }
+}
+
+TEST(Codec, InvalidArgumentsAreRejectedWithAMessage) {
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 100);
+  EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(giftGetLastErrorMessage()),
+            "block size 100 is not a power of two in [16, 4096]");
+  p.block = 8192;
+  EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
+  p = params(GIFT_FP8_E4M3, GIFT_SCALE_TILE, GIFT_SCALE_DTYPE_F32, 128, 0, 4);
+  EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
+  p = params(static_cast<giftFp8Kind_t>(7), GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
+  EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
+
+  p = params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
+  std::vector<float> x(40, 1.0f);
+  std::vector<uint8_t> codes(40), scales(16);
+  EXPECT_EQ(
+      giftEncode(&p, x.data(), GIFT_DTYPE_F32, 5, 8, codes.data(), scales.data(), 16, nullptr),
+      GIFT_ERROR_BUFFER_TOO_SMALL);
+  EXPECT_EQ(std::string(giftGetLastErrorMessage()), "scales buffer holds 16 bytes, 20 needed");
+  EXPECT_EQ(giftEncode(&p, nullptr, GIFT_DTYPE_F32, 5, 8, codes.data(), scales.data(), 20, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  uint64_t n;
+  EXPECT_EQ(giftScaleCount(&p, uint64_t(1) << 40, uint64_t(1) << 40, &n),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_STREQ(giftGetErrorString(GIFT_ERROR_NONFINITE_INPUT), "non-finite input");
+}
+
+TEST(Codec, ScaleCountsFollowTheGrid) {
+  uint64_t n = 0;
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 128);
+  giftScaleCount(&p, 10, 300, &n);
+  EXPECT_EQ(n, 30u);  // 3 blocks per row, the last 44 long
+  p = params(GIFT_FP8_E4M3, GIFT_SCALE_TILE, GIFT_SCALE_DTYPE_E8M0, 128, 4, 64);
+  giftScaleCount(&p, 10, 300, &n);
+  EXPECT_EQ(n, 15u);
+  uint64_t bytes = 0;
+  giftScaleBytes(&p, 10, 300, &bytes);
+  EXPECT_EQ(bytes, 15u);
+  p = params(GIFT_FP8_E4M3, GIFT_SCALE_TENSOR, GIFT_SCALE_DTYPE_F32);
+  giftScaleCount(&p, 0, 0, &n);
+  EXPECT_EQ(n, 1u);
+  p = params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
+  giftScaleCount(&p, 6, 0, &n);
+  EXPECT_EQ(n, 6u);
+}
+
+}  // namespace

@@ -1,0 +1,63 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace {
+
+TEST(Metrics, HandComputedValues) {
+  const std::vector<float> ref = {3, 4}, approx = {3, 5};
+  giftErrorMetrics m;
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 1, 2, nullptr, &m), GIFT_OK);
+  EXPECT_DOUBLE_EQ(m.rel_l2, 1.0 / 5.0);
+  EXPECT_DOUBLE_EQ(m.cosine, (9.0 + 20.0) / (5.0 * std::sqrt(34.0)));
+  EXPECT_DOUBLE_EQ(m.max_abs, 1.0);
+  EXPECT_DOUBLE_EQ(m.bias, 0.5);
+  EXPECT_EQ(m.rel_anorm, -1.0);
+}
+
+TEST(Metrics, ANormWithIdentityIsL2AndWithDiagonalIsWeighted) {
+  const uint64_t rows = 7, cols = 5;
+  std::mt19937 gen(1);
+  std::normal_distribution<float> n;
+  std::vector<float> ref(rows * cols), approx(rows * cols), eye(cols * cols, 0.0f),
+      diag(cols * cols, 0.0f);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ref[i] = n(gen);
+    approx[i] = ref[i] + 0.1f * n(gen);
+  }
+  const float d[5] = {1, 4, 9, 0.25f, 2};
+  for (uint64_t i = 0; i < cols; ++i) {
+    eye[i * cols + i] = 1;
+    diag[i * cols + i] = d[i];
+  }
+  giftErrorMetrics m;
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), rows, cols, eye.data(), &m),
+            GIFT_OK);
+  EXPECT_NEAR(m.rel_anorm, m.rel_l2, 1e-6 * m.rel_l2);
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), rows, cols, diag.data(), &m),
+            GIFT_OK);
+  double num = 0, den = 0;
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t c = 0; c < cols; ++c) {
+      const double e = double(approx[r * cols + c]) - ref[r * cols + c];
+      num += d[c] * e * e;
+      den += d[c] * double(ref[r * cols + c]) * ref[r * cols + c];
+    }
+  EXPECT_NEAR(m.rel_anorm, std::sqrt(num / den), 1e-5 * m.rel_anorm);
+}
+
+TEST(Metrics, ZeroReferenceIsDefined) {
+  const std::vector<float> z = {0, 0, 0};
+  giftErrorMetrics m;
+  ASSERT_EQ(giftComputeErrorMetrics(z.data(), z.data(), 1, 3, nullptr, &m), GIFT_OK);
+  EXPECT_EQ(m.rel_l2, 0.0);
+  EXPECT_EQ(m.cosine, 1.0);
+  EXPECT_EQ(giftComputeErrorMetrics(nullptr, z.data(), 1, 3, nullptr, &m),
+            GIFT_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace

@@ -1,0 +1,124 @@
+// Every instruction set the dispatcher may pick (AVX-512, AVX2, SSE4, ... down to scalar
+// emulation) must give the bytes of the scalar rules. The machine's best target is also
+// checked on all 2^32 inputs against CUDA in tests/reference; here each target is forced
+// in turn and run on a dense sample.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "numerics/elementwise.h"
+#include "numerics/simd.h"
+
+namespace gift {
+namespace {
+
+using num::Fp8;
+
+// Every pattern of the top 24 bits, with low bytes that include ties and near-ties.
+std::vector<float> dense_sample() {
+  std::vector<float> x;
+  x.reserve((size_t(1) << 24) * 5 + 17);
+  for (uint32_t hi = 0; hi < (1u << 24); ++hi) {
+    for (uint32_t lo : {0x00u, 0x01u, 0x7Fu, 0x80u, 0xFFu})
+      x.push_back(num::float_of((hi << 8) | lo));
+  }
+  for (int i = 0; i < 17; ++i) x.push_back(float(i) * 0.37f);  // a ragged tail for the scalar loop
+  return x;
+}
+
+class ForEachTarget : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+TEST_P(ForEachTarget, QuantizeEqualsScalarRule) {
+  ASSERT_STREQ(simd::target_name(), hwy::TargetName(GetParam()));
+  static const std::vector<float> x = dense_sample();
+  std::vector<uint8_t> codes(x.size());
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
+    simd::quantize_rn(x.data(), GIFT_DTYPE_F32, x.size(), 1.0f, false, kind, codes.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint8_t want = kind == GIFT_FP8_E4M3 ? num::fp8_from_float_rn<Fp8::kE4M3>(x[i])
+                                                 : num::fp8_from_float_rn<Fp8::kE5M2>(x[i]);
+      ASSERT_EQ(codes[i], want) << "kind " << kind << " bits 0x" << std::hex << num::bits_of(x[i]);
+    }
+  }
+  // Division by an fp32 scale, and 16-bit sources.
+  std::mt19937 gen(5);
+  std::normal_distribution<float> n;
+  std::vector<float> y(4099);
+  std::vector<uint16_t> yb(y.size()), yh(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    y[i] = n(gen) * 3.0f;
+    yb[i] = static_cast<uint16_t>(num::bits_of(y[i]) >> 16);
+    yh[i] = num::f16_from_float(y[i]);
+  }
+  const float s = 0.0123f;
+  for (giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
+    const void* src = dt == GIFT_DTYPE_F32    ? static_cast<const void*>(y.data())
+                      : dt == GIFT_DTYPE_BF16 ? static_cast<const void*>(yb.data())
+                                              : static_cast<const void*>(yh.data());
+    std::vector<uint8_t> c(y.size());
+    simd::quantize_rn(src, dt, y.size(), s, true, GIFT_FP8_E4M3, c.data());
+    for (size_t i = 0; i < y.size(); ++i) {
+      const float v = dt == GIFT_DTYPE_F32    ? y[i]
+                      : dt == GIFT_DTYPE_BF16 ? num::bf16_to_float(yb[i])
+                                              : num::f16_to_float(yh[i]);
+      const uint8_t want = num::fp8_from_float_rn<Fp8::kE4M3>(v / s);
+      ASSERT_EQ(c[i], want) << "dtype " << dt << " i " << i;
+    }
+  }
+}
+
+TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
+  std::vector<uint8_t> codes;
+  for (int rep = 0; rep < 3; ++rep)
+    for (int c = 0; c < 256; ++c) codes.push_back(static_cast<uint8_t>((c * 37 + rep) & 0xFF));
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+    for (float s : {1.0f, 0.0037f, 1e-30f, 2e36f}) {
+      std::vector<float> f(codes.size());
+      std::vector<uint16_t> b(codes.size()), h(codes.size());
+      simd::dequantize(codes.data(), codes.size(), s, kind, f.data(), GIFT_DTYPE_F32);
+      simd::dequantize(codes.data(), codes.size(), s, kind, b.data(), GIFT_DTYPE_BF16);
+      simd::dequantize(codes.data(), codes.size(), s, kind, h.data(), GIFT_DTYPE_F16);
+      for (size_t i = 0; i < codes.size(); ++i) {
+        const float want = (kind == GIFT_FP8_E4M3 ? num::fp8_to_float<Fp8::kE4M3>(codes[i])
+                                                  : num::fp8_to_float<Fp8::kE5M2>(codes[i])) *
+                           s;
+        ASSERT_EQ(num::bits_of(f[i]), num::bits_of(want)) << i;
+        ASSERT_EQ(b[i], num::bf16_from_float(want)) << i;
+        ASSERT_EQ(h[i], num::f16_from_float(want)) << i;
+      }
+    }
+}
+
+TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
+  std::vector<float> x(1000);
+  float amax = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::sin(float(i)) * float(i);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  EXPECT_EQ(simd::abs_max_bits(x.data(), GIFT_DTYPE_F32, x.size()), num::bits_of(amax));
+  for (size_t at : {size_t(0), size_t(513), size_t(999)}) {
+    std::vector<float> y = x;
+    y[at] = -INFINITY;
+    EXPECT_EQ(simd::abs_max_bits(y.data(), GIFT_DTYPE_F32, y.size()), 0x7F800000u) << at;
+    y[at] = std::nanf("");
+    EXPECT_GT(simd::abs_max_bits(y.data(), GIFT_DTYPE_F32, y.size()), 0x7F800000u) << at;
+  }
+}
+
+std::vector<int64_t> targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+INSTANTIATE_TEST_SUITE_P(Targets, ForEachTarget, ::testing::ValuesIn(targets()),
+                         [](const auto& info) { return std::string(hwy::TargetName(info.param)); });
+
+}  // namespace
+}  // namespace gift
