@@ -35,7 +35,9 @@ typedef enum {
   GIFT_ERROR_NONFINITE_INPUT = 2,  /* NaN or Inf in the input while the policy is ERROR */
   GIFT_ERROR_BUFFER_TOO_SMALL = 3, /* an output buffer is smaller than required */
   GIFT_ERROR_OUT_OF_MEMORY = 4,
-  GIFT_ERROR_INTERNAL = 5
+  GIFT_ERROR_INTERNAL = 5,
+  GIFT_ERROR_IO = 6,           /* a file could not be opened, read or written */
+  GIFT_ERROR_CORRUPT_INPUT = 7 /* a file is malformed, truncated or of an unsupported kind */
 } giftResult_t;
 
 typedef enum { GIFT_FP8_E4M3 = 0, GIFT_FP8_E5M2 = 1 } giftFp8Kind_t;

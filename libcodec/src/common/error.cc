@@ -36,6 +36,10 @@ extern "C" const char* giftGetErrorString(giftResult_t result) {
       return "out of memory";
     case GIFT_ERROR_INTERNAL:
       return "internal error";
+    case GIFT_ERROR_IO:
+      return "I/O error";
+    case GIFT_ERROR_CORRUPT_INPUT:
+      return "corrupt or unsupported input";
   }
   return "unknown error code";
 }

@@ -1,0 +1,29 @@
+// NumPy .npy files (format versions 1.0 to 3.0), little-endian fp32 and fp16 in C order:
+// the gradient dumps people already have. Reading validates everything before trusting it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace gift::io {
+
+struct NpyArray {
+  std::vector<uint64_t> shape;  // empty for a 0-d array
+  giftDType_t dtype = GIFT_DTYPE_F32;
+  std::vector<uint8_t> data;  // little-endian elements, C order
+
+  uint64_t count() const;
+};
+
+// Reads `path`. On failure the message (giftGetLastErrorMessage) names the file and the
+// problem; GIFT_ERROR_IO for a file that cannot be read, GIFT_ERROR_CORRUPT_INPUT for one
+// that is not a supported .npy.
+giftResult_t read_npy(const std::string& path, NpyArray* out);
+
+// Parses an in-memory .npy image; `name` is used in messages.
+giftResult_t parse_npy(const uint8_t* bytes, uint64_t size, const std::string& name, NpyArray* out);
+
+}  // namespace gift::io

@@ -1,0 +1,126 @@
+// .npy parsing from hand-built byte images (independent of NumPy), hostile ones included.
+#include "io/npy.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace {
+
+std::vector<uint8_t> npy(int major, const std::string& dict, const std::vector<uint8_t>& data) {
+  std::string header = dict;
+  const size_t pre = major == 1 ? 10 : 12;
+  while ((pre + header.size() + 1) % 64) header += ' ';
+  header += '\n';
+  std::vector<uint8_t> out = {0x93, 'N', 'U', 'M', 'P', 'Y', uint8_t(major), 0};
+  const uint32_t len = uint32_t(header.size());
+  out.push_back(uint8_t(len));
+  out.push_back(uint8_t(len >> 8));
+  if (major != 1) {
+    out.push_back(uint8_t(len >> 16));
+    out.push_back(uint8_t(len >> 24));
+  }
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+std::vector<uint8_t> floats(std::initializer_list<float> v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.begin(), b.size());
+  return b;
+}
+
+giftResult_t parse(const std::vector<uint8_t>& bytes, gift::io::NpyArray* a) {
+  return gift::io::parse_npy(bytes.data(), bytes.size(), "t.npy", a);
+}
+
+TEST(Npy, ReadsEveryVersionAndShape) {
+  for (int major : {1, 2, 3}) {
+    gift::io::NpyArray a;
+    ASSERT_EQ(parse(npy(major, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                        floats({1, 2, 3, 4, 5, 6})),
+                    &a),
+              GIFT_OK)
+        << giftGetLastErrorMessage();
+    EXPECT_EQ(a.shape, (std::vector<uint64_t>{2, 3}));
+    EXPECT_EQ(a.dtype, GIFT_DTYPE_F32);
+    float v[6];
+    std::memcpy(v, a.data.data(), 24);
+    EXPECT_EQ(v[5], 6.0f);
+  }
+  gift::io::NpyArray a;
+  ASSERT_EQ(
+      parse(npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", floats({7})), &a),
+      GIFT_OK);
+  EXPECT_TRUE(a.shape.empty());
+  EXPECT_EQ(a.count(), 1u);
+  ASSERT_EQ(parse(npy(1, "{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }",
+                      {0, 60, 0, 0, 0, 188}),
+                  &a),
+            GIFT_OK);
+  EXPECT_EQ(a.dtype, GIFT_DTYPE_F16);
+  EXPECT_EQ(a.shape, (std::vector<uint64_t>{3}));
+  ASSERT_EQ(parse(npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", {}), &a),
+            GIFT_OK);
+  EXPECT_EQ(a.count(), 0u);
+}
+
+TEST(Npy, RejectsBadInputWithAPreciseMessage) {
+  gift::io::NpyArray a;
+  const std::string ok = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }";
+  struct Case {
+    std::vector<uint8_t> bytes;
+    const char* message;
+  };
+  std::vector<uint8_t> truncated = npy(1, ok, floats({1, 2}));
+  truncated.pop_back();
+  std::vector<uint8_t> long_header = npy(2, ok, floats({1, 2}));
+  long_header[10] = 0x10;  // header length 1 MiB + ...
+  const std::vector<Case> cases = {
+      {{'x', 'y'}, "t.npy: not a supported .npy file: no .npy magic"},
+      {npy(4, ok, floats({1, 2})), "t.npy: unsupported .npy format version 4.0"},
+      {npy(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", floats({1, 2, 3, 4})),
+       "t.npy: unsupported .npy dtype '<f8' (supported: '<f4' float32, '<f2' float16)"},
+      {npy(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", floats({1, 2})),
+       "t.npy: unsupported .npy dtype '>f4' (supported: '<f4' float32, '<f2' float16)"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2,), }", floats({1, 2})),
+       "t.npy: Fortran-ordered arrays are not supported"},
+      {truncated,
+       "t.npy: .npy data is 7 bytes, the header's shape needs 8 (truncated or trailing data)"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", {}),
+       "t.npy: not a supported .npy file: element count overflows 64 bits"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483648, 4294967296), }", {}),
+       "t.npy: not a supported .npy file: byte count overflows 64 bits"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }",
+           {}),
+       "t.npy: not a supported .npy file: dimension overflows 64 bits"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, -1), }", {}),
+       "t.npy: not a supported .npy file: non-integer dimension in 'shape'"},
+      {npy(1, "{'fortran_order': False, 'shape': (2,), }", floats({1, 2})),
+       "t.npy: not a supported .npy file: header has no 'descr'"},
+      {long_header, "t.npy: not a supported .npy file: header longer than 64 KiB"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(parse(c.bytes, &a), GIFT_ERROR_CORRUPT_INPUT) << c.message;
+    EXPECT_EQ(std::string(giftGetLastErrorMessage()), c.message);
+  }
+  // Every truncation of a valid file is rejected, never read past its end.
+  const std::vector<uint8_t> good = npy(1, ok, floats({1, 2}));
+  for (size_t len = 0; len < good.size(); ++len) {
+    EXPECT_EQ(gift::io::parse_npy(good.data(), len, "t.npy", &a), GIFT_ERROR_CORRUPT_INPUT) << len;
+  }
+}
+
+TEST(Npy, MissingFileIsAnIoError) {
+  gift::io::NpyArray a;
+  EXPECT_EQ(gift::io::read_npy("/nonexistent/x.npy", &a), GIFT_ERROR_IO);
+  EXPECT_EQ(std::string(giftGetLastErrorMessage()),
+            "/nonexistent/x.npy: cannot open: No such file or directory");
+}
+
+}  // namespace
