@@ -75,6 +75,39 @@ uint32_t AbsMaxBitsT(const T* src, size_t n) {
   return m;
 }
 
+// 16-bit sources: both bf16 and fp16 are sign-magnitude, so the largest magnitude is the
+// largest sign-cleared pattern, found on 16-bit lanes (twice as many per vector) and
+// widened once.
+template <typename T>
+uint32_t AbsMaxBits16(const T* src, size_t n) {
+  const hn::ScalableTag<int16_t> d;
+  const size_t lanes = hn::Lanes(d);
+  const int16_t* p = reinterpret_cast<const int16_t*>(src);
+  const auto mask = hn::Set(d, int16_t(0x7FFF));
+  auto m0 = hn::Zero(d), m1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    m0 = hn::Max(m0, hn::And(hn::LoadU(d, p + i), mask));
+    m1 = hn::Max(m1, hn::And(hn::LoadU(d, p + i + lanes), mask));
+  }
+  int16_t m = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+  for (; i < n; ++i) m = std::max<int16_t>(m, static_cast<int16_t>(p[i] & 0x7FFF));
+  const uint16_t bits = static_cast<uint16_t>(m);
+  T t;
+  memcpy(&t, &bits, sizeof t);
+  return num::bits_of(Source<T>::scalar(&t));
+}
+
+template <>
+uint32_t AbsMaxBitsT(const uint16_t* src, size_t n) {
+  return AbsMaxBits16(src, n);
+}
+
+template <>
+uint32_t AbsMaxBitsT(const hwy::float16_t* src, size_t n) {
+  return AbsMaxBits16(src, n);
+}
+
 // The vector form of num::fp8_from_float_rn, for any input.
 template <Fp8 K>
 HWY_INLINE VI ConvertRN(DF d, VF v) {
@@ -108,22 +141,21 @@ HWY_INLINE VI ConvertRNBounded(DF d, VF v) {
   constexpr int kShift = 23 - Tr::kMantBits;
   const DI di;
   const VI u = hn::BitCast(di, v);
-  const VI sign = hn::And(hn::ShiftRight<24>(u), hn::Set(di, 0x80));
-  const VF a = hn::Abs(v);
   const VI exp = hn::Max(hn::And(u, hn::Set(di, 0x7F800000)),
                          hn::Set(di, static_cast<int32_t>(Tr::kMinNormalBits)));
   const VF magic = hn::BitCast(d, hn::Add(exp, hn::Set(di, kShift << 23)));
-  const VF rounded = hn::Sub(hn::Add(a, magic), magic);
+  const VF rounded = hn::Sub(hn::Add(hn::Abs(v), magic), magic);
   const VF rebiased = hn::Mul(rounded, hn::Set(d, num::float_of(uint32_t(Tr::kBias) << 23)));
   const VI mag =
       hn::Min(hn::ShiftRight<kShift>(hn::BitCast(di, rebiased)), hn::Set(di, Tr::kMaxCode));
-  return hn::Or(mag, sign);
+  return hn::OrAnd(mag, hn::ShiftRight<24>(u), hn::Set(di, 0x80));
 }
 
 template <typename T, Fp8 K, bool kDivide, bool kBounded>
 void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
   const DF d;
-  const hn::Rebind<uint8_t, DI> d8;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint8_t, DF> d8;
   const size_t lanes = hn::Lanes(d);
   const VF f = hn::Set(d, factor);
   size_t i = 0;
@@ -131,7 +163,8 @@ void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
     const VF x = Source<T>::load(d, src + i);
     const VF v = kDivide ? hn::Div(x, f) : hn::Mul(x, f);
     const VI c = kBounded ? ConvertRNBounded<K>(d, v) : ConvertRN<K>(d, v);
-    hn::StoreU(hn::DemoteTo(d8, c), d8, codes + i);
+    // Codes are in [0, 255]: keeping the low byte of each lane is exact.
+    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, c)), d8, codes + i);
   }
   for (; i < n; ++i) {
     const float x = Source<T>::scalar(src + i);
