@@ -129,6 +129,24 @@ TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
     y[at] = std::nanf("");
     EXPECT_GT(simd::abs_max_bits(y.data(), GIFT_DTYPE_F32, y.size()), 0x7F800000u) << at;
   }
+  // 16-bit sources: the max over the widened values, and NaN/Inf still show.
+  std::vector<uint16_t> b(x.size()), h(x.size());
+  float bmax = 0, hmax = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    b[i] = num::bf16_from_float(x[i]);
+    h[i] = num::f16_from_float(x[i] * 1e-3f);
+    bmax = std::max(bmax, std::fabs(num::bf16_to_float(b[i])));
+    hmax = std::max(hmax, std::fabs(num::f16_to_float(h[i])));
+  }
+  EXPECT_EQ(simd::abs_max_bits(b.data(), GIFT_DTYPE_BF16, b.size()), num::bits_of(bmax));
+  EXPECT_EQ(simd::abs_max_bits(h.data(), GIFT_DTYPE_F16, h.size()), num::bits_of(hmax));
+  for (size_t at : {size_t(0), size_t(700), size_t(999)}) {
+    std::vector<uint16_t> bb = b, hh = h;
+    bb[at] = 0xFF80;  // bf16 -Inf
+    hh[at] = 0x7E00;  // fp16 NaN
+    EXPECT_EQ(simd::abs_max_bits(bb.data(), GIFT_DTYPE_BF16, bb.size()), 0x7F800000u) << at;
+    EXPECT_GT(simd::abs_max_bits(hh.data(), GIFT_DTYPE_F16, hh.size()), 0x7F800000u) << at;
+  }
 }
 
 std::vector<int64_t> targets() { return hwy::SupportedAndGeneratedTargets(); }
