@@ -140,8 +140,17 @@ GIFT_HD float fp8_to_float(uint8_t c) {
 
 // ---- Scales -------------------------------------------------------------------------
 
+// fp32 division rounded to nearest even, whatever -prec-div/-ftz a kernel is built with.
+GIFT_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
 // fp32 scale of a group whose largest finite magnitude is amax.
-GIFT_HD float scale_f32(float amax, Fp8 k) { return amax / fp8_max(k); }
+GIFT_HD float scale_f32(float amax, Fp8 k) { return div_rn(amax, fp8_max(k)); }
 
 // floor(log2(a)) for finite a > 0, subnormals included.
 GIFT_HD int floor_log2(float a) {

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# One call on a machine WITH a GPU (Debian, root, CUDA at /usr/local/cuda): set-up, a CUDA
+# build of its own (build-gpu, sm_90), the device tests, the CPU suite's CUDA reference tests
+# and the CPU benchmark, then a table of results. Run it from anywhere in the repository:
+#
+#   bash tests/cuda/run_on_gpu.sh
+#
+# When $OUT is set, the table goes to "$OUT/gpu_report.txt" and each step's log next to it.
+# Exits non-zero when any test fails (or is skipped: on a GPU machine nothing may skip), when
+# the build fails, or when a step crashes or runs out of time.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root" || exit 1
+build="build-gpu"
+jobs=$(nproc)
+# Per-step time limits in seconds, so that one slow step cannot eat the whole session.
+device_timeout=${GIFT_GPU_DEVICE_TIMEOUT:-300}
+reference_timeout=${GIFT_GPU_REFERENCE_TIMEOUT:-600}
+bench_timeout=${GIFT_GPU_BENCH_TIMEOUT:-300}
+
+logdir=${OUT:-$root/$build/gpu-logs}
+mkdir -p "$logdir"
+
+rows=()     # "name<TAB>status"
+failed=0
+
+add_row() {  # name status
+  rows+=("$1"$'\t'"$2")
+  case "$2" in passed | ran) ;; *) failed=1 ;; esac
+}
+
+report() {
+  local table
+  table=$(
+    printf '%-90s %s\n' "TEST" "RESULT"
+    for r in "${rows[@]}"; do printf '%-90s %s\n' "${r%%$'\t'*}" "${r#*$'\t'}"; done
+    [ "$failed" -eq 0 ] && echo "OVERALL: passed" || echo "OVERALL: FAILED"
+  )
+  echo
+  echo "==== GPU run summary ===="
+  echo "$table"
+  if [ -n "${OUT:-}" ]; then echo "$table" >"$OUT/gpu_report.txt"; fi
+}
+
+# A partial table still comes out when the run is stopped from outside.
+# shellcheck disable=SC2317  # called through the trap
+on_signal() {
+  add_row "run interrupted by signal" failed
+  report
+  exit 1
+}
+trap on_signal INT TERM
+
+# Runs a GoogleTest binary and adds one row per test from its output; a crash, a time-out or
+# a failure outside any test adds a row for the binary itself.
+run_gtest() {  # label binary timeout [args...]
+  local label=$1 bin=$2 limit=$3
+  shift 3
+  local log="$logdir/$label.log"
+  if [ ! -x "$bin" ]; then
+    add_row "$label (binary $bin missing)" failed
+    return
+  fi
+  echo "==== $label ===="
+  local rc=0
+  GIFT_REQUIRE_CUDA_DEVICE=1 timeout --signal=TERM --kill-after=10 "$limit" "$bin" "$@" 2>&1 |
+    tee "$log" || rc=$?
+  local parsed
+  # Per-test result lines end in "(N ms)"; the summary at the end repeats them without it.
+  # A failed parametrized test reads "[  FAILED  ] Suite.Test/P, where GetParam() = ... (N ms)".
+  parsed=$(sed -nE 's/^\[ +(OK|FAILED|SKIPPED) +\] ([^ ,]+).* \([0-9]+ ms\)$/\2\t\1/p' "$log")
+  local n=0 name status
+  while IFS=$'\t' read -r name status; do
+    [ -n "$name" ] || continue
+    n=$((n + 1))
+    case "$status" in
+      OK) add_row "$label: $name" passed ;;
+      SKIPPED) add_row "$label: $name" "skipped (counts as failed here)" ;;
+      *) add_row "$label: $name" failed ;;
+    esac
+  done <<<"$parsed"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    add_row "$label (timed out after ${limit}s)" failed
+  elif [ "$rc" -ne 0 ] && ! grep -q '^\[  FAILED  \]' "$log"; then
+    add_row "$label (exit code $rc)" failed
+  elif [ "$n" -eq 0 ]; then
+    add_row "$label (no test ran)" failed
+  fi
+}
+
+# ---- Set-up and build --------------------------------------------------------------------
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+
+echo "==== setup ===="
+if scripts/setup.sh; then add_row "setup (scripts/setup.sh)" passed; else
+  add_row "setup (scripts/setup.sh)" failed
+  report
+  exit 1
+fi
+
+echo "==== configure and build ($build) ===="
+if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGIFT_WITH_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 2>&1 | tee "$logdir/configure.log" &&
+  cmake --build "$build" --parallel "$jobs" 2>&1 | tee "$logdir/build.log"; then
+  add_row "build ($build, sm_90, Release)" passed
+else
+  add_row "build ($build, sm_90, Release)" failed
+  report
+  exit 1
+fi
+
+# ---- The machine ---------------------------------------------------------------------------
+echo "==== GPU ===="
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv || true
+else
+  echo "nvidia-smi not found"
+fi
+nvcc --version | tail -n 2
+
+# ---- Tests ---------------------------------------------------------------------------------
+# Device tests first: they are the reason for this run and take seconds.
+run_gtest cuda_device_tests "$build/tests/cuda/cuda_device_tests" "$device_timeout"
+# The CPU suite's check against CUDA's host FP8 conversion (2^32 patterns, all cores).
+run_gtest cuda_reference_tests "$build/tests/cuda_reference_tests" "$reference_timeout"
+
+# ---- Benchmarks ----------------------------------------------------------------------------
+bench="$build/tests/bench/bench_codec"
+if [ -x "$bench" ]; then
+  echo "==== bench_codec (CPU) ===="
+  rc=0
+  timeout --signal=TERM --kill-after=10 "$bench_timeout" "$bench" --benchmark_min_time=0.3 --benchmark_color=false 2>&1 |
+    tee "$logdir/bench_codec.log" || rc=$?
+  if [ "$rc" -eq 0 ]; then add_row "bench_codec (CPU; numbers in the log above)" ran; else
+    add_row "bench_codec (CPU; exit code $rc)" failed
+  fi
+else
+  echo "bench_codec not built; skipping the CPU benchmark"
+fi
+
+# ==== PLACEHOLDER: GPU encode/decode benchmark ==============================================
+# The CUDA encode/decode kernels (kernels/) do not exist yet, so nothing is measured on the
+# GPU and no GPU numbers are printed. When they land, run their benchmark here (against a
+# device-to-device cudaMemcpy of the same traffic, as bench_codec does against memcpy on the
+# CPU) and add its rows with add_row.
+# ============================================================================================
+
+report
+exit "$failed"
