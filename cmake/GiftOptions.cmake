@@ -20,6 +20,8 @@ set(GIFT_CXX_FLAGS -Wall -Wextra -Werror -ffp-contract=off)
 set(GIFT_CUDA_FLAGS --fmad=false -Werror=all-warnings -Xcompiler=-Wall,-Wextra)
 
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_program(FLATC flatc REQUIRED)
+set(GIFT_FBS ${PROJECT_SOURCE_DIR}/format/gift.fbs)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HWY REQUIRED IMPORTED_TARGET libhwy)
 set(BLA_VENDOR OpenBLAS)

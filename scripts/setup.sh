@@ -10,6 +10,8 @@ debs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libomp-dev
   libopenblas-dev liblapacke-dev
+  libflatbuffers-dev flatbuffers-compiler libzstd-dev libxxhash-dev
+  clang libclang-rt-14-dev
 )
 
 missing=()

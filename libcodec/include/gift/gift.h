@@ -36,8 +36,22 @@ typedef enum {
   GIFT_ERROR_BUFFER_TOO_SMALL = 3, /* an output buffer is smaller than required */
   GIFT_ERROR_OUT_OF_MEMORY = 4,
   GIFT_ERROR_INTERNAL = 5,
-  GIFT_ERROR_IO = 6,           /* a file could not be opened, read or written */
-  GIFT_ERROR_CORRUPT_INPUT = 7 /* a file is malformed, truncated or of an unsupported kind */
+  GIFT_ERROR_IO = 6,            /* a file could not be opened, read or written */
+  GIFT_ERROR_CORRUPT_INPUT = 7, /* a file is malformed, truncated or of an unsupported kind */
+  /* GIFT frames (FORMAT.md section 2); each names the first check that failed. */
+  GIFT_ERROR_FRAME_MAGIC = 10,       /* not a GIFT frame, or damaged by a text-mode transfer */
+  GIFT_ERROR_FRAME_VERSION = 11,     /* a major version this build does not read */
+  GIFT_ERROR_FRAME_TRUNCATED = 12,   /* shorter than its preamble says */
+  GIFT_ERROR_HEADER_CHECKSUM = 13,   /* the header's bytes do not match its checksum */
+  GIFT_ERROR_HEADER_INVALID = 14,    /* the header is not a valid FlatBuffer of gift.fbs */
+  GIFT_ERROR_FIELD_INVALID = 15,     /* a header field is out of range (enum, shape, size) */
+  GIFT_ERROR_SECTION_BOUNDS = 16,    /* a section lies outside the frame or overlaps another */
+  GIFT_ERROR_SECTION_ALIGNMENT = 17, /* a section offset is not a multiple of 64 */
+  GIFT_ERROR_SECTION_LENGTH = 18,    /* a section's length does not fit its tensor */
+  GIFT_ERROR_SECTION_CHECKSUM = 19,  /* a section's bytes do not match its checksum */
+  GIFT_ERROR_DECOMPRESSION = 20,     /* a compressed section does not decompress to its length */
+  GIFT_ERROR_NOT_FOUND = 21,         /* no tensor of that name, or index out of range */
+  GIFT_ERROR_BASIS_MISSING = 22      /* a tensor needs a basis that is not at hand */
 } giftResult_t;
 
 typedef enum { GIFT_FP8_E4M3 = 0, GIFT_FP8_E5M2 = 1 } giftFp8Kind_t;
@@ -131,6 +145,76 @@ typedef struct {
  * (row-major fp32) defining the A-norm. */
 GIFT_API giftResult_t giftComputeErrorMetrics(const float* ref, const float* approx, uint64_t rows,
                                               uint64_t cols, const float* a, giftErrorMetrics* out);
+
+/* ---- GIFT frames: the wire and file format (format/FORMAT.md, section 2) -------------- */
+
+#define GIFT_FORMAT_MAJOR 1
+#define GIFT_FORMAT_MINOR 0
+
+typedef struct giftFrame giftFrame;
+typedef struct giftFrameWriter giftFrameWriter;
+
+/* Opens and verifies a frame held in memory: preamble, header checksum, the FlatBuffers
+ * header, and every field, shape and section reference (section checksums are checked as
+ * each section is read). The bytes are used in place: keep them alive and unchanged until
+ * giftFrameClose. */
+GIFT_API giftResult_t giftFrameOpen(const void* data, uint64_t size, giftFrame** frame);
+
+/* The same for a file, which is memory-mapped, not read into memory. */
+GIFT_API giftResult_t giftFrameOpenFile(const char* path, giftFrame** frame);
+
+GIFT_API void giftFrameClose(giftFrame* frame);
+
+GIFT_API uint64_t giftFrameTensorCount(const giftFrame* frame);
+
+typedef struct {
+  const char* name; /* UTF-8, valid until giftFrameClose */
+  uint32_t ndim;
+  const uint64_t* shape; /* ndim entries, valid until giftFrameClose */
+  uint64_t elements;
+  giftDType_t dtype;      /* of the original tensor */
+  int raw;                /* 1: stored losslessly as its original bytes; params unused */
+  giftQuantParams params; /* how it was encoded (threads = 0) */
+  uint64_t stored_bytes;  /* codes + scales as stored in the frame */
+  uint64_t raw_bytes;     /* codes + scales after decompression */
+} giftTensorInfo;
+
+GIFT_API giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index,
+                                          giftTensorInfo* info);
+GIFT_API giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* name,
+                                          uint64_t* index);
+
+/* Decodes tensor `index` into dst (elements * size of dst_dtype bytes). A raw tensor comes
+ * back bit-identical when dst_dtype is its own dtype. */
+GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst,
+                                            uint64_t dst_bytes, giftDType_t dst_dtype);
+
+/* Reads every section (checksums, decompression) and decodes every tensor. */
+GIFT_API giftResult_t giftFrameVerify(giftFrame* frame);
+
+GIFT_API giftResult_t giftFrameWriterCreate(giftFrameWriter** writer);
+GIFT_API void giftFrameWriterFree(giftFrameWriter* writer);
+
+/* zstd level for the data sections of tensors added afterwards; 0 (the default) stores them
+ * uncompressed. A section that does not shrink is stored uncompressed. */
+GIFT_API giftResult_t giftFrameWriterSetCompression(giftFrameWriter* writer, int zstd_level);
+GIFT_API giftResult_t giftFrameWriterAddMetadata(giftFrameWriter* writer, const char* key,
+                                                 const char* value);
+
+/* Encodes a tensor now (the data is not kept). params NULL stores it losslessly. */
+GIFT_API giftResult_t giftFrameWriterAddTensor(giftFrameWriter* writer, const char* name,
+                                               const uint64_t* shape, uint32_t ndim,
+                                               giftDType_t dtype, const void* data,
+                                               const giftQuantParams* params);
+
+/* The finished frame in a buffer the caller frees with giftFree. */
+GIFT_API giftResult_t giftFrameWriterFinish(giftFrameWriter* writer, void** data, uint64_t* size);
+
+/* The finished frame written to `path` through a temporary file and a rename, so a failure
+ * never leaves a partial file under that name. */
+GIFT_API giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const char* path);
+
+GIFT_API void giftFree(void* p);
 
 GIFT_API const char* giftGetErrorString(giftResult_t result);
 GIFT_API const char* giftGetLastErrorMessage(void);

@@ -2,6 +2,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 
 namespace gift {
 namespace {
@@ -9,10 +10,13 @@ thread_local char g_message[512];
 }
 
 giftResult_t fail(giftResult_t code, const char* fmt, ...) {
+  // Formatted aside first: callers may pass the current message as an argument to prefix it.
+  char buf[sizeof g_message];
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(g_message, sizeof g_message, fmt, ap);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  std::memcpy(g_message, buf, sizeof buf);
   return code;
 }
 
@@ -40,6 +44,32 @@ extern "C" const char* giftGetErrorString(giftResult_t result) {
       return "I/O error";
     case GIFT_ERROR_CORRUPT_INPUT:
       return "corrupt or unsupported input";
+    case GIFT_ERROR_FRAME_MAGIC:
+      return "not a GIFT frame";
+    case GIFT_ERROR_FRAME_VERSION:
+      return "unsupported GIFT format version";
+    case GIFT_ERROR_FRAME_TRUNCATED:
+      return "truncated frame";
+    case GIFT_ERROR_HEADER_CHECKSUM:
+      return "header checksum mismatch";
+    case GIFT_ERROR_HEADER_INVALID:
+      return "invalid frame header";
+    case GIFT_ERROR_FIELD_INVALID:
+      return "invalid header field";
+    case GIFT_ERROR_SECTION_BOUNDS:
+      return "section out of bounds";
+    case GIFT_ERROR_SECTION_ALIGNMENT:
+      return "misaligned section";
+    case GIFT_ERROR_SECTION_LENGTH:
+      return "wrong section length";
+    case GIFT_ERROR_SECTION_CHECKSUM:
+      return "section checksum mismatch";
+    case GIFT_ERROR_DECOMPRESSION:
+      return "decompression failed";
+    case GIFT_ERROR_NOT_FOUND:
+      return "not found";
+    case GIFT_ERROR_BASIS_MISSING:
+      return "basis missing";
   }
   return "unknown error code";
 }

@@ -1,0 +1,199 @@
+// The C API of frames: opaque handles over FrameReader and FrameWriter.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "common/error.h"
+#include "container/reader.h"
+#include "container/writer.h"
+#include "gift_generated.h"
+
+using gift::fail;
+
+struct giftFrame {
+  std::unique_ptr<gift::container::FrameReader> reader;
+};
+
+struct giftFrameWriter {
+  gift::container::FrameWriter writer;
+};
+
+namespace {
+
+giftResult_t open_source(std::unique_ptr<gift::container::ByteSource> src, const std::string& name,
+                         giftFrame** frame) {
+  std::unique_ptr<gift::container::FrameReader> r;
+  if (const giftResult_t e = gift::container::FrameReader::open(std::move(src), name, &r)) return e;
+  *frame = new (std::nothrow) giftFrame{std::move(r)};
+  return *frame ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+}
+
+}  // namespace
+
+extern "C" {
+
+giftResult_t giftFrameOpen(const void* data, uint64_t size, giftFrame** frame) {
+  gift::clear_error();
+  if (!frame || (size && !data))
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameOpen: null pointer");
+  *frame = nullptr;
+  try {
+    return open_source(gift::container::borrow_bytes(data, size), "frame", frame);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while opening a frame");
+  }
+}
+
+giftResult_t giftFrameOpenFile(const char* path, giftFrame** frame) {
+  gift::clear_error();
+  if (!frame || !path) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameOpenFile: null pointer");
+  *frame = nullptr;
+  try {
+    std::unique_ptr<gift::container::ByteSource> src;
+    if (const giftResult_t e = gift::container::map_file(path, &src)) return e;
+    return open_source(std::move(src), path, frame);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "%s: out of memory while opening", path);
+  }
+}
+
+void giftFrameClose(giftFrame* frame) { delete frame; }
+
+uint64_t giftFrameTensorCount(const giftFrame* frame) {
+  return frame ? frame->reader->tensors().size() : 0;
+}
+
+giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTensorInfo* info) {
+  gift::clear_error();
+  if (!frame || !info)
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameTensorInfo: null pointer");
+  const auto& ts = frame->reader->tensors();
+  if (index >= ts.size())
+    return fail(GIFT_ERROR_NOT_FOUND, "no tensor %llu", (unsigned long long)index);
+  const gift::container::TensorEntry& e = ts[index];
+  *info = giftTensorInfo{};
+  info->name = e.fb->name()->c_str();
+  info->ndim = uint32_t(e.shape.size());
+  info->shape = e.shape.data();
+  info->elements = e.elements;
+  info->dtype = e.dtype;
+  info->raw = e.raw;
+  info->params = e.params;
+  for (const gift::fb::Section* s : {e.fb->codes(), e.fb->scales()}) {
+    if (!s) continue;
+    info->stored_bytes += s->stored_length();
+    info->raw_bytes += s->raw_length();
+  }
+  return GIFT_OK;
+}
+
+giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* name, uint64_t* index) {
+  gift::clear_error();
+  if (!frame || !name || !index)
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameFindTensor: null pointer");
+  const auto& ts = frame->reader->tensors();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (ts[i].name == name) {
+      *index = i;
+      return GIFT_OK;
+    }
+  }
+  return fail(GIFT_ERROR_NOT_FOUND, "no tensor named '%s'", name);
+}
+
+giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, uint64_t dst_bytes,
+                                   giftDType_t dst_dtype) {
+  gift::clear_error();
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
+  try {
+    return frame->reader->decode(size_t(index), dst, dst_bytes, dst_dtype);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
+  }
+}
+
+giftResult_t giftFrameVerify(giftFrame* frame) {
+  gift::clear_error();
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
+  try {
+    return frame->reader->verify_all();
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while verifying");
+  }
+}
+
+giftResult_t giftFrameWriterCreate(giftFrameWriter** writer) {
+  gift::clear_error();
+  if (!writer) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameWriterCreate: null pointer");
+  *writer = new (std::nothrow) giftFrameWriter();
+  return *writer ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+}
+
+void giftFrameWriterFree(giftFrameWriter* writer) { delete writer; }
+
+giftResult_t giftFrameWriterSetCompression(giftFrameWriter* writer, int zstd_level) {
+  gift::clear_error();
+  if (!writer) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null writer");
+  if (zstd_level < 0 || zstd_level > 22) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "zstd level %d is not in [0, 22]", zstd_level);
+  }
+  writer->writer.set_compression(zstd_level);
+  return GIFT_OK;
+}
+
+giftResult_t giftFrameWriterAddMetadata(giftFrameWriter* writer, const char* key,
+                                        const char* value) {
+  gift::clear_error();
+  if (!writer || !key || !value) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  writer->writer.add_metadata(key, value);
+  return GIFT_OK;
+}
+
+giftResult_t giftFrameWriterAddTensor(giftFrameWriter* writer, const char* name,
+                                      const uint64_t* shape, uint32_t ndim, giftDType_t dtype,
+                                      const void* data, const giftQuantParams* params) {
+  gift::clear_error();
+  if (!writer || !name) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null writer or name");
+  try {
+    gift::container::TensorShape s;
+    if (const giftResult_t r = gift::container::make_shape(shape, ndim, &s)) {
+      return fail(r, "tensor '%s': %s", name, giftGetLastErrorMessage());
+    }
+    return writer->writer.add_tensor(name, s, dtype, data, params);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while encoding '%s'", name);
+  }
+}
+
+giftResult_t giftFrameWriterFinish(giftFrameWriter* writer, void** data, uint64_t* size) {
+  gift::clear_error();
+  if (!writer || !data || !size) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  try {
+    std::vector<uint8_t> bytes;
+    if (const giftResult_t r = writer->writer.finish(&bytes)) return r;
+    void* p = std::malloc(bytes.size() ? bytes.size() : 1);
+    if (!p) return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+    std::memcpy(p, bytes.data(), bytes.size());
+    *data = p;
+    *size = bytes.size();
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while finishing a frame");
+  }
+}
+
+giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const char* path) {
+  gift::clear_error();
+  if (!writer || !path) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  try {
+    std::vector<uint8_t> bytes;
+    if (const giftResult_t r = writer->writer.finish(&bytes)) return r;
+    return gift::container::write_file_atomically(path, bytes);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while finishing a frame");
+  }
+}
+
+void giftFree(void* p) { std::free(p); }
+
+}  // extern "C"

@@ -1,0 +1,401 @@
+#include "container/reader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+
+#include "common/error.h"
+#include "container/layout.h"
+#include "container/sections.h"
+#include "gift_generated.h"
+#include "numerics/codec.h"
+#include "numerics/elementwise.h"
+
+namespace gift::container {
+namespace {
+
+class BorrowedBytes : public ByteSource {
+ public:
+  BorrowedBytes(const void* d, uint64_t n) : d_(static_cast<const uint8_t*>(d)), n_(n) {}
+  const uint8_t* data() const override { return d_; }
+  uint64_t size() const override { return n_; }
+
+ private:
+  const uint8_t* d_;
+  uint64_t n_;
+};
+
+class MappedFile : public ByteSource {
+ public:
+  MappedFile(void* p, uint64_t n) : p_(p), n_(n) {}
+  ~MappedFile() override {
+    if (p_) ::munmap(p_, n_);
+  }
+  const uint8_t* data() const override { return static_cast<const uint8_t*>(p_); }
+  uint64_t size() const override { return n_; }
+
+ private:
+  void* p_;
+  uint64_t n_;
+};
+
+}  // namespace
+
+std::unique_ptr<ByteSource> borrow_bytes(const void* data, uint64_t size) {
+  return std::make_unique<BorrowedBytes>(data, size);
+}
+
+giftResult_t map_file(const std::string& path, std::unique_ptr<ByteSource>* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(GIFT_ERROR_IO, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail(GIFT_ERROR_IO, "%s: not a regular file", path.c_str());
+  }
+  void* p = nullptr;
+  if (st.st_size > 0) {
+    p = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return fail(GIFT_ERROR_IO, "%s: cannot map: %s", path.c_str(), std::strerror(e));
+    }
+  }
+  ::close(fd);
+  *out = std::make_unique<MappedFile>(p, uint64_t(st.st_size));
+  return GIFT_OK;
+}
+
+namespace {
+
+struct Span {
+  uint64_t offset, length;
+};
+
+// Names a section in messages: "tensor 'w': codes section".
+std::string section_name(const std::string& tensor, const char* which) {
+  return "tensor '" + tensor + "': " + which + " section";
+}
+
+}  // namespace
+
+giftResult_t FrameReader::open(std::unique_ptr<ByteSource> bytes, const std::string& name,
+                               std::unique_ptr<FrameReader>* out) {
+  std::unique_ptr<FrameReader> r(new FrameReader());
+  r->bytes_ = std::move(bytes);
+  r->name_ = name;
+  if (const giftResult_t e = r->verify_structure()) return e;
+  *out = std::move(r);
+  return GIFT_OK;
+}
+
+giftResult_t FrameReader::verify_structure() {
+  const uint8_t* b = bytes_->data();
+  const uint64_t size = bytes_->size();
+  const char* n = name_.c_str();
+  const uint64_t probe = std::min<uint64_t>(size, 8);
+  if (std::memcmp(b, kMagic, probe) != 0) {
+    if (probe >= 4 && std::memcmp(b, kMagic, 4) == 0) {
+      return fail(GIFT_ERROR_FRAME_MAGIC,
+                  "%s: damaged GIFT magic (line endings changed by a text-mode transfer?)", n);
+    }
+    return fail(GIFT_ERROR_FRAME_MAGIC, "%s: not a GIFT frame (no GIFT magic)", n);
+  }
+  if (size < kPreambleBytes) {
+    return fail(GIFT_ERROR_FRAME_TRUNCATED,
+                "%s: truncated: %" PRIu64 " bytes, a frame has at least %" PRIu64, n, size,
+                kPreambleBytes);
+  }
+  const Preamble pre = read_preamble(b);
+  if (pre.major != kMajor) {
+    return fail(GIFT_ERROR_FRAME_VERSION,
+                "%s: unsupported GIFT format major version %u (this build reads %u)", n,
+                unsigned(pre.major), unsigned(kMajor));
+  }
+  minor_ = pre.minor;
+  if (pre.frame_length != size) {
+    return fail(GIFT_ERROR_FRAME_TRUNCATED,
+                "%s: %s: the frame is %" PRIu64 " bytes, its preamble says %" PRIu64, n,
+                size < pre.frame_length ? "truncated" : "trailing bytes", size, pre.frame_length);
+  }
+  if (pre.header_length > kMaxHeaderBytes || pre.header_length > size - kPreambleBytes) {
+    return fail(GIFT_ERROR_FRAME_TRUNCATED,
+                "%s: header length %u does not fit in the frame's %" PRIu64 " bytes", n,
+                unsigned(pre.header_length), size);
+  }
+  const uint8_t* h = b + kPreambleBytes;
+  if (checksum64(h, pre.header_length) != pre.header_checksum) {
+    return fail(GIFT_ERROR_HEADER_CHECKSUM, "%s: header checksum mismatch (the header is damaged)",
+                n);
+  }
+  flatbuffers::Verifier::Options opts;
+  opts.max_depth = kMaxDepth;
+  opts.max_tables = kMaxTables;
+  flatbuffers::Verifier v(h, pre.header_length, opts);
+  if (!fb::VerifyFrameBuffer(v)) {
+    return fail(GIFT_ERROR_HEADER_INVALID, "%s: the header is not a valid gift.fbs Frame", n);
+  }
+  header_ = fb::GetFrame(h);
+  frame_length_ = size;
+  data_start_ = kPreambleBytes + pre.header_length;
+
+  if (uint8_t(header_->kind()) > uint8_t(fb::FrameKind::MAX)) {
+    return fail(GIFT_ERROR_FIELD_INVALID, "%s: unknown frame kind %u", n,
+                unsigned(header_->kind()));
+  }
+  std::vector<Span> spans;
+  // Checks one section reference and records its extent; raw_length must equal `need`.
+  auto check_section = [&](const fb::Section* s, const std::string& what, uint64_t need) {
+    if (!s) {
+      if (need == 0) return GIFT_OK;
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: %s is missing", n, what.c_str());
+    }
+    if (uint8_t(s->compression()) > uint8_t(fb::Compression::MAX)) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: %s: unknown compression %u", n, what.c_str(),
+                  unsigned(s->compression()));
+    }
+    if (s->offset() % kSectionAlign) {
+      return fail(GIFT_ERROR_SECTION_ALIGNMENT,
+                  "%s: %s: offset %" PRIu64 " is not a multiple of %" PRIu64, n, what.c_str(),
+                  s->offset(), kSectionAlign);
+    }
+    if (s->offset() < data_start_ || s->offset() > frame_length_ ||
+        s->stored_length() > frame_length_ - s->offset()) {
+      return fail(GIFT_ERROR_SECTION_BOUNDS,
+                  "%s: %s: bytes [%" PRIu64 ", +%" PRIu64 ") lie outside the data area [%" PRIu64
+                  ", %" PRIu64 ")",
+                  n, what.c_str(), s->offset(), s->stored_length(), data_start_, frame_length_);
+    }
+    if (s->raw_length() != need) {
+      return fail(GIFT_ERROR_SECTION_LENGTH,
+                  "%s: %s: holds %" PRIu64 " bytes, the tensor needs %" PRIu64, n, what.c_str(),
+                  s->raw_length(), need);
+    }
+    const bool zstd = s->compression() == fb::Compression::Zstd;
+    if (!zstd && s->stored_length() != s->raw_length()) {
+      return fail(GIFT_ERROR_SECTION_LENGTH,
+                  "%s: %s: uncompressed but stored length %" PRIu64 " differs from %" PRIu64, n,
+                  what.c_str(), s->stored_length(), s->raw_length());
+    }
+    if (zstd && s->raw_length() / kMaxZstdRatio > s->stored_length()) {
+      return fail(GIFT_ERROR_SECTION_LENGTH,
+                  "%s: %s: %" PRIu64 " compressed bytes cannot expand to %" PRIu64, n, what.c_str(),
+                  s->stored_length(), s->raw_length());
+    }
+    spans.push_back({s->offset(), s->stored_length()});
+    return GIFT_OK;
+  };
+
+  const auto* list = header_->tensors();
+  const uint32_t count = list ? list->size() : 0;
+  tensors_.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    const fb::Tensor* t = list->Get(i);
+    TensorEntry e{t, t->name()->str(), {}, 1, 1, 1, GIFT_DTYPE_F32, false, {}};
+    const char* tn = e.name.c_str();
+    if (e.name.empty())
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor %u has an empty name", n, i);
+    const auto* shape = t->shape();
+    const uint32_t ndim = shape ? shape->size() : 0;
+    if (ndim > kMaxDims) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %u dimensions (at most %u)", n, tn,
+                  ndim, kMaxDims);
+    }
+    for (uint32_t d = 0; d < ndim; ++d) {
+      const uint64_t dim = shape->Get(d);
+      if (dim && e.elements > UINT64_MAX / 8 / dim) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': shape's element count overflows", n,
+                    tn);
+      }
+      e.elements *= dim;
+      e.shape.push_back(dim);
+    }
+    e.cols = ndim ? e.shape.back() : 1;
+    e.rows = 1;
+    for (uint32_t d = 0; d + 1 < ndim; ++d) e.rows *= e.shape[d];
+    if (uint8_t(t->dtype()) > uint8_t(fb::DType::MAX) ||
+        uint8_t(t->encoding()) > uint8_t(fb::Encoding::MAX) ||
+        uint8_t(t->frame()) > uint8_t(fb::CoordFrame::MAX)) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': unknown dtype, encoding or frame", n,
+                  tn);
+    }
+    e.dtype = static_cast<giftDType_t>(t->dtype());
+    e.raw = t->encoding() == fb::Encoding::Raw;
+    giftQuantParamsInit(&e.params);
+    if (e.raw) {
+      if (const giftResult_t r = check_section(t->codes(), section_name(e.name, "raw data"),
+                                               e.elements * dtype_size(e.dtype))) {
+        return r;
+      }
+    } else {
+      e.params.kind = static_cast<giftFp8Kind_t>(t->fp8());
+      e.params.layout = static_cast<giftScaleLayout_t>(t->scale_layout());
+      e.params.block = t->block();
+      e.params.tile_rows = t->tile_rows();
+      e.params.tile_cols = t->tile_cols();
+      e.params.scale_dtype = static_cast<giftScaleDType_t>(t->scale_dtype());
+      e.params.rounding = static_cast<giftRounding_t>(t->rounding());
+      e.params.seed = t->seed();
+      e.params.tensor_index = t->tensor_index();
+      uint64_t scale_bytes = 0;
+      if (giftScaleBytes(&e.params, e.rows, e.cols, &scale_bytes) != GIFT_OK) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %s", n, tn,
+                    giftGetLastErrorMessage());
+      }
+      if (const giftResult_t r =
+              check_section(t->codes(), section_name(e.name, "codes"), e.elements)) {
+        return r;
+      }
+      if (const giftResult_t r =
+              check_section(t->scales(), section_name(e.name, "scales"), scale_bytes)) {
+        return r;
+      }
+    }
+    tensors_.push_back(std::move(e));
+  }
+  {
+    std::vector<const std::string*> names;
+    for (const TensorEntry& e : tensors_) names.push_back(&e.name);
+    std::sort(names.begin(), names.end(), [](auto* a, auto* b) { return *a < *b; });
+    for (size_t i = 1; i < names.size(); ++i) {
+      if (*names[i] == *names[i - 1]) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor name '%s' appears twice", n,
+                    names[i]->c_str());
+      }
+    }
+  }
+  if (header_->basis()) {
+    // An embedded basis is itself a frame; its own open verifies its inside.
+    if (const giftResult_t r = check_section(header_->basis(), "embedded basis section",
+                                             header_->basis()->raw_length())) {
+      return r;
+    }
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& c) { return a.offset < c.offset; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].offset < spans[i - 1].offset + spans[i - 1].length) {
+      return fail(GIFT_ERROR_SECTION_BOUNDS, "%s: sections at %" PRIu64 " and %" PRIu64 " overlap",
+                  n, spans[i - 1].offset, spans[i].offset);
+    }
+  }
+  return GIFT_OK;
+}
+
+giftResult_t FrameReader::section_bytes(const fb::Section* s, const std::string& what,
+                                        std::vector<uint8_t>* scratch,
+                                        const uint8_t** bytes) const {
+  if (!s) {  // only for empty data, as verified
+    *bytes = nullptr;
+    return GIFT_OK;
+  }
+  const uint8_t* stored = bytes_->data() + s->offset();
+  if (checksum64(stored, s->stored_length()) != s->checksum()) {
+    return fail(GIFT_ERROR_SECTION_CHECKSUM, "%s: %s: checksum mismatch (the data is damaged)",
+                name_.c_str(), what.c_str());
+  }
+  if (s->compression() == fb::Compression::None) {
+    *bytes = stored;
+    return GIFT_OK;
+  }
+  const std::string where = name_ + ": " + what;
+  if (const giftResult_t r =
+          decompress_section(stored, s->stored_length(), s->raw_length(), scratch, where.c_str())) {
+    return r;
+  }
+  *bytes = scratch->data();
+  return GIFT_OK;
+}
+
+namespace {
+
+// Lossless data converted element by element (fp32 is the common exact form).
+void convert_raw(const uint8_t* src, giftDType_t from, uint64_t n, void* dst, giftDType_t to) {
+  for (uint64_t i = 0; i < n; ++i) {
+    float v;
+    if (from == GIFT_DTYPE_F32) {
+      std::memcpy(&v, src + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      v = from == GIFT_DTYPE_BF16 ? num::bf16_to_float(h) : num::f16_to_float(h);
+    }
+    if (to == GIFT_DTYPE_F32) {
+      static_cast<float*>(dst)[i] = v;
+    } else {
+      static_cast<uint16_t*>(dst)[i] =
+          to == GIFT_DTYPE_BF16 ? num::bf16_from_float(v) : num::f16_from_float(v);
+    }
+  }
+}
+
+}  // namespace
+
+giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes,
+                                 giftDType_t dst_dtype) const {
+  if (index >= tensors_.size()) {
+    return fail(GIFT_ERROR_NOT_FOUND, "%s: no tensor %zu (the frame has %zu)", name_.c_str(), index,
+                tensors_.size());
+  }
+  const TensorEntry& e = tensors_[index];
+  if (dst_dtype != GIFT_DTYPE_F32 && dst_dtype != GIFT_DTYPE_BF16 && dst_dtype != GIFT_DTYPE_F16) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown output dtype %d", int(dst_dtype));
+  }
+  const uint64_t need = e.elements * dtype_size(dst_dtype);
+  if (dst_bytes < need || (need && !dst)) {
+    return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
+                "%s: tensor '%s' needs %" PRIu64 " bytes, %" PRIu64 " given", name_.c_str(),
+                e.name.c_str(), need, dst_bytes);
+  }
+  if (e.fb->frame() == fb::CoordFrame::Gift) {
+    return fail(GIFT_ERROR_BASIS_MISSING,
+                "%s: tensor '%s' is encoded in a GIFT basis, which this build cannot apply yet",
+                name_.c_str(), e.name.c_str());
+  }
+  std::vector<uint8_t> codes_scratch, scales_scratch;
+  const uint8_t *codes = nullptr, *scales = nullptr;
+  const char* codes_what = e.raw ? "raw data" : "codes";
+  if (const giftResult_t r =
+          section_bytes(e.fb->codes(), section_name(e.name, codes_what), &codes_scratch, &codes)) {
+    return r;
+  }
+  if (e.raw) {
+    if (dst_dtype == e.dtype) {
+      if (need) std::memcpy(dst, codes, need);
+    } else {
+      convert_raw(codes, e.dtype, e.elements, dst, dst_dtype);
+    }
+    return GIFT_OK;
+  }
+  if (const giftResult_t r =
+          section_bytes(e.fb->scales(), section_name(e.name, "scales"), &scales_scratch, &scales)) {
+    return r;
+  }
+  const uint64_t scale_bytes = e.fb->scales() ? e.fb->scales()->raw_length() : 0;
+  if (e.elements == 0) return GIFT_OK;
+  return giftDecode(&e.params, codes, scales, scale_bytes, e.rows, e.cols, dst, dst_dtype);
+}
+
+giftResult_t FrameReader::verify_all() const {
+  std::vector<float> out;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    out.resize(tensors_[i].elements);
+    if (const giftResult_t r = decode(i, out.data(), out.size() * 4, GIFT_DTYPE_F32)) return r;
+  }
+  if (const fb::Section* s = header_->basis()) {
+    std::vector<uint8_t> scratch;
+    const uint8_t* bytes;
+    if (const giftResult_t r = section_bytes(s, "embedded basis section", &scratch, &bytes))
+      return r;
+  }
+  return GIFT_OK;
+}
+
+}  // namespace gift::container

@@ -1,0 +1,69 @@
+// Opens a frame from untrusted bytes: everything is verified before any byte is used.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace gift::fb {
+struct Frame;
+struct Tensor;
+struct Section;
+}  // namespace gift::fb
+
+namespace gift::container {
+
+// Bytes a frame reads from: a caller's buffer or a memory-mapped file.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual const uint8_t* data() const = 0;
+  virtual uint64_t size() const = 0;
+};
+
+std::unique_ptr<ByteSource> borrow_bytes(const void* data, uint64_t size);
+giftResult_t map_file(const std::string& path, std::unique_ptr<ByteSource>* out);
+
+struct TensorEntry {
+  const fb::Tensor* fb;
+  std::string name;
+  std::vector<uint64_t> shape;
+  uint64_t rows, cols, elements;
+  giftDType_t dtype;
+  bool raw;
+  giftQuantParams params;
+};
+
+class FrameReader {
+ public:
+  // Verifies preamble, header and every reference; `name` is used in messages.
+  static giftResult_t open(std::unique_ptr<ByteSource> bytes, const std::string& name,
+                           std::unique_ptr<FrameReader>* out);
+
+  uint16_t minor_version() const { return minor_; }
+  const std::vector<TensorEntry>& tensors() const { return tensors_; }
+  const fb::Frame* header() const { return header_; }
+
+  // The raw (decompressed, checksum-verified) bytes of a section. Uncompressed sections are
+  // returned in place; compressed ones are expanded into *scratch.
+  giftResult_t section_bytes(const fb::Section* s, const std::string& what,
+                             std::vector<uint8_t>* scratch, const uint8_t** bytes) const;
+
+  giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) const;
+  giftResult_t verify_all() const;
+
+ private:
+  giftResult_t verify_structure();
+
+  std::unique_ptr<ByteSource> bytes_;
+  std::string name_;
+  uint16_t minor_ = 0;
+  uint64_t frame_length_ = 0, data_start_ = 0;
+  const fb::Frame* header_ = nullptr;
+  std::vector<TensorEntry> tensors_;
+};
+
+}  // namespace gift::container

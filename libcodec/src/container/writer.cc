@@ -1,0 +1,216 @@
+#include "container/writer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "common/error.h"
+#include "container/layout.h"
+#include "gift_generated.h"
+#include "numerics/codec.h"
+
+namespace gift::container {
+
+giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
+  if (ndim > kMaxDims) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%u dimensions, at most %u supported", ndim, kMaxDims);
+  }
+  if (ndim && !dims) return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape is NULL");
+  out->dims.assign(dims, dims + ndim);
+  out->elements = 1;
+  for (uint32_t i = 0; i < ndim; ++i) {
+    if (dims[i] && out->elements > UINT64_MAX / 8 / dims[i]) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape's element count overflows");
+    }
+    out->elements *= dims[i];
+  }
+  out->cols = ndim ? dims[ndim - 1] : 1;
+  out->rows = ndim == 0 ? 1 : (out->cols ? out->elements / out->cols : 1);
+  if (out->cols == 0) {  // rows are the product of the leading dims even when cols is 0
+    out->rows = 1;
+    for (uint32_t i = 0; i + 1 < ndim; ++i) out->rows *= dims[i];
+  }
+  return GIFT_OK;
+}
+
+giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
+                                     giftDType_t dtype, const void* data,
+                                     const giftQuantParams* params) {
+  if (name.empty()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name is empty");
+  for (const Pending& t : tensors_) {
+    if (t.name == name) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s' added twice", name.c_str());
+    }
+  }
+  if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name.c_str(),
+                int(dtype));
+  }
+  if (shape.elements && !data) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': data is NULL", name.c_str());
+  }
+  Pending t{name, shape, dtype, params == nullptr, {}, {}, {}, {}};
+  giftQuantParamsInit(&t.params);
+  t.stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
+  const uint64_t in_bytes = shape.elements * dtype_size(dtype);
+  if (t.raw) {
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    t.codes = store_section(std::vector<uint8_t>(p, p + in_bytes), zstd_level_);
+  } else {
+    t.params = *params;
+    uint64_t scale_bytes = 0;
+    if (const giftResult_t r = giftScaleBytes(params, shape.rows, shape.cols, &scale_bytes)) {
+      return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
+    }
+    std::vector<uint8_t> codes(shape.elements), scales(scale_bytes);
+    if (const giftResult_t r = giftEncode(params, data, dtype, shape.rows, shape.cols, codes.data(),
+                                          scales.data(), scale_bytes, &t.stats)) {
+      return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
+    }
+    t.params.threads = 0;
+    t.codes = store_section(std::move(codes), zstd_level_);
+    t.scales = store_section(std::move(scales), zstd_level_);
+  }
+  tensors_.push_back(std::move(t));
+  return GIFT_OK;
+}
+
+namespace {
+
+flatbuffers::Offset<fb::Section> section_ref(flatbuffers::FlatBufferBuilder& b,
+                                             const StoredSection& s, uint64_t offset) {
+  return fb::CreateSection(b, offset, s.bytes.size(), s.raw_length,
+                           s.zstd ? fb::Compression::Zstd : fb::Compression::None, s.checksum);
+}
+
+}  // namespace
+
+giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
+  // The header holds the sections' offsets, which depend on the header's length. With every
+  // scalar written (force_defaults) the length does not depend on the values, so a first
+  // build with zero offsets measures it and a second writes the real ones.
+  auto build = [&](uint64_t data_start, flatbuffers::FlatBufferBuilder& b) {
+    b.ForceDefaults(true);
+    uint64_t at = data_start;
+    auto place = [&](const StoredSection& s) {
+      const uint64_t off = at;
+      at = align_up(at + s.bytes.size());
+      return off;
+    };
+    std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
+    for (const Pending& t : tensors_) {
+      const auto name = b.CreateString(t.name);
+      const auto shape = b.CreateVector(t.shape.dims);
+      const auto codes = section_ref(b, t.codes, place(t.codes));
+      flatbuffers::Offset<fb::Section> scales;
+      if (!t.raw) scales = section_ref(b, t.scales, place(t.scales));
+      const auto stats = fb::CreateStats(b, t.stats.amax, 0.0f, t.stats.nonfinite_count);
+      fb::TensorBuilder tb(b);
+      tb.add_name(name);
+      tb.add_shape(shape);
+      tb.add_dtype(static_cast<fb::DType>(t.dtype));
+      tb.add_encoding(t.raw ? fb::Encoding::Raw : fb::Encoding::Fp8);
+      tb.add_fp8(static_cast<fb::Fp8Kind>(t.params.kind));
+      tb.add_scale_layout(static_cast<fb::ScaleLayout>(t.params.layout));
+      tb.add_block(t.params.block);
+      tb.add_tile_rows(t.params.tile_rows);
+      tb.add_tile_cols(t.params.tile_cols);
+      tb.add_scale_dtype(static_cast<fb::ScaleDType>(t.params.scale_dtype));
+      tb.add_rounding(static_cast<fb::Rounding>(t.params.rounding));
+      tb.add_seed(t.params.seed);
+      tb.add_tensor_index(t.params.tensor_index);
+      tb.add_frame(fb::CoordFrame::Euclidean);
+      tb.add_stats(stats);
+      tb.add_codes(codes);
+      if (!t.raw) tb.add_scales(scales);
+      tensors.push_back(tb.Finish());
+    }
+    std::vector<flatbuffers::Offset<fb::KeyValue>> kv;
+    for (const auto& [k, v] : metadata_) {
+      kv.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+    }
+    const auto producer = b.CreateString("libgift " + std::to_string(GIFT_VERSION_MAJOR) + "." +
+                                         std::to_string(GIFT_VERSION_MINOR) + "." +
+                                         std::to_string(GIFT_VERSION_PATCH));
+    const auto frame = fb::CreateFrame(b, fb::FrameKind::Tensors, producer, b.CreateVector(kv),
+                                       b.CreateVector(tensors));
+    b.Finish(frame, fb::FrameIdentifier());
+    return at;
+  };
+
+  flatbuffers::FlatBufferBuilder probe;
+  build(0, probe);
+  const uint64_t data_start = align_up(kPreambleBytes + probe.GetSize());
+  flatbuffers::FlatBufferBuilder b;
+  const uint64_t end = build(data_start, b);
+  if (b.GetSize() != probe.GetSize() || b.GetSize() > kMaxHeaderBytes) {
+    return fail(GIFT_ERROR_INTERNAL, "frame header of %u bytes could not be laid out",
+                unsigned(b.GetSize()));
+  }
+
+  out->assign(end, 0);
+  Preamble pre;
+  pre.header_length = b.GetSize();
+  pre.header_checksum = checksum64(b.GetBufferPointer(), b.GetSize());
+  pre.frame_length = end;
+  write_preamble(pre, out->data());
+  std::memcpy(out->data() + kPreambleBytes, b.GetBufferPointer(), b.GetSize());
+  uint64_t at = data_start;
+  auto copy = [&](const StoredSection& s) {
+    std::memcpy(out->data() + at, s.bytes.data(), s.bytes.size());
+    at = align_up(at + s.bytes.size());
+  };
+  for (const Pending& t : tensors_) {
+    copy(t.codes);
+    if (!t.raw) copy(t.scales);
+  }
+  // The last section's padding is not part of the frame.
+  if (!tensors_.empty()) {
+    const Pending& last = tensors_.back();
+    const uint64_t last_len = last.raw ? last.codes.bytes.size() : last.scales.bytes.size();
+    out->resize(at - align_up(last_len) + last_len);
+    store_le(out->data() + 24, out->size(), 8);
+  }
+  return GIFT_OK;
+}
+
+giftResult_t write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = mkstemp(tmp.data());
+  if (fd < 0) {
+    return fail(GIFT_ERROR_IO, "%s: cannot create a temporary file: %s", path.c_str(),
+                std::strerror(errno));
+  }
+  // mkstemp makes the file private; give it the permissions a plain create would.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return fail(GIFT_ERROR_IO, "%s: write failed: %s", path.c_str(), std::strerror(e));
+    }
+    done += size_t(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const int sync_errno = errno;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = !synced ? sync_errno : errno;
+    ::unlink(tmp.c_str());
+    return fail(GIFT_ERROR_IO, "%s: cannot finish writing: %s", path.c_str(), std::strerror(e));
+  }
+  return GIFT_OK;
+}
+
+}  // namespace gift::container

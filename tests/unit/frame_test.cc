@@ -1,0 +1,353 @@
+// GIFT frames: round trips through the writer and reader, and rejection of every kind of
+// damaged or hostile frame with its own error code and a message naming the field.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "container/layout.h"
+#include "gift/gift.h"
+#include "gift_generated.h"
+#include "unit/frame_edit.h"
+
+namespace {
+
+namespace fb = gift::fb;
+using gift::container::kPreambleBytes;
+
+std::vector<float> values(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen) * 0.01f;
+  return v;
+}
+
+giftQuantParams params(giftFp8Kind_t kind, giftScaleLayout_t layout) {
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  p.kind = kind;
+  p.layout = layout;
+  return p;
+}
+
+struct Built {
+  std::vector<uint8_t> bytes;
+};
+
+// A frame with an FP8 tensor, a raw 1-D tensor, an empty tensor and a scalar.
+std::vector<uint8_t> sample_frame(int zstd = 0) {
+  giftFrameWriter* w = nullptr;
+  EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  giftFrameWriterSetCompression(w, zstd);
+  giftFrameWriterAddMetadata(w, "step", "100");
+  const std::vector<float> a = values(40 * 300, 1), bias = values(300, 2), one = {3.5f};
+  const uint64_t sa[] = {40, 300}, sb[] = {300}, se[] = {0, 7};
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "layers.0.weight", sa, 2, GIFT_DTYPE_F32, a.data(), &p),
+            GIFT_OK);
+  EXPECT_EQ(
+      giftFrameWriterAddTensor(w, "layers.0.bias", sb, 1, GIFT_DTYPE_F32, bias.data(), nullptr),
+      GIFT_OK);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "empty", se, 2, GIFT_DTYPE_F32, nullptr, &p), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "scalar", nullptr, 0, GIFT_DTYPE_F32, one.data(), &p),
+            GIFT_OK);
+  void* data = nullptr;
+  uint64_t size = 0;
+  EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK) << giftGetLastErrorMessage();
+  std::vector<uint8_t> out(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
+  giftFree(data);
+  giftFrameWriterFree(w);
+  return out;
+}
+
+giftResult_t open_result(const std::vector<uint8_t>& f, std::string* message = nullptr) {
+  giftFrame* frame = nullptr;
+  const giftResult_t r = giftFrameOpen(f.data(), f.size(), &frame);
+  if (message) *message = giftGetLastErrorMessage();
+  giftFrameClose(frame);
+  return r;
+}
+
+std::vector<float> decode(giftFrame* f, uint64_t i) {
+  giftTensorInfo info;
+  EXPECT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
+  std::vector<float> out(info.elements);
+  EXPECT_EQ(giftFrameDecodeTensor(f, i, out.data(), out.size() * 4, GIFT_DTYPE_F32), GIFT_OK)
+      << giftGetLastErrorMessage();
+  return out;
+}
+
+TEST(Frame, RoundTripMatchesTheCodecAndKeepsRawDataExact) {
+  for (int zstd : {0, 3}) {
+    const std::vector<uint8_t> bytes = sample_frame(zstd);
+    giftFrame* f = nullptr;
+    ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK) << giftGetLastErrorMessage();
+    ASSERT_EQ(giftFrameTensorCount(f), 4u);
+    giftTensorInfo info;
+    ASSERT_EQ(giftFrameTensorInfo(f, 0, &info), GIFT_OK);
+    EXPECT_STREQ(info.name, "layers.0.weight");
+    EXPECT_EQ(info.ndim, 2u);
+    EXPECT_EQ(info.shape[1], 300u);
+    EXPECT_EQ(info.params.block, 128u);
+    EXPECT_EQ(info.raw_bytes, 40u * 300 + 40 * 3 * 4);
+    if (zstd) {
+      EXPECT_LT(info.stored_bytes, info.raw_bytes);
+    }
+
+    // FP8 tensor: the codec's own decode of the same encode.
+    const std::vector<float> a = values(40 * 300, 1);
+    giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK);
+    std::vector<uint8_t> codes(a.size());
+    std::vector<float> scales(120), want(a.size());
+    ASSERT_EQ(giftEncode(&p, a.data(), GIFT_DTYPE_F32, 40, 300, codes.data(), scales.data(), 480,
+                         nullptr),
+              GIFT_OK);
+    ASSERT_EQ(
+        giftDecode(&p, codes.data(), scales.data(), 480, 40, 300, want.data(), GIFT_DTYPE_F32),
+        GIFT_OK);
+    const std::vector<float> got = decode(f, 0);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4));
+
+    uint64_t idx = 99;
+    ASSERT_EQ(giftFrameFindTensor(f, "layers.0.bias", &idx), GIFT_OK);
+    ASSERT_EQ(giftFrameTensorInfo(f, idx, &info), GIFT_OK);
+    EXPECT_EQ(info.raw, 1);
+    const std::vector<float> bias = values(300, 2);
+    const std::vector<float> b = decode(f, idx);
+    EXPECT_EQ(0, std::memcmp(b.data(), bias.data(), bias.size() * 4));
+
+    EXPECT_EQ(decode(f, 2).size(), 0u);
+    const std::vector<float> s = decode(f, 3);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0], 3.5f);  // 3.5 is exact in E4M3 with scale 3.5/448
+    EXPECT_EQ(giftFrameFindTensor(f, "nope", &idx), GIFT_ERROR_NOT_FOUND);
+    EXPECT_EQ(giftFrameVerify(f), GIFT_OK);
+    giftFrameClose(f);
+  }
+}
+
+TEST(Frame, SectionsAreAlignedAndTheLayoutIsAsSpecified) {
+  const std::vector<uint8_t> bytes = sample_frame();
+  EXPECT_EQ(0, std::memcmp(bytes.data(), "\x89GFT\r\n\x1a\n", 8));
+  const gift::container::Preamble pre = gift::container::read_preamble(bytes.data());
+  EXPECT_EQ(pre.major, 1);
+  EXPECT_EQ(pre.minor, 0);
+  EXPECT_EQ(pre.frame_length, bytes.size());
+  const fb::Frame* h = fb::GetFrame(bytes.data() + kPreambleBytes);
+  ASSERT_TRUE(fb::FrameBufferHasIdentifier(bytes.data() + kPreambleBytes));
+  for (const fb::Tensor* t : *h->tensors()) {
+    for (const fb::Section* s : {t->codes(), t->scales()}) {
+      if (!s) continue;
+      EXPECT_EQ(s->offset() % 64, 0u);
+      EXPECT_GE(s->offset(), kPreambleBytes + pre.header_length);
+      EXPECT_LE(s->offset() + s->stored_length(), bytes.size());
+    }
+  }
+}
+
+TEST(Frame, FilesAreMappedAndWrittenAtomically) {
+  char dir[] = "/tmp/gift_frame_test_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/t.gift";
+  giftFrameWriter* w = nullptr;
+  giftFrameWriterCreate(&w);
+  const std::vector<float> a = values(1000, 3);
+  const uint64_t shape[] = {1000};
+  giftQuantParams p = params(GIFT_FP8_E5M2, GIFT_SCALE_TENSOR);
+  ASSERT_EQ(giftFrameWriterAddTensor(w, "g", shape, 1, GIFT_DTYPE_F32, a.data(), &p), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterWriteFile(w, path.c_str()), GIFT_OK) << giftGetLastErrorMessage();
+  // A folder that does not exist: an I/O error, and nothing left behind.
+  const std::string bad = std::string(dir) + "/missing/t.gift";
+  EXPECT_EQ(giftFrameWriterWriteFile(w, bad.c_str()), GIFT_ERROR_IO);
+  giftFrameWriterFree(w);
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpenFile(path.c_str(), &f), GIFT_OK) << giftGetLastErrorMessage();
+  EXPECT_EQ(decode(f, 0).size(), 1000u);
+  giftFrameClose(f);
+  EXPECT_EQ(giftFrameOpenFile((std::string(dir) + "/none.gift").c_str(), &f), GIFT_ERROR_IO);
+  std::remove(path.c_str());
+  EXPECT_EQ(rmdir(dir), 0) << "a temporary file was left behind";
+}
+
+TEST(Frame, EveryTruncationIsRejected) {
+  const std::vector<uint8_t> bytes = sample_frame();
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + long(len));
+    const giftResult_t r = open_result(cut);
+    ASSERT_TRUE(r == GIFT_ERROR_FRAME_TRUNCATED || (len < 8 && r == GIFT_ERROR_FRAME_MAGIC)) << len;
+  }
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  std::string m;
+  EXPECT_EQ(open_result(longer, &m), GIFT_ERROR_FRAME_TRUNCATED);
+  EXPECT_NE(m.find("trailing bytes"), std::string::npos) << m;
+}
+
+TEST(Frame, DamageIsCaughtByMagicAndChecksums) {
+  const std::vector<uint8_t> bytes = sample_frame();
+  std::string m;
+  std::vector<uint8_t> crlf = bytes;
+  crlf.erase(crlf.begin() + 4);  // "\r\n" became "\n"
+  EXPECT_EQ(open_result(crlf, &m), GIFT_ERROR_FRAME_MAGIC);
+  EXPECT_EQ(m, "frame: damaged GIFT magic (line endings changed by a text-mode transfer?)");
+  // Any flipped bit in the header fails its checksum.
+  const uint32_t hlen = gift::container::read_preamble(bytes.data()).header_length;
+  for (uint32_t i = 0; i < hlen; i += 7) {
+    std::vector<uint8_t> d = bytes;
+    d[kPreambleBytes + i] ^= 0x10;
+    ASSERT_EQ(open_result(d), GIFT_ERROR_HEADER_CHECKSUM) << i;
+  }
+  // A flipped bit in a section opens, then fails when that section is read.
+  std::vector<uint8_t> d = bytes;
+  const fb::Frame* h = fb::GetFrame(bytes.data() + kPreambleBytes);
+  d[h->tensors()->Get(0)->codes()->offset() + 5] ^= 1;
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpen(d.data(), d.size(), &f), GIFT_OK);
+  std::vector<float> out(12000);
+  EXPECT_EQ(giftFrameDecodeTensor(f, 0, out.data(), out.size() * 4, GIFT_DTYPE_F32),
+            GIFT_ERROR_SECTION_CHECKSUM);
+  EXPECT_STREQ(
+      giftGetLastErrorMessage(),
+      "frame: tensor 'layers.0.weight': codes section: checksum mismatch (the data is damaged)");
+  EXPECT_EQ(giftFrameVerify(f), GIFT_ERROR_SECTION_CHECKSUM);
+  giftFrameClose(f);
+}
+
+TEST(Frame, NewerMajorVersionIsRefusedByName) {
+  std::vector<uint8_t> bytes = sample_frame();
+  bytes[8] = 2;
+  std::string m;
+  EXPECT_EQ(open_result(bytes, &m), GIFT_ERROR_FRAME_VERSION);
+  EXPECT_EQ(m, "frame: unsupported GIFT format major version 2 (this build reads 1)");
+}
+
+// Re-packs the header with `edit` applied, keeping everything else valid.
+template <typename Edit>
+std::vector<uint8_t> edited(const std::vector<uint8_t>& frame, Edit edit) {
+  return gift::testing::edit_frame<fb::FrameT>(
+      frame, [](const uint8_t* h, fb::FrameT* o) { fb::GetFrame(h)->UnPackTo(o); },
+      [](const fb::FrameT& o) {
+        flatbuffers::FlatBufferBuilder b;
+        b.ForceDefaults(true);
+        b.Finish(fb::Frame::Pack(b, &o), fb::FrameIdentifier());
+        return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+      },
+      edit);
+}
+
+struct HostileCase {
+  const char* what;
+  void (*edit)(fb::FrameT&);
+  giftResult_t code;
+  const char* message;
+};
+
+TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
+  const std::vector<uint8_t> bytes = sample_frame();
+  // The unedited re-pack must open: the helper itself is sound.
+  ASSERT_EQ(open_result(edited(bytes, [](fb::FrameT&) {})), GIFT_OK);
+  const std::vector<HostileCase> cases = {
+      {"misaligned", [](fb::FrameT& f) { f.tensors[0]->codes->offset += 8; },
+       GIFT_ERROR_SECTION_ALIGNMENT, "is not a multiple of 64"},
+      {"past the end", [](fb::FrameT& f) { f.tensors[0]->codes->offset += uint64_t(1) << 40; },
+       GIFT_ERROR_SECTION_BOUNDS, "lie outside the data area"},
+      {"huge length", [](fb::FrameT& f) { f.tensors[0]->codes->stored_length = UINT64_MAX; },
+       GIFT_ERROR_SECTION_BOUNDS, "tensor 'layers.0.weight': codes section"},
+      {"inside the header", [](fb::FrameT& f) { f.tensors[0]->codes->offset = 0; },
+       GIFT_ERROR_SECTION_BOUNDS, "lie outside the data area"},
+      {"overlap",
+       [](fb::FrameT& f) {
+         *f.tensors[0]->scales = *f.tensors[0]->codes;
+         f.tensors[0]->scales->raw_length = 480;
+         f.tensors[0]->scales->stored_length = 480;
+       },
+       GIFT_ERROR_SECTION_BOUNDS, "overlap"},
+      {"wrong length", [](fb::FrameT& f) { f.tensors[0]->scales->raw_length = 476; },
+       GIFT_ERROR_SECTION_LENGTH, "scales section: holds 476 bytes, the tensor needs 480"},
+      {"stored != raw", [](fb::FrameT& f) { f.tensors[0]->scales->stored_length = 400; },
+       GIFT_ERROR_SECTION_LENGTH, "uncompressed but stored length 400 differs from 480"},
+      {"zstd bomb",
+       [](fb::FrameT& f) {
+         f.tensors[1]->shape = {uint64_t(1) << 40};
+         f.tensors[1]->codes->compression = fb::Compression::Zstd;
+         f.tensors[1]->codes->raw_length = uint64_t(1) << 42;
+       },
+       GIFT_ERROR_SECTION_LENGTH, "compressed bytes cannot expand to"},
+      {"bad enum", [](fb::FrameT& f) { f.tensors[0]->fp8 = static_cast<fb::Fp8Kind>(9); },
+       GIFT_ERROR_FIELD_INVALID, "tensor 'layers.0.weight': unknown FP8 kind 9"},
+      {"bad block", [](fb::FrameT& f) { f.tensors[0]->block = 100; }, GIFT_ERROR_FIELD_INVALID,
+       "block size 100 is not a power of two"},
+      {"bad dtype", [](fb::FrameT& f) { f.tensors[1]->dtype = static_cast<fb::DType>(3); },
+       GIFT_ERROR_FIELD_INVALID, "unknown dtype, encoding or frame"},
+      {"shape overflow",
+       [](fb::FrameT& f) {
+         f.tensors[0]->shape = {uint64_t(1) << 32, uint64_t(1) << 32};
+       },
+       GIFT_ERROR_FIELD_INVALID, "element count overflows"},
+      {"too many dims", [](fb::FrameT& f) { f.tensors[0]->shape.assign(33, 1); },
+       GIFT_ERROR_FIELD_INVALID, "33 dimensions (at most 32)"},
+      {"shape vs data",
+       [](fb::FrameT& f) {
+         f.tensors[0]->shape = {41, 300};
+       },
+       GIFT_ERROR_SECTION_LENGTH, "codes section: holds 12000 bytes, the tensor needs 12300"},
+      {"duplicate name", [](fb::FrameT& f) { f.tensors[1]->name = f.tensors[0]->name; },
+       GIFT_ERROR_FIELD_INVALID, "tensor name 'layers.0.weight' appears twice"},
+      {"empty name", [](fb::FrameT& f) { f.tensors[1]->name = ""; }, GIFT_ERROR_FIELD_INVALID,
+       "tensor 1 has an empty name"},
+      {"missing codes", [](fb::FrameT& f) { f.tensors[0]->codes.reset(); },
+       GIFT_ERROR_FIELD_INVALID, "tensor 'layers.0.weight': codes section is missing"},
+      {"bad compression",
+       [](fb::FrameT& f) { f.tensors[0]->codes->compression = static_cast<fb::Compression>(5); },
+       GIFT_ERROR_FIELD_INVALID, "unknown compression 5"},
+      {"bad kind", [](fb::FrameT& f) { f.kind = static_cast<fb::FrameKind>(4); },
+       GIFT_ERROR_FIELD_INVALID, "unknown frame kind 4"},
+  };
+  for (const HostileCase& c : cases) {
+    std::string m;
+    EXPECT_EQ(open_result(edited(bytes, c.edit), &m), c.code) << c.what << ": " << m;
+    EXPECT_NE(m.find(c.message), std::string::npos) << c.what << ": " << m;
+  }
+}
+
+TEST(Frame, HeaderThatIsNotAFlatBufferIsRejected) {
+  std::vector<uint8_t> bytes = sample_frame();
+  gift::container::Preamble pre = gift::container::read_preamble(bytes.data());
+  // Garbage with a correct checksum: only the FlatBuffers verifier can catch it.
+  for (uint32_t i = 0; i < pre.header_length; ++i) bytes[kPreambleBytes + i] = uint8_t(i * 31 + 7);
+  pre.header_checksum =
+      gift::container::checksum64(bytes.data() + kPreambleBytes, pre.header_length);
+  gift::container::write_preamble(pre, bytes.data());
+  std::string m;
+  EXPECT_EQ(open_result(bytes, &m), GIFT_ERROR_HEADER_INVALID);
+  EXPECT_EQ(m, "frame: the header is not a valid gift.fbs Frame");
+}
+
+TEST(Frame, WriterRejectsBadTensors) {
+  giftFrameWriter* w = nullptr;
+  giftFrameWriterCreate(&w);
+  const float x[2] = {1, std::nanf("")};
+  const uint64_t shape[] = {2};
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_TENSOR);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "n", shape, 1, GIFT_DTYPE_F32, x, &p),
+            GIFT_ERROR_NONFINITE_INPUT);
+  EXPECT_STREQ(
+      giftGetLastErrorMessage(),
+      "tensor 'n': 1 non-finite value in the input, the first at index 1 (row 0, column 1)");
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "", shape, 1, GIFT_DTYPE_F32, x, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "a", shape, 1, GIFT_DTYPE_F32, x, nullptr), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "a", shape, 1, GIFT_DTYPE_F32, x, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftFrameWriterSetCompression(w, 40), GIFT_ERROR_INVALID_ARGUMENT);
+  giftFrameWriterFree(w);
+}
+
+}  // namespace
