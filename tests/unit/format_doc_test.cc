@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "container/layout.h"
 #include "gift/gift.h"
 #include "numerics/elementwise.h"
 
@@ -83,6 +84,39 @@ TEST(FormatDoc, StatedLimitsAndDefaultsMatchTheCode) {
   EXPECT_EQ(bits_of(fp8_to_float<Fp8::kE4M3>(0x7F)), 0x7FC00000u);
   EXPECT_NE(doc.find("2^-127 is the fp32 subnormal 0x00400000"), std::string::npos);
   EXPECT_EQ(bits_of(e8m0_to_float(0)), 0x00400000u);
+}
+
+TEST(FormatDoc, FrameConstantsMatchTheCode) {
+  std::ifstream f(GIFT_FORMAT_MD);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string doc = ss.str();
+  namespace c = gift::container;
+  // The magic as the preamble table spells it, byte by byte.
+  const size_t at = doc.find("| 0 | 8 | magic | `");
+  ASSERT_NE(at, std::string::npos);
+  std::stringstream hex(doc.substr(at + 19, 23));
+  for (int i = 0; i < 8; ++i) {
+    int byte = -1;
+    hex >> std::hex >> byte;
+    EXPECT_EQ(byte, c::kMagic[i]) << "magic byte " << i;
+  }
+  EXPECT_NE(doc.find("| 8 | 2 | major | " + std::to_string(c::kMajor) + " |"), std::string::npos);
+  EXPECT_NE(doc.find("| 10 | 2 | minor | " + std::to_string(c::kMinor) + " |"), std::string::npos);
+  EXPECT_EQ(c::kMajor, GIFT_FORMAT_MAJOR);
+  EXPECT_EQ(c::kMinor, GIFT_FORMAT_MINOR);
+  EXPECT_NE(doc.find("    | " + std::to_string(c::kPreambleBytes) + " bytes  |"),
+            std::string::npos);
+  EXPECT_NE(doc.find("`offset` is a multiple of " + std::to_string(c::kSectionAlign)),
+            std::string::npos);
+  EXPECT_NE(doc.find("at most " + std::to_string(c::kMaxZstdRatio) + " times stored_length"),
+            std::string::npos);
+  EXPECT_NE(doc.find("at most 64 MiB"), std::string::npos);
+  EXPECT_EQ(c::kMaxHeaderBytes, uint64_t(64) << 20);
+  EXPECT_NE(doc.find("nesting depth at most " + std::to_string(c::kMaxDepth)), std::string::npos);
+  EXPECT_NE(doc.find("At most " + std::to_string(c::kMaxDims) + "."), std::string::npos);
+  EXPECT_EQ(c::kMaxTables, 1u << 22);
+  EXPECT_NE(doc.find("at most\n   2^22 tables"), std::string::npos);
 }
 
 }  // namespace
