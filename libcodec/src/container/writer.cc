@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -13,6 +14,7 @@
 #include "container/layout.h"
 #include "gift_generated.h"
 #include "numerics/codec.h"
+#include "numerics/elementwise.h"
 
 namespace gift::container {
 
@@ -38,6 +40,30 @@ giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
   return GIFT_OK;
 }
 
+namespace {
+
+float finite_rms(const void* data, giftDType_t dtype, uint64_t n) {
+  double sum = 0;
+  uint64_t count = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    float v;
+    if (dtype == GIFT_DTYPE_F32) {
+      std::memcpy(&v, static_cast<const uint8_t*>(data) + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, static_cast<const uint8_t*>(data) + 2 * i, 2);
+      v = dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(h) : num::f16_to_float(h);
+    }
+    if (std::isfinite(v)) {
+      sum += double(v) * v;
+      ++count;
+    }
+  }
+  return count ? float(std::sqrt(sum / double(count))) : 0.0f;
+}
+
+}  // namespace
+
 giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
                                      giftDType_t dtype, const void* data,
                                      const giftQuantParams* params) {
@@ -54,9 +80,10 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   if (shape.elements && !data) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': data is NULL", name.c_str());
   }
-  Pending t{name, shape, dtype, params == nullptr, {}, {}, {}, {}};
+  Pending t{name, shape, dtype, params == nullptr, {}, {}, 0.0f, {}, {}};
   giftQuantParamsInit(&t.params);
   t.stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
+  t.rms = finite_rms(data, dtype, shape.elements);
   const uint64_t in_bytes = shape.elements * dtype_size(dtype);
   if (t.raw) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
@@ -109,7 +136,7 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
       const auto codes = section_ref(b, t.codes, place(t.codes));
       flatbuffers::Offset<fb::Section> scales;
       if (!t.raw) scales = section_ref(b, t.scales, place(t.scales));
-      const auto stats = fb::CreateStats(b, t.stats.amax, 0.0f, t.stats.nonfinite_count);
+      const auto stats = fb::CreateStats(b, t.stats.amax, t.rms, t.stats.nonfinite_count);
       fb::TensorBuilder tb(b);
       tb.add_name(name);
       tb.add_shape(shape);

@@ -39,6 +39,7 @@ class FrameWriter {
     bool raw;
     giftQuantParams params;
     giftEncodeStats stats;
+    float rms;  // over the finite values
     StoredSection codes, scales;
   };
   int zstd_level_ = 0;
