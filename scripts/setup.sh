@@ -26,9 +26,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Python packages used only by the cross-check tests (independent FP8 reference).
+# Python packages used only by the cross-check tests (independent references).
 py=${PYTHON:-python3}
-if ! "$py" -c 'import numpy, ml_dtypes' 2>/dev/null; then
-  echo "setup: installing Python packages: numpy ml_dtypes" >&2
-  "$py" -m pip install --quiet numpy ml_dtypes
+# (xxhash and zstandard let a test decode frames independently of libgift.)
+if ! "$py" -c 'import numpy, ml_dtypes, xxhash, zstandard' 2>/dev/null; then
+  echo "setup: installing Python packages: numpy ml_dtypes xxhash zstandard" >&2
+  "$py" -m pip install --quiet numpy ml_dtypes xxhash zstandard
 fi
