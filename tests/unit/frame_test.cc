@@ -176,6 +176,35 @@ TEST(Frame, FilesAreMappedAndWrittenAtomically) {
   EXPECT_EQ(rmdir(dir), 0) << "a temporary file was left behind";
 }
 
+TEST(Frame, UncompressedCodesAreUsedInPlace) {
+  const std::vector<uint8_t> bytes = sample_frame(0);
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
+  const uint8_t* codes = nullptr;
+  const void* scales = nullptr;
+  uint64_t scale_bytes = 0;
+  ASSERT_EQ(giftFrameTensorData(f, 0, &codes, &scales, &scale_bytes), GIFT_OK);
+  EXPECT_GE(codes, bytes.data());
+  EXPECT_LT(codes, bytes.data() + bytes.size());
+  EXPECT_EQ((codes - bytes.data()) % 64, 0);
+  EXPECT_EQ(scale_bytes, 480u);
+  // Decoding the in-place data gives the frame's decode.
+  giftTensorInfo info;
+  giftFrameTensorInfo(f, 0, &info);
+  std::vector<float> direct(info.elements);
+  ASSERT_EQ(
+      giftDecode(&info.params, codes, scales, scale_bytes, 40, 300, direct.data(), GIFT_DTYPE_F32),
+      GIFT_OK);
+  const std::vector<float> via = decode(f, 0);
+  EXPECT_EQ(0, std::memcmp(direct.data(), via.data(), via.size() * 4));
+  EXPECT_EQ(giftFrameTensorData(f, 1, &codes, &scales, &scale_bytes), GIFT_ERROR_INVALID_ARGUMENT);
+  giftFrameClose(f);
+  const std::vector<uint8_t> z = sample_frame(3);
+  ASSERT_EQ(giftFrameOpen(z.data(), z.size(), &f), GIFT_OK);
+  EXPECT_EQ(giftFrameTensorData(f, 0, &codes, &scales, &scale_bytes), GIFT_ERROR_INVALID_ARGUMENT);
+  giftFrameClose(f);
+}
+
 TEST(Frame, EveryTruncationIsRejected) {
   const std::vector<uint8_t> bytes = sample_frame();
   for (size_t len = 0; len < bytes.size(); ++len) {

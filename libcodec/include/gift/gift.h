@@ -189,6 +189,12 @@ GIFT_API giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* na
 GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst,
                                             uint64_t dst_bytes, giftDType_t dst_dtype);
 
+/* Zero-copy access to an FP8 tensor's codes and scales where they lie in the frame (after
+ * checking their checksums); for compressed sections, GIFT_ERROR_INVALID_ARGUMENT. The
+ * pointers are valid until giftFrameClose. */
+GIFT_API giftResult_t giftFrameTensorData(giftFrame* frame, uint64_t index, const uint8_t** codes,
+                                          const void** scales, uint64_t* scale_bytes);
+
 /* Reads every section (checksums, decompression) and decodes every tensor. */
 GIFT_API giftResult_t giftFrameVerify(giftFrame* frame);
 

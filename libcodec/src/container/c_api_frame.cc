@@ -112,6 +112,43 @@ giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, 
   }
 }
 
+giftResult_t giftFrameTensorData(giftFrame* frame, uint64_t index, const uint8_t** codes,
+                                 const void** scales, uint64_t* scale_bytes) {
+  gift::clear_error();
+  if (!frame || !codes || !scales || !scale_bytes) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameTensorData: null pointer");
+  }
+  const auto& ts = frame->reader->tensors();
+  if (index >= ts.size())
+    return fail(GIFT_ERROR_NOT_FOUND, "no tensor %llu", (unsigned long long)index);
+  const gift::container::TensorEntry& e = ts[index];
+  if (e.raw)
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s' is raw, not FP8", e.name.c_str());
+  const gift::fb::Section* cs = e.fb->codes();
+  const gift::fb::Section* ss = e.fb->scales();
+  for (const gift::fb::Section* s : {cs, ss}) {
+    if (s && s->compression() != gift::fb::Compression::None) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "tensor '%s' is compressed; decode it instead of using it in place",
+                  e.name.c_str());
+    }
+  }
+  std::vector<uint8_t> unused;
+  const uint8_t *c = nullptr, *s = nullptr;
+  if (const giftResult_t r =
+          frame->reader->section_bytes(cs, "tensor '" + e.name + "': codes section", &unused, &c)) {
+    return r;
+  }
+  if (const giftResult_t r = frame->reader->section_bytes(
+          ss, "tensor '" + e.name + "': scales section", &unused, &s)) {
+    return r;
+  }
+  *codes = c;
+  *scales = s;
+  *scale_bytes = ss ? ss->raw_length() : 0;
+  return GIFT_OK;
+}
+
 giftResult_t giftFrameVerify(giftFrame* frame) {
   gift::clear_error();
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
