@@ -11,6 +11,7 @@ debs=(
   libhwy-dev libomp-dev
   libopenblas-dev liblapacke-dev
   libflatbuffers-dev flatbuffers-compiler libzstd-dev libxxhash-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev
   clang libclang-rt-14-dev
 )
 

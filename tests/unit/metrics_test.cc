@@ -50,6 +50,28 @@ TEST(Metrics, ANormWithIdentityIsL2AndWithDiagonalIsWeighted) {
   EXPECT_NEAR(m.rel_anorm, std::sqrt(num / den), 1e-5 * m.rel_anorm);
 }
 
+TEST(Metrics, MergedHalvesEqualTheWhole) {
+  std::mt19937 gen(9);
+  std::normal_distribution<float> n;
+  std::vector<float> ref(600), approx(600);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ref[i] = n(gen);
+    approx[i] = ref[i] + 0.05f * n(gen) + 0.01f;
+  }
+  giftErrorMetrics whole, a, b, total{};
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 1, 600, nullptr, &whole), GIFT_OK);
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 1, 250, nullptr, &a), GIFT_OK);
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data() + 250, approx.data() + 250, 7, 50, nullptr, &b),
+            GIFT_OK);
+  giftErrorMetricsMerge(&total, &a);
+  giftErrorMetricsMerge(&total, &b);
+  EXPECT_NEAR(total.rel_l2, whole.rel_l2, 1e-12);
+  EXPECT_NEAR(total.cosine, whole.cosine, 1e-12);
+  EXPECT_NEAR(total.bias, whole.bias, 1e-12);
+  EXPECT_EQ(total.max_abs, whole.max_abs);
+  EXPECT_EQ(total.count, 600u);
+}
+
 TEST(Metrics, ZeroReferenceIsDefined) {
   const std::vector<float> z = {0, 0, 0};
   giftErrorMetrics m;

@@ -139,12 +139,19 @@ typedef struct {
   double max_abs;   /* max |approx - ref| */
   double bias;      /* mean (approx - ref) */
   double rel_anorm; /* ||(approx - ref) A^1/2||_F / ||ref A^1/2||_F, or -1 without A */
+  /* The sums behind them, so that metrics over several tensors can be combined. */
+  double sum_ref_sq, sum_approx_sq, sum_err_sq, sum_dot, sum_err;
+  uint64_t count;
 } giftErrorMetrics;
 
 /* `a` may be NULL; otherwise it is the cols x cols symmetric positive semi-definite matrix
  * (row-major fp32) defining the A-norm. */
 GIFT_API giftResult_t giftComputeErrorMetrics(const float* ref, const float* approx, uint64_t rows,
                                               uint64_t cols, const float* a, giftErrorMetrics* out);
+
+/* Adds `part` into `total` (start from a zeroed struct): the metrics of all tensors seen
+ * as one. rel_anorm of the total is -1. */
+GIFT_API void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetrics* part);
 
 /* ---- GIFT frames: the wire and file format (format/FORMAT.md, section 2) -------------- */
 

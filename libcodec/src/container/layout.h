@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/bytes.h"
+
 namespace gift::container {
 
 // PNG-style: a non-ASCII first byte, then CR LF, Ctrl-Z and LF to catch text-mode damage.
@@ -31,16 +33,6 @@ struct Preamble {
   uint64_t header_checksum = 0;
   uint64_t frame_length = 0;
 };
-
-inline uint64_t load_le(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-
-inline void store_le(uint8_t* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = uint8_t(v >> (8 * i));
-}
 
 inline void write_preamble(const Preamble& pre, uint8_t* out) {
   std::memcpy(out, kMagic, 8);

@@ -40,6 +40,19 @@ uint64_t NpyArray::count() const {
 }
 
 giftResult_t parse_npy(const uint8_t* b, uint64_t size, const std::string& name, NpyArray* out) {
+  uint64_t offset = 0;
+  if (const giftResult_t r = parse_npy_header(b, size, name, &out->shape, &out->dtype, &offset)) {
+    return r;
+  }
+  out->data.assign(b + offset, b + size);
+  return GIFT_OK;
+}
+
+giftResult_t parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
+                              std::vector<uint64_t>* shape_out, giftDType_t* dtype_out,
+                              uint64_t* data_offset) {
+  NpyArray header;
+  NpyArray* out = &header;
   if (size < 10 || std::memcmp(b, "\x93NUMPY", 6) != 0) return bad(name, "no .npy magic");
   const int major = b[6];
   uint64_t header_len, offset;
@@ -109,7 +122,9 @@ giftResult_t parse_npy(const uint8_t* b, uint64_t size, const std::string& name,
                 " (truncated or trailing data)",
                 name.c_str(), size - offset, bytes);
   }
-  out->data.assign(b + offset, b + size);
+  *shape_out = out->shape;
+  *dtype_out = out->dtype;
+  *data_offset = offset;
   return GIFT_OK;
 }
 

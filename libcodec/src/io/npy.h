@@ -26,4 +26,9 @@ giftResult_t read_npy(const std::string& path, NpyArray* out);
 // Parses an in-memory .npy image; `name` is used in messages.
 giftResult_t parse_npy(const uint8_t* bytes, uint64_t size, const std::string& name, NpyArray* out);
 
+// The same without copying the data: shape and dtype, and where the data starts.
+giftResult_t parse_npy_header(const uint8_t* bytes, uint64_t size, const std::string& name,
+                              std::vector<uint64_t>* shape, giftDType_t* dtype,
+                              uint64_t* data_offset);
+
 }  // namespace gift::io

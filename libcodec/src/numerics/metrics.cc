@@ -27,7 +27,29 @@ double a_quadratic(const float* x, uint64_t rows, uint64_t cols, const float* a)
 }
 
 }  // namespace
+
+// The ratios from the sums: the one place that defines them (FORMAT.md 1.11).
+void finish_ratios(giftErrorMetrics* m) {
+  const double rr = m->sum_ref_sq, aa = m->sum_approx_sq, ee = m->sum_err_sq;
+  m->rel_l2 = rr > 0 ? std::sqrt(ee / rr) : (ee > 0 ? INFINITY : 0.0);
+  m->cosine = (rr > 0 && aa > 0) ? m->sum_dot / std::sqrt(rr * aa) : (rr == aa ? 1.0 : 0.0);
+  m->bias = m->count ? m->sum_err / double(m->count) : 0.0;
+}
+
 }  // namespace gift
+
+extern "C" void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetrics* part) {
+  if (!total || !part) return;
+  total->sum_ref_sq += part->sum_ref_sq;
+  total->sum_approx_sq += part->sum_approx_sq;
+  total->sum_err_sq += part->sum_err_sq;
+  total->sum_dot += part->sum_dot;
+  total->sum_err += part->sum_err;
+  total->count += part->count;
+  total->max_abs = std::max(total->max_abs, part->max_abs);
+  total->rel_anorm = -1.0;
+  gift::finish_ratios(total);
+}
 
 extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* approx,
                                                 uint64_t rows, uint64_t cols, const float* a,
@@ -52,11 +74,15 @@ extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* a
     sum_e += e;
     max_abs = std::max(max_abs, std::fabs(e));
   }
-  out->rel_l2 = rr > 0 ? std::sqrt(ee / rr) : (ee > 0 ? INFINITY : 0.0);
-  out->cosine = (rr > 0 && aa > 0) ? ra / std::sqrt(rr * aa) : (rr == aa ? 1.0 : 0.0);
   out->max_abs = max_abs;
-  out->bias = n ? sum_e / double(n) : 0.0;
   out->rel_anorm = -1.0;
+  out->sum_ref_sq = rr;
+  out->sum_approx_sq = aa;
+  out->sum_err_sq = ee;
+  out->sum_dot = ra;
+  out->sum_err = sum_e;
+  out->count = n;
+  gift::finish_ratios(out);
   if (a && n) {
     std::vector<float> diff(n);
     for (uint64_t i = 0; i < n; ++i) diff[i] = approx[i] - ref[i];

@@ -1,0 +1,313 @@
+#include "io/tensor_file.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "common/bytes.h"
+#include "common/error.h"
+#include "container/reader.h"
+#include "io/npy.h"
+#include "numerics/codec.h"
+
+namespace gift::io {
+namespace {
+
+// The safetensors format's own limit on its JSON header.
+constexpr uint64_t kMaxSafetensorsHeader = uint64_t(100) << 20;
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+giftResult_t bad(const std::string& file, const std::string& what) {
+  return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: %s", file.c_str(), what.c_str());
+}
+
+// Maps a file and keeps the mapping alive in out->storage.
+giftResult_t map_into(const std::string& path, TensorFile* out, const uint8_t** data,
+                      uint64_t* size) {
+  std::unique_ptr<container::ByteSource> src;
+  if (const giftResult_t r = container::map_file(path, &src)) return r;
+  *data = src->data();
+  *size = src->size();
+  out->storage.push_back(std::shared_ptr<void>(
+      src.release(), [](void* p) { delete static_cast<container::ByteSource*>(p); }));
+  return GIFT_OK;
+}
+
+std::string stem_of(const std::string& path) {
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  const size_t dot = base.find_last_of('.');
+  return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+}
+
+giftResult_t add_npy(const uint8_t* b, uint64_t size, const std::string& where,
+                     const std::string& tensor_name, TensorFile* out) {
+  TensorRef t{tensor_name, {}, GIFT_DTYPE_F32, nullptr, 0};
+  uint64_t offset = 0;
+  if (const giftResult_t r = parse_npy_header(b, size, where, &t.shape, &t.dtype, &offset))
+    return r;
+  t.data = b + offset;
+  t.bytes = size - offset;
+  out->tensors.push_back(std::move(t));
+  return GIFT_OK;
+}
+
+// .npz: a ZIP archive of .npy members, stored or deflated (numpy.savez and savez_compressed).
+giftResult_t parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorFile* out) {
+  // End of central directory: the last 22..65557 bytes.
+  const uint64_t min_eocd = 22;
+  if (size < min_eocd) return bad(path, "not a ZIP archive (too short)");
+  uint64_t eocd = UINT64_MAX;
+  for (uint64_t i = size - min_eocd + 1; i-- > 0 && size - i <= min_eocd + 65535;) {
+    if (load_le(b + i, 4) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+  }
+  if (eocd == UINT64_MAX) return bad(path, "not a ZIP archive (no end of central directory)");
+  const uint64_t entries = load_le(b + eocd + 10, 2);
+  const uint64_t cd_size = load_le(b + eocd + 12, 4);
+  const uint64_t cd_off = load_le(b + eocd + 16, 4);
+  if (cd_off == 0xFFFFFFFF || entries == 0xFFFF)
+    return bad(path, "ZIP64 archives are not supported");
+  if (cd_off > eocd || cd_size > eocd - cd_off) return bad(path, "central directory out of bounds");
+  uint64_t p = cd_off;
+  for (uint64_t e = 0; e < entries; ++e) {
+    if (p + 46 > cd_off + cd_size || load_le(b + p, 4) != 0x02014b50) {
+      return bad(path, "damaged central directory");
+    }
+    const uint64_t method = load_le(b + p + 10, 2);
+    const uint64_t csize = load_le(b + p + 20, 4);
+    const uint64_t usize = load_le(b + p + 24, 4);
+    const uint64_t nlen = load_le(b + p + 28, 2);
+    const uint64_t xlen = load_le(b + p + 30, 2);
+    const uint64_t clen = load_le(b + p + 32, 2);
+    const uint64_t local = load_le(b + p + 42, 4);
+    if (p + 46 + nlen > cd_off + cd_size) return bad(path, "damaged central directory");
+    std::string member(reinterpret_cast<const char*>(b + p + 46), nlen);
+    p += 46 + nlen + xlen + clen;
+    if (local + 30 > size || load_le(b + local, 4) != 0x04034b50) {
+      return bad(path, "member '" + member + "': bad local header");
+    }
+    const uint64_t data = local + 30 + load_le(b + local + 26, 2) + load_le(b + local + 28, 2);
+    if (data > size || csize > size - data)
+      return bad(path, "member '" + member + "' out of bounds");
+    if (!ends_with(member, ".npy")) continue;
+    const std::string where = path + ":" + member;
+    const std::string tensor = member.substr(0, member.size() - 4);
+    if (method == 0) {
+      if (csize != usize) return bad(path, "member '" + member + "': stored sizes differ");
+      if (const giftResult_t r = add_npy(b + data, csize, where, tensor, out)) return r;
+    } else if (method == 8) {
+      // Inflated members are owned by the file object. usize comes from the archive, so a
+      // hostile archive could ask for up to 4 GiB here; deflate cannot expand more than
+      // about 1032:1, so cap it by that.
+      if (usize / 1032 > csize + 1) return bad(path, "member '" + member + "': impossible size");
+      auto buf = std::shared_ptr<uint8_t>(new uint8_t[usize ? usize : 1],
+                                          std::default_delete<uint8_t[]>());
+      z_stream z{};
+      if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
+        return fail(GIFT_ERROR_OUT_OF_MEMORY, "zlib init failed");
+      z.next_in = const_cast<Bytef*>(b + data);
+      z.avail_in = uInt(csize);
+      z.next_out = buf.get();
+      z.avail_out = uInt(usize);
+      const int rc = inflate(&z, Z_FINISH);
+      const uint64_t produced = z.total_out;
+      inflateEnd(&z);
+      if (rc != Z_STREAM_END || produced != usize)
+        return bad(path, "member '" + member + "': bad deflate data");
+      out->storage.push_back(buf);
+      if (const giftResult_t r = add_npy(buf.get(), usize, where, tensor, out)) return r;
+    } else {
+      return bad(path, "member '" + member + "': unsupported ZIP compression method " +
+                           std::to_string(method));
+    }
+  }
+  return GIFT_OK;
+}
+
+giftDType_t* dtype_of_name(const std::string& s, giftDType_t* d) {
+  if (s == "F32")
+    *d = GIFT_DTYPE_F32;
+  else if (s == "BF16")
+    *d = GIFT_DTYPE_BF16;
+  else if (s == "F16")
+    *d = GIFT_DTYPE_F16;
+  else
+    return nullptr;
+  return d;
+}
+
+const char* dtype_name(giftDType_t d) {
+  return d == GIFT_DTYPE_F32 ? "F32" : d == GIFT_DTYPE_BF16 ? "BF16" : "F16";
+}
+
+}  // namespace
+
+uint64_t TensorRef::elements() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
+FileKind kind_of_path(const std::string& path) {
+  if (ends_with(path, ".safetensors")) return FileKind::kSafetensors;
+  if (ends_with(path, ".npy")) return FileKind::kNpy;
+  if (ends_with(path, ".npz")) return FileKind::kNpz;
+  return FileKind::kUnknown;
+}
+
+giftResult_t parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
+                               TensorFile* out) {
+  if (size < 8) return bad(name, "not a safetensors file (shorter than its 8-byte header length)");
+  const uint64_t hlen = load_le(b, 8);
+  if (hlen > kMaxSafetensorsHeader) return bad(name, "safetensors header longer than 100 MiB");
+  if (hlen > size - 8) return bad(name, "truncated safetensors header");
+  const nlohmann::json h = nlohmann::json::parse(b + 8, b + 8 + hlen, nullptr, false);
+  if (h.is_discarded() || !h.is_object())
+    return bad(name, "safetensors header is not a JSON object");
+  const uint8_t* base = b + 8 + hlen;
+  const uint64_t data_size = size - 8 - hlen;
+  struct Extent {
+    uint64_t begin, end;
+  };
+  std::vector<Extent> extents;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it->is_object()) return bad(name, "__metadata__ is not an object");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string())
+          return bad(name, "__metadata__ value of '" + m.key() + "' is not a string");
+        out->metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    const std::string tn = "tensor '" + it.key() + "': ";
+    const nlohmann::json& t = *it;
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
+        !t.contains("data_offsets")) {
+      return bad(name, tn + "needs dtype, shape and data_offsets");
+    }
+    TensorRef ref{it.key(), {}, GIFT_DTYPE_F32, nullptr, 0};
+    if (!t["dtype"].is_string() || !dtype_of_name(t["dtype"].get<std::string>(), &ref.dtype)) {
+      return bad(name,
+                 tn + "unsupported dtype " + t["dtype"].dump() + " (supported: F32, BF16, F16)");
+    }
+    const nlohmann::json& shape = t["shape"];
+    const nlohmann::json& offs = t["data_offsets"];
+    if (!shape.is_array() || shape.size() > 32 || !offs.is_array() || offs.size() != 2) {
+      return bad(name, tn + "malformed shape or data_offsets");
+    }
+    uint64_t n = 1;
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned()) return bad(name, tn + "shape holds a non-integer");
+      const uint64_t v = d.get<uint64_t>();
+      if (v && n > UINT64_MAX / 8 / v) return bad(name, tn + "element count overflows");
+      n *= v;
+      ref.shape.push_back(v);
+    }
+    if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
+      return bad(name, tn + "data_offsets are not integers");
+    }
+    const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
+    if (begin > end || end > data_size) return bad(name, tn + "data_offsets out of bounds");
+    if (end - begin != n * dtype_size(ref.dtype)) {
+      return bad(name, tn + "data_offsets hold " + std::to_string(end - begin) +
+                           " bytes, shape and dtype need " +
+                           std::to_string(n * dtype_size(ref.dtype)));
+    }
+    ref.data = base + begin;
+    ref.bytes = end - begin;
+    extents.push_back({begin, end});
+    out->tensors.push_back(std::move(ref));
+  }
+  // The data must be covered exactly: no overlap and no hole (the format's rule).
+  std::vector<size_t> order(out->tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t c) { return extents[a].begin < extents[c].begin; });
+  uint64_t at = 0;
+  for (size_t i : order) {
+    if (extents[i].begin != at)
+      return bad(name, "tensor data overlaps or leaves a hole at byte " + std::to_string(at));
+    at = extents[i].end;
+  }
+  if (at != data_size) return bad(name, "tensor data does not end at the end of the file");
+  // File order: by offset, as writers lay tensors out.
+  std::vector<TensorRef> sorted;
+  for (size_t i : order) sorted.push_back(std::move(out->tensors[i]));
+  out->tensors = std::move(sorted);
+  return GIFT_OK;
+}
+
+giftResult_t read_tensor_file(const std::string& path, TensorFile* out) {
+  const FileKind kind = kind_of_path(path);
+  if (kind == FileKind::kUnknown) {
+    return fail(GIFT_ERROR_CORRUPT_INPUT,
+                "%s: unknown file type (expected .safetensors, .npy or .npz)", path.c_str());
+  }
+  const uint8_t* b = nullptr;
+  uint64_t size = 0;
+  if (const giftResult_t r = map_into(path, out, &b, &size)) return r;
+  static const uint8_t kEmpty[1] = {0};
+  if (!b) b = kEmpty;
+  switch (kind) {
+    case FileKind::kSafetensors:
+      return parse_safetensors(b, size, path, out);
+    case FileKind::kNpy:
+      return add_npy(b, size, path, stem_of(path), out);
+    default:
+      return parse_npz(b, size, path, out);
+  }
+}
+
+std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,
+                                           const std::map<std::string, std::string>& metadata) {
+  nlohmann::json h = nlohmann::json::object();
+  if (!metadata.empty()) h["__metadata__"] = metadata;
+  uint64_t at = 0;
+  for (const OwnedTensor& t : tensors) {
+    h[t.name] = {{"dtype", dtype_name(t.dtype)},
+                 {"shape", t.shape},
+                 {"data_offsets", {at, at + t.data.size()}}};
+    at += t.data.size();
+  }
+  std::string js = h.dump();
+  while ((8 + js.size()) % 8) js += ' ';  // keeps the data 8-byte aligned, as writers do
+  std::vector<uint8_t> out(8 + js.size());
+  store_le(out.data(), js.size(), 8);
+  std::memcpy(out.data() + 8, js.data(), js.size());
+  for (const OwnedTensor& t : tensors) out.insert(out.end(), t.data.begin(), t.data.end());
+  return out;
+}
+
+std::vector<uint8_t> serialize_npy(const OwnedTensor& t) {
+  std::string shape;
+  for (size_t i = 0; i < t.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(t.shape[i]);
+  if (t.shape.size() == 1) shape += ",";
+  std::string header = std::string("{'descr': '") + (t.dtype == GIFT_DTYPE_F32 ? "<f4" : "<f2") +
+                       "', 'fortran_order': False, 'shape': (" + shape + "), }";
+  while ((10 + header.size() + 1) % 64) header += ' ';
+  header += '\n';
+  std::string pre = "\x93NUMPY";
+  pre += char(1);
+  pre += char(0);
+  pre += char(header.size() & 0xFF);
+  pre += char(header.size() >> 8);
+  std::vector<uint8_t> out;
+  out.reserve(pre.size() + header.size() + t.data.size());
+  for (const std::string* part : {&pre, &header}) {
+    for (char c : *part) out.push_back(static_cast<uint8_t>(c));
+  }
+  out.insert(out.end(), t.data.begin(), t.data.end());
+  return out;
+}
+
+}  // namespace gift::io
