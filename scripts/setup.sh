@@ -29,8 +29,9 @@ fi
 
 # Python packages used only by the cross-check tests (independent references).
 py=${PYTHON:-python3}
-# (xxhash and zstandard let a test decode frames independently of libgift.)
-if ! "$py" -c 'import numpy, ml_dtypes, xxhash, zstandard' 2>/dev/null; then
-  echo "setup: installing Python packages: numpy ml_dtypes xxhash zstandard" >&2
-  "$py" -m pip install --quiet numpy ml_dtypes xxhash zstandard
+# (xxhash and zstandard let a test decode frames independently of libgift; safetensors
+# cross-checks giftc's files.)
+if ! "$py" -c 'import numpy, ml_dtypes, xxhash, zstandard, safetensors' 2>/dev/null; then
+  echo "setup: installing Python packages: numpy ml_dtypes xxhash zstandard safetensors" >&2
+  "$py" -m pip install --quiet numpy ml_dtypes xxhash zstandard safetensors
 fi

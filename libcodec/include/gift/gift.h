@@ -174,6 +174,10 @@ GIFT_API void giftFrameClose(giftFrame* frame);
 
 GIFT_API uint64_t giftFrameTensorCount(const giftFrame* frame);
 
+/* Metadata entry `index` (GIFT_ERROR_NOT_FOUND past the last); strings valid until close. */
+GIFT_API giftResult_t giftFrameMetadata(const giftFrame* frame, uint64_t index, const char** key,
+                                        const char** value);
+
 typedef struct {
   const char* name; /* UTF-8, valid until giftFrameClose */
   uint32_t ndim;

@@ -63,6 +63,20 @@ uint64_t giftFrameTensorCount(const giftFrame* frame) {
   return frame ? frame->reader->tensors().size() : 0;
 }
 
+giftResult_t giftFrameMetadata(const giftFrame* frame, uint64_t index, const char** key,
+                               const char** value) {
+  gift::clear_error();
+  if (!frame || !key || !value)
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameMetadata: null pointer");
+  const auto* md = frame->reader->header()->metadata();
+  if (!md || index >= md->size())
+    return fail(GIFT_ERROR_NOT_FOUND, "no metadata entry %llu", (unsigned long long)index);
+  const gift::fb::KeyValue* kv = md->Get(uint32_t(index));
+  *key = kv->key()->c_str();
+  *value = kv->value() ? kv->value()->c_str() : "";
+  return GIFT_OK;
+}
+
 giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTensorInfo* info) {
   gift::clear_error();
   if (!frame || !info)

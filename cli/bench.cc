@@ -1,0 +1,135 @@
+// giftc bench: encode and decode throughput against memcpy, measured in the same run.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "commands.h"
+#include "numerics/simd.h"
+
+namespace giftc {
+namespace {
+
+struct BenchOptions {
+  uint64_t size = uint64_t(256) << 20;
+  std::string fp8 = "e4m3", scale = "block:128", scale_dtype = "f32", dtype = "f32";
+  int threads = 0;
+  bool json = false;
+};
+
+// Best of several runs, each a full pass, until about half a second has passed.
+template <typename F>
+double best_seconds(F&& f) {
+  f();  // warm-up: page faults, caches, thread start
+  double best = 1e30, spent = 0;
+  for (int i = 0; i < 30 && (i < 3 || spent < 0.5); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, s);
+    spent += s;
+  }
+  return best;
+}
+
+void run_bench(const BenchOptions& o, const Verbosity&) {
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  p.kind = parse_fp8(o.fp8);
+  parse_scale(o.scale, &p);
+  p.scale_dtype = parse_scale_dtype(o.scale_dtype);
+  p.threads = o.threads;
+  const giftDType_t dt = parse_dtype(o.dtype);
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const uint64_t width = dt == GIFT_DTYPE_F32 ? 4 : 2;
+  const uint64_t n = o.size / width;
+  if (n < 1024) throw Failure(kUsage, "--size: at least 4 KiB");
+  const uint64_t cols = 4096, rows = n / cols;
+  const uint64_t elems = rows * cols;
+  std::vector<uint8_t> src(elems * width), copy(elems * width), codes(elems);
+  uint64_t scale_bytes = 0;
+  check(giftScaleBytes(&p, rows, cols, &scale_bytes));
+  std::vector<uint8_t> scales(scale_bytes), out(elems * 4);
+  std::mt19937 gen(1);
+  std::normal_distribution<float> d;
+  for (uint64_t i = 0; i < elems; ++i) {
+    const float x = d(gen) * 1e-3f;
+    if (dt == GIFT_DTYPE_F32) {
+      std::memcpy(&src[4 * i], &x, 4);
+    } else {
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      const uint16_t h = uint16_t(u >> 16);  // bf16 and, for the benchmark's purpose, f16 alike
+      std::memcpy(&src[2 * i], &h, 2);
+    }
+  }
+  std::fill(copy.begin(), copy.end(), 0);
+  std::fill(out.begin(), out.end(), 0);
+  const double t_copy = best_seconds([&] {
+    const uint64_t chunk = (src.size() / uint64_t(threads) + 4095) & ~uint64_t(4095);
+#pragma omp parallel for num_threads(threads)
+    for (int t = 0; t < threads; ++t) {
+      const uint64_t b = uint64_t(t) * chunk;
+      if (b < src.size()) std::memcpy(&copy[b], &src[b], std::min(chunk, src.size() - b));
+    }
+  });
+  const double t_enc = best_seconds([&] {
+    check(giftEncode(&p, src.data(), dt, rows, cols, codes.data(), scales.data(), scale_bytes,
+                     nullptr));
+  });
+  const double t_dec = best_seconds([&] {
+    check(giftDecode(&p, codes.data(), scales.data(), scale_bytes, rows, cols, out.data(),
+                     GIFT_DTYPE_F32));
+  });
+  const double copy_bw = 2.0 * double(src.size()) / t_copy;
+  const double enc_bw = double(src.size() + codes.size() + scale_bytes) / t_enc;
+  const double dec_bw = double(codes.size() + scale_bytes + out.size()) / t_dec;
+  nlohmann::ordered_json doc = {{"bytes", src.size()},
+                                {"dtype", dtype_name(dt)},
+                                {"fp8", fp8_name(p.kind)},
+                                {"scale", scale_name(p)},
+                                {"scale_dtype", scale_dtype_name(p.scale_dtype)},
+                                {"threads", threads},
+                                {"simd", gift::simd::target_name()},
+                                {"memcpy_gbps", copy_bw / 1e9},
+                                {"encode_gbps", enc_bw / 1e9},
+                                {"decode_gbps", dec_bw / 1e9},
+                                {"encode_ratio", enc_bw / copy_bw},
+                                {"decode_ratio", dec_bw / copy_bw}};
+  if (o.json) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return;
+  }
+  std::printf("%s input, %s, %s %s scales, %d threads, %s\n", human_bytes(src.size()).c_str(),
+              dtype_name(dt).c_str(), fp8_name(p.kind).c_str(),
+              (scale_name(p) + " " + scale_dtype_name(p.scale_dtype)).c_str(), threads,
+              gift::simd::target_name());
+  std::printf("effective bandwidth (bytes read + written per second):\n");
+  std::printf(
+      "  memcpy  %8.2f GB/s\n  encode  %8.2f GB/s  %.3f of memcpy\n  decode  %8.2f GB/s  %.3f of "
+      "memcpy\n",
+      copy_bw / 1e9, enc_bw / 1e9, enc_bw / copy_bw, dec_bw / 1e9, dec_bw / copy_bw);
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, Verbosity& v) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* c =
+      app.add_subcommand("bench", "Encode/decode throughput against memcpy on this machine");
+  c->add_option("--size", o->size, "Input bytes")->capture_default_str();
+  c->add_option("--dtype", o->dtype, "Input element type: f32, bf16 or f16")->capture_default_str();
+  c->add_option("--fp8", o->fp8, "FP8 kind: e4m3 or e5m2")->capture_default_str();
+  c->add_option("--scale", o->scale, "Scale groups: tensor, row, block:N or tile:RxC")
+      ->capture_default_str();
+  c->add_option("--scale-dtype", o->scale_dtype, "Scale type: f32 or e8m0")->capture_default_str();
+  c->add_option("--threads", o->threads, "Threads (default: all)");
+  c->add_flag("--json", o->json, "Print a JSON document");
+  c->callback([o, &v] { run_bench(*o, v); });
+}
+
+}  // namespace giftc

@@ -1,0 +1,165 @@
+#include "common.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "container/writer.h"
+
+namespace giftc {
+
+int exit_code_for(giftResult_t r) {
+  switch (r) {
+    case GIFT_OK:
+      return kOk;
+    case GIFT_ERROR_INVALID_ARGUMENT:
+      return kUsage;
+    case GIFT_ERROR_IO:
+    case GIFT_ERROR_OUT_OF_MEMORY:
+      return kIoError;
+    case GIFT_ERROR_BASIS_MISSING:
+      return kBasis;
+    default:
+      return kBadInput;
+  }
+}
+
+void check(giftResult_t r, const std::string& context) {
+  if (r == GIFT_OK) return;
+  const std::string msg = giftGetLastErrorMessage();
+  throw Failure(exit_code_for(r), context.empty() ? msg : context + ": " + msg);
+}
+
+giftFp8Kind_t parse_fp8(const std::string& s) {
+  if (s == "e4m3") return GIFT_FP8_E4M3;
+  if (s == "e5m2") return GIFT_FP8_E5M2;
+  throw Failure(kUsage, "--fp8: '" + s + "' is not e4m3 or e5m2");
+}
+
+namespace {
+
+uint32_t parse_u32(const std::string& s, const std::string& what) {
+  char* end = nullptr;
+  const unsigned long v = std::strtoul(s.c_str(), &end, 10);
+  if (s.empty() || *end || v == 0 || v > 0xFFFFFFFFul) {
+    throw Failure(kUsage, what + ": '" + s + "' is not a positive integer");
+  }
+  return uint32_t(v);
+}
+
+}  // namespace
+
+void parse_scale(const std::string& s, giftQuantParams* p) {
+  if (s == "tensor") {
+    p->layout = GIFT_SCALE_TENSOR;
+  } else if (s == "row") {
+    p->layout = GIFT_SCALE_ROW;
+  } else if (s.rfind("block:", 0) == 0) {
+    p->layout = GIFT_SCALE_BLOCK;
+    p->block = parse_u32(s.substr(6), "--scale block");
+  } else if (s.rfind("tile:", 0) == 0 && s.find('x') != std::string::npos) {
+    const size_t x = s.find('x');
+    p->layout = GIFT_SCALE_TILE;
+    p->tile_rows = parse_u32(s.substr(5, x - 5), "--scale tile rows");
+    p->tile_cols = parse_u32(s.substr(x + 1), "--scale tile columns");
+  } else {
+    throw Failure(kUsage, "--scale: '" + s + "' is not tensor, row, block:N or tile:RxC");
+  }
+  if (giftQuantParamsValidate(p) != GIFT_OK) {
+    throw Failure(kUsage, std::string("--scale: ") + giftGetLastErrorMessage());
+  }
+}
+
+giftScaleDType_t parse_scale_dtype(const std::string& s) {
+  if (s == "f32") return GIFT_SCALE_DTYPE_F32;
+  if (s == "e8m0") return GIFT_SCALE_DTYPE_E8M0;
+  throw Failure(kUsage, "--scale-dtype: '" + s + "' is not f32 or e8m0");
+}
+
+giftRounding_t parse_rounding(const std::string& s) {
+  if (s == "nearest") return GIFT_ROUND_NEAREST;
+  if (s == "stochastic") return GIFT_ROUND_STOCHASTIC;
+  throw Failure(kUsage, "--rounding: '" + s + "' is not nearest or stochastic");
+}
+
+giftDType_t parse_dtype(const std::string& s) {
+  if (s == "f32") return GIFT_DTYPE_F32;
+  if (s == "bf16") return GIFT_DTYPE_BF16;
+  if (s == "f16") return GIFT_DTYPE_F16;
+  throw Failure(kUsage, "--dtype: '" + s + "' is not f32, bf16 or f16");
+}
+
+std::string fp8_name(giftFp8Kind_t k) { return k == GIFT_FP8_E4M3 ? "e4m3" : "e5m2"; }
+
+std::string scale_name(const giftQuantParams& p) {
+  switch (p.layout) {
+    case GIFT_SCALE_TENSOR:
+      return "tensor";
+    case GIFT_SCALE_ROW:
+      return "row";
+    case GIFT_SCALE_BLOCK:
+      return "block:" + std::to_string(p.block);
+    default:
+      return "tile:" + std::to_string(p.tile_rows) + "x" + std::to_string(p.tile_cols);
+  }
+}
+
+std::string scale_dtype_name(giftScaleDType_t d) {
+  return d == GIFT_SCALE_DTYPE_F32 ? "f32" : "e8m0";
+}
+
+std::string dtype_name(giftDType_t d) {
+  return d == GIFT_DTYPE_F32 ? "f32" : d == GIFT_DTYPE_BF16 ? "bf16" : "f16";
+}
+
+std::string shape_string(const uint64_t* shape, uint32_t ndim) {
+  std::string s = "[";
+  for (uint32_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string human_bytes(uint64_t b) {
+  char buf[32];
+  if (b < 1024) {
+    std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
+  } else if (b < (1u << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024);
+  } else if (b < (1ull << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / (1 << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / (1 << 30));
+  }
+  return buf;
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+void check_output(const std::string& path, bool force) {
+  if (!force && file_exists(path)) {
+    throw Failure(kUsage, path + ": already exists (use -f to overwrite)");
+  }
+}
+
+void write_output(const std::string& path, const std::vector<uint8_t>& bytes) {
+  check(gift::container::write_file_atomically(path, bytes));
+}
+
+Progress::Progress(const char* label, uint64_t total, const Verbosity& v)
+    : label_(label), total_(total), on_(!v.quiet && ::isatty(STDERR_FILENO) && total > 1) {}
+
+Progress::~Progress() {
+  if (on_) std::fprintf(stderr, "\r\033[K");
+}
+
+void Progress::step(uint64_t done) {
+  if (on_)
+    std::fprintf(stderr, "\r%s: %llu/%llu", label_, (unsigned long long)done,
+                 (unsigned long long)total_);
+}
+
+}  // namespace giftc

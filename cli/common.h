@@ -1,0 +1,68 @@
+// What every giftc subcommand shares: exit codes, errors, option parsing, output files,
+// progress on a terminal.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace giftc {
+
+// Documented in man/giftc.1.
+enum Exit : int { kOk = 0, kUsage = 1, kBadInput = 2, kIoError = 3, kBasis = 4 };
+
+// Thrown inside giftc only; main() prints it and exits with its code.
+struct Failure : std::runtime_error {
+  Failure(int code, const std::string& message) : std::runtime_error(message), code(code) {}
+  int code;
+};
+
+int exit_code_for(giftResult_t r);
+
+// Throws a Failure with the library's last message when r is not GIFT_OK.
+void check(giftResult_t r, const std::string& context = "");
+
+struct Verbosity {
+  bool quiet = false;
+  bool verbose = false;
+};
+
+// Option values as the command line spells them.
+giftFp8Kind_t parse_fp8(const std::string& s);
+void parse_scale(const std::string& s, giftQuantParams* p);  // tensor|row|block:N|tile:RxC
+giftScaleDType_t parse_scale_dtype(const std::string& s);
+giftRounding_t parse_rounding(const std::string& s);
+giftDType_t parse_dtype(const std::string& s);
+
+std::string fp8_name(giftFp8Kind_t k);
+std::string scale_name(const giftQuantParams& p);
+std::string scale_dtype_name(giftScaleDType_t d);
+std::string dtype_name(giftDType_t d);
+std::string shape_string(const uint64_t* shape, uint32_t ndim);
+std::string human_bytes(uint64_t bytes);
+
+bool file_exists(const std::string& path);
+
+// Refuses an existing output unless `force` (usage error, nothing touched).
+void check_output(const std::string& path, bool force);
+
+// Writes through a temporary name and a rename.
+void write_output(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// "label: i/n" on standard error while it is a terminal and not quiet.
+class Progress {
+ public:
+  Progress(const char* label, uint64_t total, const Verbosity& v);
+  ~Progress();
+  void step(uint64_t done);
+
+ private:
+  const char* label_;
+  uint64_t total_;
+  bool on_;
+};
+
+}  // namespace giftc

@@ -1,0 +1,120 @@
+// giftc compare: error of decoded tensors against their originals.
+#include <cstring>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "io/tensor_file.h"
+#include "numerics/elementwise.h"
+
+namespace giftc {
+namespace {
+
+struct CompareOptions {
+  std::string reference, decoded;
+  bool json = false;
+};
+
+struct Tensor {
+  std::vector<uint64_t> shape;
+  std::vector<float> values;
+};
+
+// Every tensor of a file as fp32: frames are decoded, tensor files widened exactly.
+std::vector<std::pair<std::string, Tensor>> load(const std::string& path) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
+    giftFrame* raw = nullptr;
+    check(giftFrameOpenFile(path.c_str(), &raw));
+    std::unique_ptr<giftFrame, decltype(&giftFrameClose)> f(raw, giftFrameClose);
+    for (uint64_t i = 0; i < giftFrameTensorCount(f.get()); ++i) {
+      giftTensorInfo info;
+      check(giftFrameTensorInfo(f.get(), i, &info));
+      Tensor t{std::vector<uint64_t>(info.shape, info.shape + info.ndim),
+               std::vector<float>(info.elements)};
+      check(
+          giftFrameDecodeTensor(f.get(), i, t.values.data(), t.values.size() * 4, GIFT_DTYPE_F32));
+      out.emplace_back(info.name, std::move(t));
+    }
+    return out;
+  }
+  gift::io::TensorFile file;
+  check(gift::io::read_tensor_file(path, &file));
+  for (const gift::io::TensorRef& r : file.tensors) {
+    Tensor t{r.shape, std::vector<float>(r.elements())};
+    for (uint64_t i = 0; i < t.values.size(); ++i) {
+      if (r.dtype == GIFT_DTYPE_F32) {
+        std::memcpy(&t.values[i], r.data + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, r.data + 2 * i, 2);
+        t.values[i] =
+            r.dtype == GIFT_DTYPE_BF16 ? gift::num::bf16_to_float(h) : gift::num::f16_to_float(h);
+      }
+    }
+    out.emplace_back(r.name, std::move(t));
+  }
+  return out;
+}
+
+void run_compare(const CompareOptions& o, const Verbosity&) {
+  const auto ref = load(o.reference);
+  const auto dec = load(o.decoded);
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : dec) by_name[name] = &t;
+  nlohmann::ordered_json doc;
+  doc["reference"] = o.reference;
+  doc["decoded"] = o.decoded;
+  doc["tensors"] = nlohmann::ordered_json::array();
+  giftErrorMetrics total{};
+  auto row = [](const giftErrorMetrics& m) {
+    return nlohmann::ordered_json{
+        {"rel_l2", m.rel_l2}, {"cosine", m.cosine}, {"max_abs", m.max_abs}, {"bias", m.bias}};
+  };
+  for (const auto& [name, r] : ref) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) throw Failure(kBadInput, o.decoded + ": has no tensor '" + name + "'");
+    if (it->second->shape != r.shape)
+      throw Failure(kBadInput, "tensor '" + name + "': shapes differ between the files");
+    giftErrorMetrics m;
+    const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
+    const uint64_t rows = cols ? r.values.size() / cols : 0;
+    check(giftComputeErrorMetrics(r.values.data(), it->second->values.data(), rows, cols, nullptr,
+                                  &m));
+    giftErrorMetricsMerge(&total, &m);
+    nlohmann::ordered_json j{{"name", name}, {"elements", r.values.size()}};
+    j.update(row(m));
+    doc["tensors"].push_back(j);
+  }
+  if (ref.size() != dec.size()) {
+    throw Failure(kBadInput, o.decoded + ": holds " + std::to_string(dec.size()) + " tensors, " +
+                                 o.reference + " holds " + std::to_string(ref.size()));
+  }
+  doc["total"] = row(total);
+  if (o.json) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return;
+  }
+  std::printf("%-40s %12s %12s %12s %12s\n", "name", "rel_l2", "cosine", "max_abs", "bias");
+  auto print = [](const std::string& name, const nlohmann::ordered_json& j) {
+    std::printf("%-40s %12.4e %12.8f %12.4e %12.4e\n", name.c_str(), j["rel_l2"].get<double>(),
+                j["cosine"].get<double>(), j["max_abs"].get<double>(), j["bias"].get<double>());
+  };
+  for (const auto& j : doc["tensors"]) print(j["name"].get<std::string>(), j);
+  print("total", doc["total"]);
+}
+
+}  // namespace
+
+void add_compare(CLI::App& app, Verbosity& v) {
+  auto o = std::make_shared<CompareOptions>();
+  CLI::App* c = app.add_subcommand("compare", "Error of decoded tensors against the originals");
+  c->add_option("REF", o->reference, "Original tensors (.safetensors, .npy, .npz or .gift)")
+      ->required();
+  c->add_option("DECODED", o->decoded, "Decoded tensors, matched by name (same kinds)")->required();
+  c->add_flag("--json", o->json, "Print a JSON document instead of a table");
+  c->callback([o, &v] { run_compare(*o, v); });
+}
+
+}  // namespace giftc

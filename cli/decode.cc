@@ -1,0 +1,90 @@
+// giftc decode: a GIFT frame back to a tensor file.
+#include <map>
+#include <memory>
+
+#include "commands.h"
+#include "io/tensor_file.h"
+
+namespace giftc {
+namespace {
+
+struct DecodeOptions {
+  std::string input, output, dtype;
+  bool force = false;
+};
+
+std::string default_output(const std::string& in) {
+  std::string base = in;
+  if (base.size() > 5 && base.compare(base.size() - 5, 5, ".gift") == 0)
+    base.resize(base.size() - 5);
+  if (gift::io::kind_of_path(base) == gift::io::FileKind::kUnknown || base == in)
+    base += ".safetensors";
+  // .npz is read-only here; decode it to safetensors.
+  if (gift::io::kind_of_path(base) == gift::io::FileKind::kNpz)
+    base = base.substr(0, base.size() - 4) + ".safetensors";
+  return base;
+}
+
+std::map<std::string, std::string> frame_metadata(giftFrame* f) {
+  std::map<std::string, std::string> md;
+  const char *k, *val;
+  for (uint64_t i = 0; giftFrameMetadata(f, i, &k, &val) == GIFT_OK; ++i) md[k] = val;
+  return md;
+}
+
+void run_decode(const DecodeOptions& o, const Verbosity& v) {
+  const std::string out = o.output.empty() ? default_output(o.input) : o.output;
+  const gift::io::FileKind kind = gift::io::kind_of_path(out);
+  if (kind != gift::io::FileKind::kSafetensors && kind != gift::io::FileKind::kNpy) {
+    throw Failure(kUsage, out + ": output must be .safetensors or .npy");
+  }
+  check_output(out, o.force);
+  giftFrame* raw = nullptr;
+  check(giftFrameOpenFile(o.input.c_str(), &raw));
+  std::unique_ptr<giftFrame, decltype(&giftFrameClose)> f(raw, giftFrameClose);
+  const uint64_t n = giftFrameTensorCount(f.get());
+  if (kind == gift::io::FileKind::kNpy && n != 1) {
+    throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
+                              " tensors; a .npy file holds one (decode to .safetensors)");
+  }
+  std::vector<gift::io::OwnedTensor> tensors;
+  Progress progress("decode", n, v);
+  for (uint64_t i = 0; i < n; ++i) {
+    giftTensorInfo info;
+    check(giftFrameTensorInfo(f.get(), i, &info));
+    const giftDType_t dt = o.dtype.empty() ? info.dtype : parse_dtype(o.dtype);
+    if (kind == gift::io::FileKind::kNpy && dt == GIFT_DTYPE_BF16) {
+      throw Failure(kUsage, "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
+    }
+    gift::io::OwnedTensor t{
+        info.name, std::vector<uint64_t>(info.shape, info.shape + info.ndim), dt, {}};
+    t.data.resize(info.elements * (dt == GIFT_DTYPE_F32 ? 4 : 2));
+    check(giftFrameDecodeTensor(f.get(), i, t.data.data(), t.data.size(), dt));
+    tensors.push_back(std::move(t));
+    progress.step(i + 1);
+  }
+  if (kind == gift::io::FileKind::kNpy) {
+    write_output(out, gift::io::serialize_npy(tensors[0]));
+  } else {
+    write_output(out, gift::io::serialize_safetensors(tensors, frame_metadata(f.get())));
+  }
+  if (!v.quiet)
+    std::fprintf(stderr, "%s: %llu tensors -> %s\n", o.input.c_str(), (unsigned long long)n,
+                 out.c_str());
+}
+
+}  // namespace
+
+void add_decode(CLI::App& app, Verbosity& v) {
+  auto o = std::make_shared<DecodeOptions>();
+  CLI::App* c = app.add_subcommand("decode", "Decode a GIFT frame to .safetensors or .npy");
+  c->add_option("IN", o->input, "Input frame (.gift)")->required();
+  c->add_option("-o,--output", o->output,
+                "Output file (default: IN without .gift, as .safetensors)");
+  c->add_option("--dtype", o->dtype,
+                "Output element type: f32, bf16 or f16 (default: each tensor's own)");
+  c->add_flag("-f,--force", o->force, "Overwrite an existing output");
+  c->callback([o, &v] { run_decode(*o, v); });
+}
+
+}  // namespace giftc

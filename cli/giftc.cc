@@ -1,0 +1,39 @@
+// giftc: FP8 gradient compression on the command line. One subcommand per file.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "commands.h"
+#include "numerics/simd.h"
+
+int main(int argc, char** argv) {
+  using namespace giftc;
+  CLI::App app("giftc: encode, inspect, decode and compare FP8 gradient dumps (GIFT format)",
+               "giftc");
+  app.require_subcommand(1);
+  app.set_version_flag("-V,--version", std::string("giftc ") + std::to_string(GIFT_VERSION_MAJOR) +
+                                           "." + std::to_string(GIFT_VERSION_MINOR) + "." +
+                                           std::to_string(GIFT_VERSION_PATCH) + " (GIFT format " +
+                                           std::to_string(GIFT_FORMAT_MAJOR) + "." +
+                                           std::to_string(GIFT_FORMAT_MINOR) + ")");
+  Verbosity v;
+  app.add_flag("-q,--quiet", v.quiet, "No messages but errors");
+  app.add_flag("-v,--verbose", v.verbose, "More messages");
+  add_encode(app, v);
+  add_decode(app, v);
+  add_inspect(app, v);
+  add_compare(app, v);
+  add_bench(app, v);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kOk : kUsage;
+  } catch (const Failure& f) {
+    std::fprintf(stderr, "giftc: %s\n", f.what());
+    return f.code;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "giftc: out of memory\n");
+    return kIoError;
+  }
+  return kOk;
+}

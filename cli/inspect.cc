@@ -1,0 +1,157 @@
+// giftc inspect: what a frame holds, as a table or as JSON.
+#include <cmath>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "container/reader.h"
+#include "gift_generated.h"
+#include "numerics/codec.h"
+
+namespace giftc {
+namespace {
+
+namespace fb = gift::fb;
+
+struct InspectOptions {
+  std::string input;
+  bool json = false, verify = false;
+};
+
+std::string hex128(const fb::BasisId* id) {
+  if (!id) return "";
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)id->hi(),
+                (unsigned long long)id->lo());
+  return buf;
+}
+
+uint64_t stored(const fb::Section* s) { return s ? s->stored_length() : 0; }
+uint64_t raw(const fb::Section* s) { return s ? s->raw_length() : 0; }
+
+void run_inspect(const InspectOptions& o, const Verbosity& v) {
+  std::unique_ptr<gift::container::ByteSource> src;
+  check(gift::container::map_file(o.input, &src));
+  const uint64_t file_bytes = src->size();
+  std::unique_ptr<gift::container::FrameReader> r;
+  check(gift::container::FrameReader::open(std::move(src), o.input, &r));
+  if (o.verify) check(r->verify_all());
+  const fb::Frame* h = r->header();
+
+  nlohmann::ordered_json doc;
+  doc["file"] = o.input;
+  doc["format_version"] = "1." + std::to_string(r->minor_version());
+  doc["kind"] = fb::EnumNameFrameKind(h->kind());
+  doc["producer"] = h->producer() ? h->producer()->str() : "";
+  doc["metadata"] = nlohmann::ordered_json::object();
+  if (h->metadata()) {
+    for (const fb::KeyValue* kv : *h->metadata())
+      doc["metadata"][kv->key()->str()] = kv->value() ? kv->value()->str() : "";
+  }
+  doc["tensors"] = nlohmann::ordered_json::array();
+  uint64_t total_original = 0, total_stored = 0;
+  for (const gift::container::TensorEntry& e : r->tensors()) {
+    const fb::Tensor* t = e.fb;
+    const uint64_t original = e.elements * gift::dtype_size(e.dtype);
+    const uint64_t st = stored(t->codes()) + stored(t->scales());
+    total_original += original;
+    total_stored += st;
+    nlohmann::ordered_json j;
+    j["name"] = e.name;
+    j["shape"] = e.shape;
+    j["dtype"] = dtype_name(e.dtype);
+    j["encoding"] = e.raw ? "raw" : "fp8";
+    if (!e.raw) {
+      j["fp8"] = fp8_name(e.params.kind);
+      j["scale"] = scale_name(e.params);
+      j["scale_dtype"] = scale_dtype_name(e.params.scale_dtype);
+      j["rounding"] = e.params.rounding == GIFT_ROUND_NEAREST ? "nearest" : "stochastic";
+      if (e.params.rounding == GIFT_ROUND_STOCHASTIC) {
+        j["seed"] = e.params.seed;
+        j["tensor_index"] = e.params.tensor_index;
+      }
+    }
+    j["frame"] = t->frame() == fb::CoordFrame::Gift ? "gift" : "euclidean";
+    if (t->frame() == fb::CoordFrame::Gift) j["basis_id"] = hex128(t->basis_id());
+    if (const fb::Selection* s = t->selection()) {
+      j["selection"] = {
+          {"chosen", s->chosen() == fb::CoordFrame::Gift ? "gift" : "euclidean"},
+          {"euclidean_error", s->euclidean_error()},
+          {"gift_error", std::isnan(s->gift_error()) ? nlohmann::ordered_json()
+                                                     : nlohmann::ordered_json(s->gift_error())},
+          {"transform_flops", s->transform_flops()},
+          {"reason", s->reason() ? s->reason()->str() : ""}};
+    }
+    if (const fb::Stats* s = t->stats()) {
+      j["stats"] = {{"amax", s->amax()}, {"rms", s->rms()}, {"nonfinite", s->nonfinite_count()}};
+    }
+    j["original_bytes"] = original;
+    j["stored_bytes"] = st;
+    j["decompressed_bytes"] = raw(t->codes()) + raw(t->scales());
+    j["compression"] =
+        (t->codes() && t->codes()->compression() == fb::Compression::Zstd) ? "zstd" : "none";
+    doc["tensors"].push_back(j);
+  }
+  doc["totals"] = {{"tensors", r->tensors().size()},
+                   {"original_bytes", total_original},
+                   {"stored_bytes", total_stored},
+                   {"file_bytes", file_bytes},
+                   {"ratio", file_bytes ? double(total_original) / double(file_bytes) : 0.0}};
+  if (o.verify) doc["verified"] = true;
+
+  if (o.json) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return;
+  }
+  std::printf("%s: GIFT frame %s, %s, %zu tensors, producer \"%s\"\n", o.input.c_str(),
+              doc["format_version"].get<std::string>().c_str(),
+              doc["kind"].get<std::string>().c_str(), r->tensors().size(),
+              doc["producer"].get<std::string>().c_str());
+  for (const auto& [k, val] : doc["metadata"].items())
+    std::printf("  %s = %s\n", k.c_str(), val.get<std::string>().c_str());
+  std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape", "dtype",
+              "fp8", "scales", "frame", "rounding", "original", "stored", "ratio");
+  for (const auto& j : doc["tensors"]) {
+    const bool fp8 = j["encoding"] == "fp8";
+    std::string shape = "[";
+    for (size_t i = 0; i < j["shape"].size(); ++i)
+      shape += (i ? "," : "") + std::to_string(j["shape"][i].get<uint64_t>());
+    shape += "]";
+    const uint64_t orig = j["original_bytes"], st = j["stored_bytes"];
+    std::printf(
+        "%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n",
+        j["name"].get<std::string>().c_str(), shape.c_str(), j["dtype"].get<std::string>().c_str(),
+        fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
+        fp8 ? (j["scale"].get<std::string>() + " " + j["scale_dtype"].get<std::string>()).c_str()
+            : "-",
+        j["frame"] == "gift" ? "gift" : "eucl",
+        fp8 ? j["rounding"].get<std::string>().c_str() : "-", human_bytes(orig).c_str(),
+        human_bytes(st).c_str(), st ? double(orig) / double(st) : 0.0);
+    if (j.contains("selection")) {
+      const auto& s = j["selection"];
+      std::printf(
+          "%-32s   selection: %s (euclidean %.4g, gift %s) %s\n", "",
+          s["chosen"].get<std::string>().c_str(), s["euclidean_error"].get<double>(),
+          s["gift_error"].is_null() ? "-" : std::to_string(s["gift_error"].get<double>()).c_str(),
+          s["reason"].get<std::string>().c_str());
+    }
+  }
+  std::printf("%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n", "total", "", "", "", "",
+              "", "", human_bytes(total_original).c_str(), human_bytes(file_bytes).c_str(),
+              file_bytes ? double(total_original) / double(file_bytes) : 0.0);
+  if (o.verify && !v.quiet)
+    std::printf("\nverified: every checksum matches and every tensor decodes\n");
+}
+
+}  // namespace
+
+void add_inspect(CLI::App& app, Verbosity& v) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* c = app.add_subcommand("inspect", "Show what a GIFT frame holds");
+  c->add_option("IN", o->input, "Frame (.gift or .giftb)")->required();
+  c->add_flag("--json", o->json, "Print a JSON document instead of a table");
+  c->add_flag("--verify", o->verify, "Check every checksum and decode every tensor");
+  c->callback([o, &v] { run_inspect(*o, v); });
+}
+
+}  // namespace giftc
