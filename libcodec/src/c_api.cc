@@ -82,6 +82,10 @@ giftResult_t giftScaleBytes(const giftQuantParams* p, uint64_t rows, uint64_t co
   uint64_t count = 0;
   if (const giftResult_t r = giftScaleCount(p, rows, cols, &count)) return r;
   if (!bytes) return fail(GIFT_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  if (count > UINT64_MAX / 4) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%" PRIu64 " scales overflow a 64-bit byte count",
+                count);
+  }
   *bytes = count * (p->scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1);
   return GIFT_OK;
 }

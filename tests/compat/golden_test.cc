@@ -12,6 +12,7 @@
 
 #include "gift/gift.h"
 #include "io/npy.h"
+#include "numerics/elementwise.h"
 
 namespace {
 
@@ -50,6 +51,15 @@ TEST(Golden, V1_0FramesDecodeBitForBit) {
       ASSERT_EQ(want.count(), info.elements) << path << " tensor " << i;
       ASSERT_EQ(0, std::memcmp(want.data.data(), got.data(), got.size() * 4))
           << path << " tensor '" << info.name << "' differs from its golden values";
+      // 16-bit outputs are the golden fp32 values rounded to nearest even.
+      std::vector<uint16_t> b(info.elements), h(info.elements);
+      ASSERT_EQ(giftFrameDecodeTensor(f, i, b.data(), b.size() * 2, GIFT_DTYPE_BF16), GIFT_OK);
+      ASSERT_EQ(giftFrameDecodeTensor(f, i, h.data(), h.size() * 2, GIFT_DTYPE_F16), GIFT_OK);
+      for (uint64_t k = 0; k < info.elements; ++k) {
+        if (std::isnan(got[k])) continue;
+        ASSERT_EQ(b[k], gift::num::bf16_from_float(got[k])) << path << " " << info.name << " " << k;
+        ASSERT_EQ(h[k], gift::num::f16_from_float(got[k])) << path << " " << info.name << " " << k;
+      }
 
       seen.insert(info.raw ? "raw" : "fp8");
       seen.insert(std::string("dtype") + std::to_string(info.dtype));

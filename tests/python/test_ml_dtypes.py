@@ -59,9 +59,10 @@ def encode_unit_scale(x, kind):
     """Codes of x / 1: one E8M0 scale of 2^0 over a group whose amax is in [2^emax, 2^(emax+1))."""
     emax = 8 if kind == E4M3 else 15
     p = params(kind, SCALE_TENSOR, SCALE_E8M0, nonfinite=1)
-    # Prepend an anchor that fixes amax, so the scale is exactly 1 for every value <= it.
-    anchor = np.float32(2.0 ** emax)
-    assert np.all(np.abs(x[np.isfinite(x)]) < anchor)
+    # Prepend an anchor that fixes amax in [2^emax, 2^(emax+1)), so the E8M0 scale is exactly
+    # 1 for every value up to it, the top binade and its saturation included.
+    anchor = np.nextafter(np.float32(2.0 ** (emax + 1)), np.float32(0))
+    assert np.all(np.abs(x[np.isfinite(x)]) <= anchor)
     data = np.concatenate([[anchor], x]).astype(np.float32)
     codes = np.empty(data.size, np.uint8)
     scale = np.empty(1, np.uint8)
@@ -76,7 +77,7 @@ class MlDtypesReference(unittest.TestCase):
     def test_encode_matches_ml_dtypes_nearest_even(self):
         for kind, (dt, fmax) in KINDS.items():
             emax = 8 if kind == E4M3 else 15
-            limit = np.float32(2.0 ** emax)
+            limit = np.float32(2.0 ** (emax + 1))
             hi = np.arange(1 << 24, dtype=np.uint32) << np.uint32(8)
             for low in (0x00, 0x01, 0x7F, 0x80, 0x81, 0xFF):
                 bits = hi | np.uint32(low)
@@ -89,6 +90,8 @@ class MlDtypesReference(unittest.TestCase):
                 over = ~np.isfinite(want_f.astype(np.float32))
                 max_code = 0x7E if kind == E4M3 else 0x7B
                 want[over] = np.where(np.signbit(x[over]), 0x80 | max_code, max_code)
+                # The top binade and saturation are in the sample.
+                self.assertTrue(np.any(over) and np.any(np.abs(x) > fmax / 2))
                 bad = np.nonzero(got != want)[0]
                 self.assertEqual(bad.size, 0,
                                  f"kind {kind}: x bits 0x{x[bad[:1]].view(np.uint32)} got {got[bad[:1]]} want {want[bad[:1]]}")

@@ -1,6 +1,7 @@
 // The tensor encoder and decoder through the C API: group geometry, scale rules, the
 // vectorized and threaded paths against a plain per-element reference written here.
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -279,6 +280,53 @@ TEST(Codec, NonFiniteInputIsAnErrorThatNamesCountAndFirstIndex) {
             "2 non-finite values in the input, the first at index 257 (row 1, column 57)");
   EXPECT_EQ(st.nonfinite_count, 2u);
   EXPECT_EQ(st.first_nonfinite, 257u);
+}
+
+TEST(Codec, InfInAnOtherwiseZeroGroupDecodesToInf) {
+  // fp32 scale 0 (finite amax 0): Inf * 0 would be NaN; FORMAT.md 1.5 keeps Inf codes Inf.
+  std::vector<float> x = {0.0f, INFINITY, 0.0f, -INFINITY};
+  for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+    giftQuantParams p = params(GIFT_FP8_E5M2, GIFT_SCALE_TENSOR, sd);
+    p.nonfinite = GIFT_NONFINITE_KEEP;
+    const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, {1, 4});
+    const std::vector<float> y = decode(p, e, {1, 4});
+    EXPECT_EQ(y[1], INFINITY);
+    EXPECT_EQ(y[3], -INFINITY);
+    EXPECT_EQ(y[0], 0.0f);
+  }
+}
+
+TEST(Codec, CallerFlushToZeroAndRoundingModeDoNotChangeTheBytes) {
+  // Tiny values make subnormal FP8 codes and subnormal intermediate fp32 values.
+  const Shape s{64, 256};
+  std::vector<float> x = gradient_like(s, 31);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e-3f;
+  std::vector<giftQuantParams> ps = {
+      params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 32),
+      params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_E8M0),
+      params(GIFT_FP8_E5M2, GIFT_SCALE_TILE, GIFT_SCALE_DTYPE_E8M0, 128, 8, 8)};
+  for (giftQuantParams p : ps) {
+    for (int threads : {1, 2}) {
+      p.threads = threads;
+      const Encoded want = encode(p, x.data(), GIFT_DTYPE_F32, s);
+      const std::vector<float> want_y = decode(p, want, s);
+      // FTZ, DAZ and round-toward-zero on this thread and every pool thread.
+      const unsigned saved = _mm_getcsr();
+#pragma omp parallel num_threads(2)
+      _mm_setcsr(saved | 0x8000u | 0x0040u | 0x6000u);
+      _mm_setcsr(saved | 0x8000u | 0x0040u | 0x6000u);
+      const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
+      const std::vector<float> got_y = decode(p, got, s);
+      const unsigned after = _mm_getcsr();
+#pragma omp parallel num_threads(2)
+      _mm_setcsr(saved);
+      _mm_setcsr(saved);
+      EXPECT_EQ(after, saved | 0x8000u | 0x0040u | 0x6000u) << "the caller's mode is restored";
+      EXPECT_EQ(got.codes, want.codes) << describe(p, s);
+      EXPECT_EQ(got.scales, want.scales) << describe(p, s);
+      EXPECT_EQ(0, std::memcmp(got_y.data(), want_y.data(), want_y.size() * 4)) << describe(p, s);
+    }
+  }
 }
 
 TEST(Codec, KeepPolicyStoresNanAndInfCodesWithFiniteScales) {

@@ -1,6 +1,7 @@
 // GIFT frames: round trips through the writer and reader, and rejection of every kind of
 // damaged or hostile frame with its own error code and a message naming the field.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -163,9 +164,14 @@ TEST(Frame, FilesAreMappedAndWrittenAtomically) {
   giftQuantParams p = params(GIFT_FP8_E5M2, GIFT_SCALE_TENSOR);
   ASSERT_EQ(giftFrameWriterAddTensor(w, "g", shape, 1, GIFT_DTYPE_F32, a.data(), &p), GIFT_OK);
   ASSERT_EQ(giftFrameWriterWriteFile(w, path.c_str()), GIFT_OK) << giftGetLastErrorMessage();
-  // A folder that does not exist: an I/O error, and nothing left behind.
+  // A folder that does not exist: an I/O error.
   const std::string bad = std::string(dir) + "/missing/t.gift";
   EXPECT_EQ(giftFrameWriterWriteFile(w, bad.c_str()), GIFT_ERROR_IO);
+  // The final rename fails (the name is a folder): the temporary file is removed again.
+  const std::string blocked = std::string(dir) + "/blocked.gift";
+  ASSERT_EQ(mkdir(blocked.c_str(), 0700), 0);
+  EXPECT_EQ(giftFrameWriterWriteFile(w, blocked.c_str()), GIFT_ERROR_IO);
+  ASSERT_EQ(rmdir(blocked.c_str()), 0);
   giftFrameWriterFree(w);
   giftFrame* f = nullptr;
   ASSERT_EQ(giftFrameOpenFile(path.c_str(), &f), GIFT_OK) << giftGetLastErrorMessage();
@@ -338,12 +344,75 @@ TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
        GIFT_ERROR_FIELD_INVALID, "unknown compression 5"},
       {"bad kind", [](fb::FrameT& f) { f.kind = static_cast<fb::FrameKind>(4); },
        GIFT_ERROR_FIELD_INVALID, "unknown frame kind 4"},
+      {"raw with scales",
+       [](fb::FrameT& f) {
+         f.tensors[1]->scales = std::make_unique<fb::SectionT>(*f.tensors[0]->scales);
+       },
+       GIFT_ERROR_FIELD_INVALID, "tensor 'layers.0.bias': a raw tensor has no scales section"},
+      {"NUL in name", [](fb::FrameT& f) { f.tensors[1]->name = std::string("w\0b", 3); },
+       GIFT_ERROR_FIELD_INVALID, "tensor 1: name is not UTF-8 without NUL"},
+      {"bad UTF-8", [](fb::FrameT& f) { f.tensors[1]->name = "\xC0\xAF"; },
+       GIFT_ERROR_FIELD_INVALID, "tensor 1: name is not UTF-8 without NUL"},
+      {"fields before sections",
+       [](fb::FrameT& f) {
+         f.tensors[0]->codes->offset += 8;
+         f.tensors[1]->dtype = static_cast<fb::DType>(7);
+       },
+       GIFT_ERROR_FIELD_INVALID, "unknown dtype, encoding or frame"},
+      {"zstd ratio + 1",
+       [](fb::FrameT& f) {
+         f.tensors[1]->shape = {65536 * 1200 / 4 + 1};
+         f.tensors[1]->codes->compression = fb::Compression::Zstd;
+         f.tensors[1]->codes->raw_length = 65536 * 1200 + 4;
+       },
+       GIFT_ERROR_SECTION_LENGTH, "1200 compressed bytes cannot expand to 78643204"},
   };
   for (const HostileCase& c : cases) {
     std::string m;
     EXPECT_EQ(open_result(edited(bytes, c.edit), &m), c.code) << c.what << ": " << m;
     EXPECT_NE(m.find(c.message), std::string::npos) << c.what << ": " << m;
   }
+}
+
+TEST(Frame, AZstdSectionMustBeExactlyOneZstdFrame) {
+  // One raw all-zero tensor: its zstd section is the frame's last; 64 zero bytes appended
+  // leave room to extend it by a skippable zstd frame (magic 0x184D2A50, empty).
+  giftFrameWriter* w = nullptr;
+  giftFrameWriterCreate(&w);
+  giftFrameWriterSetCompression(w, 3);
+  const std::vector<float> zeros(4096, 0.0f);
+  const uint64_t shape[] = {4096};
+  ASSERT_EQ(giftFrameWriterAddTensor(w, "z", shape, 1, GIFT_DTYPE_F32, zeros.data(), nullptr),
+            GIFT_OK);
+  void* data;
+  uint64_t size;
+  ASSERT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK);
+  std::vector<uint8_t> bytes(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
+  giftFree(data);
+  giftFrameWriterFree(w);
+  bytes.resize(bytes.size() + 64, 0);
+  const fb::Section* s = fb::GetFrame(bytes.data() + kPreambleBytes)->tensors()->Get(0)->codes();
+  ASSERT_EQ(s->compression(), fb::Compression::Zstd);
+  const uint64_t end = s->offset() + s->stored_length();
+  const uint8_t skippable[8] = {0x50, 0x2A, 0x4D, 0x18, 0, 0, 0, 0};
+  std::memcpy(bytes.data() + end, skippable, 8);
+  const uint64_t sum =
+      gift::container::checksum64(bytes.data() + s->offset(), s->stored_length() + 8);
+  const std::vector<uint8_t> patched = edited(bytes, [sum](fb::FrameT& f) {
+    f.tensors[0]->codes->stored_length += 8;
+    f.tensors[0]->codes->checksum = sum;
+  });
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpen(patched.data(), patched.size(), &f), GIFT_OK)
+      << giftGetLastErrorMessage();
+  std::vector<float> out(4096);
+  EXPECT_EQ(giftFrameDecodeTensor(f, 0, out.data(), out.size() * 4, GIFT_DTYPE_F32),
+            GIFT_ERROR_DECOMPRESSION);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("not exactly one zstd frame"),
+            std::string::npos)
+      << giftGetLastErrorMessage();
+  EXPECT_EQ(giftFrameVerify(f), GIFT_ERROR_DECOMPRESSION);
+  giftFrameClose(f);
 }
 
 TEST(Frame, HeaderThatIsNotAFlatBufferIsRejected) {

@@ -97,16 +97,17 @@ TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
   for (int rep = 0; rep < 3; ++rep)
     for (int c = 0; c < 256; ++c) codes.push_back(static_cast<uint8_t>((c * 37 + rep) & 0xFF));
   for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
-    for (float s : {1.0f, 0.0037f, 1e-30f, 2e36f}) {
+    for (float s : {1.0f, 0.0037f, 1e-30f, 2e36f, 0.0f, -0.0f, INFINITY, std::nanf(""),
+                    num::float_of(0xFFFFFFFFu), num::float_of(0x00400000u)}) {
       std::vector<float> f(codes.size());
       std::vector<uint16_t> b(codes.size()), h(codes.size());
       simd::dequantize(codes.data(), codes.size(), s, kind, f.data(), GIFT_DTYPE_F32);
       simd::dequantize(codes.data(), codes.size(), s, kind, b.data(), GIFT_DTYPE_BF16);
       simd::dequantize(codes.data(), codes.size(), s, kind, h.data(), GIFT_DTYPE_F16);
       for (size_t i = 0; i < codes.size(); ++i) {
-        const float want = (kind == GIFT_FP8_E4M3 ? num::fp8_to_float<Fp8::kE4M3>(codes[i])
-                                                  : num::fp8_to_float<Fp8::kE5M2>(codes[i])) *
-                           s;
+        const float c = kind == GIFT_FP8_E4M3 ? num::fp8_to_float<Fp8::kE4M3>(codes[i])
+                                              : num::fp8_to_float<Fp8::kE5M2>(codes[i]);
+        const float want = std::isinf(c) ? c : c * s;
         ASSERT_EQ(num::bits_of(f[i]), num::bits_of(want)) << i;
         ASSERT_EQ(b[i], num::bf16_from_float(want)) << i;
         ASSERT_EQ(h[i], num::f16_from_float(want)) << i;

@@ -96,7 +96,7 @@ typedef struct {
   uint64_t seed;         /* stochastic rounding: generator key */
   uint32_t tensor_index; /* stochastic rounding: distinguishes tensors under one seed */
   giftNonFinite_t nonfinite;
-  int threads; /* 0: all hardware threads; otherwise the count to use */
+  int threads; /* 0: all hardware threads; otherwise the count to use (capped at the processors) */
 } giftQuantParams;
 
 /* What an encode saw; filled also when it fails with GIFT_ERROR_NONFINITE_INPUT. */
@@ -167,7 +167,8 @@ typedef struct giftFrameWriter giftFrameWriter;
  * giftFrameClose. */
 GIFT_API giftResult_t giftFrameOpen(const void* data, uint64_t size, giftFrame** frame);
 
-/* The same for a file, which is memory-mapped, not read into memory. */
+/* The same for a file, which is memory-mapped, not read into memory. The file must not be
+ * truncated while the frame is open (reading a vanished page of a map faults). */
 GIFT_API giftResult_t giftFrameOpenFile(const char* path, giftFrame** frame);
 
 GIFT_API void giftFrameClose(giftFrame* frame);

@@ -16,6 +16,7 @@
 #include "gift_generated.h"
 #include "numerics/codec.h"
 #include "numerics/elementwise.h"
+#include "numerics/groups.h"
 
 namespace gift::container {
 namespace {
@@ -96,12 +97,35 @@ giftResult_t FrameReader::open(std::unique_ptr<ByteSource> bytes, const std::str
   return GIFT_OK;
 }
 
+namespace {
+
+// Well-formed UTF-8 without NUL (names are C strings in the API).
+bool valid_utf8_name(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const uint8_t c = uint8_t(s[i]);
+    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (c == 0 || len == 0 || i + size_t(len) > s.size()) return false;
+    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (int k = 1; k < len; ++k) {
+      const uint8_t d = uint8_t(s[i + size_t(k)]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += size_t(len);
+  }
+  return true;
+}
+
+}  // namespace
+
 giftResult_t FrameReader::verify_structure() {
   const uint8_t* b = bytes_->data();
   const uint64_t size = bytes_->size();
   const char* n = name_.c_str();
   const uint64_t probe = std::min<uint64_t>(size, 8);
-  if (std::memcmp(b, kMagic, probe) != 0) {
+  if (size == 0 || std::memcmp(b, kMagic, probe) != 0) {
     if (probe >= 4 && std::memcmp(b, kMagic, 4) == 0) {
       return fail(GIFT_ERROR_FRAME_MAGIC,
                   "%s: damaged GIFT magic (line endings changed by a text-mode transfer?)", n);
@@ -130,7 +154,10 @@ giftResult_t FrameReader::verify_structure() {
                 "%s: header length %u does not fit in the frame's %" PRIu64 " bytes", n,
                 unsigned(pre.header_length), size);
   }
-  const uint8_t* h = b + kPreambleBytes;
+  // The header is copied out of the caller's buffer or the mapped file, so what was verified
+  // is what is used even if those bytes change afterwards.
+  header_bytes_.assign(b + kPreambleBytes, b + kPreambleBytes + pre.header_length);
+  const uint8_t* h = header_bytes_.data();
   if (checksum64(h, pre.header_length) != pre.header_checksum) {
     return fail(GIFT_ERROR_HEADER_CHECKSUM, "%s: header checksum mismatch (the header is damaged)",
                 n);
@@ -146,20 +173,101 @@ giftResult_t FrameReader::verify_structure() {
   frame_length_ = size;
   data_start_ = kPreambleBytes + pre.header_length;
 
+  // Fields first (FORMAT.md 3.2 step 6), for every tensor.
   if (uint8_t(header_->kind()) > uint8_t(fb::FrameKind::MAX)) {
     return fail(GIFT_ERROR_FIELD_INVALID, "%s: unknown frame kind %u", n,
                 unsigned(header_->kind()));
   }
+  const auto* list = header_->tensors();
+  const uint32_t count = list ? list->size() : 0;
+  tensors_.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    const fb::Tensor* t = list->Get(i);
+    TensorEntry e{t, t->name()->str(), {}, 1, 1, 1, GIFT_DTYPE_F32, false, {}, 0, 0};
+    const char* tn = e.name.c_str();
+    if (e.name.empty())
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor %u has an empty name", n, i);
+    if (!valid_utf8_name(e.name)) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor %u: name is not UTF-8 without NUL", n, i);
+    }
+    const auto* shape = t->shape();
+    const uint32_t ndim = shape ? shape->size() : 0;
+    if (ndim > kMaxDims) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %u dimensions (at most %u)", n, tn,
+                  ndim, kMaxDims);
+    }
+    for (uint32_t d = 0; d < ndim; ++d) {
+      const uint64_t dim = shape->Get(d);
+      if (dim && e.elements > UINT64_MAX / 8 / dim) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': shape's element count overflows", n,
+                    tn);
+      }
+      e.elements *= dim;
+      e.shape.push_back(dim);
+    }
+    e.cols = ndim ? e.shape.back() : 1;
+    for (uint32_t d = 0; d + 1 < ndim; ++d) e.rows *= e.shape[d];
+    if (uint8_t(t->dtype()) > uint8_t(fb::DType::MAX) ||
+        uint8_t(t->encoding()) > uint8_t(fb::Encoding::MAX) ||
+        uint8_t(t->frame()) > uint8_t(fb::CoordFrame::MAX)) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': unknown dtype, encoding or frame", n,
+                  tn);
+    }
+    e.dtype = static_cast<giftDType_t>(t->dtype());
+    e.raw = t->encoding() == fb::Encoding::Raw;
+    giftQuantParamsInit(&e.params);
+    if (e.raw) {
+      if (t->scales()) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': a raw tensor has no scales section",
+                    n, tn);
+      }
+      e.codes_bytes = e.elements * dtype_size(e.dtype);
+    } else {
+      e.params.kind = static_cast<giftFp8Kind_t>(t->fp8());
+      e.params.layout = static_cast<giftScaleLayout_t>(t->scale_layout());
+      e.params.block = t->block();
+      e.params.tile_rows = t->tile_rows();
+      e.params.tile_cols = t->tile_cols();
+      e.params.scale_dtype = static_cast<giftScaleDType_t>(t->scale_dtype());
+      e.params.rounding = static_cast<giftRounding_t>(t->rounding());
+      e.params.seed = t->seed();
+      e.params.tensor_index = t->tensor_index();
+      if (giftScaleBytes(&e.params, e.rows, e.cols, &e.scale_bytes) != GIFT_OK) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %s", n, tn,
+                    giftGetLastErrorMessage());
+      }
+      e.codes_bytes = e.elements;
+    }
+    for (const fb::Section* sec : {t->codes(), t->scales()}) {
+      if (sec && uint8_t(sec->compression()) > uint8_t(fb::Compression::MAX)) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': unknown compression %u", n, tn,
+                    unsigned(sec->compression()));
+      }
+    }
+    tensors_.push_back(std::move(e));
+  }
+  {
+    std::vector<const std::string*> names;
+    for (const TensorEntry& e : tensors_) names.push_back(&e.name);
+    std::sort(names.begin(), names.end(), [](auto* a, auto* c) { return *a < *c; });
+    for (size_t i = 1; i < names.size(); ++i) {
+      if (*names[i] == *names[i - 1]) {
+        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor name '%s' appears twice", n,
+                    names[i]->c_str());
+      }
+    }
+  }
+  if (header_->basis() &&
+      uint8_t(header_->basis()->compression()) > uint8_t(fb::Compression::MAX)) {
+    return fail(GIFT_ERROR_FIELD_INVALID, "%s: embedded basis: unknown compression", n);
+  }
+
+  // Then sections (step 7): alignment, bounds, lengths, overlap.
   std::vector<Span> spans;
-  // Checks one section reference and records its extent; raw_length must equal `need`.
   auto check_section = [&](const fb::Section* s, const std::string& what, uint64_t need) {
     if (!s) {
       if (need == 0) return GIFT_OK;
       return fail(GIFT_ERROR_FIELD_INVALID, "%s: %s is missing", n, what.c_str());
-    }
-    if (uint8_t(s->compression()) > uint8_t(fb::Compression::MAX)) {
-      return fail(GIFT_ERROR_FIELD_INVALID, "%s: %s: unknown compression %u", n, what.c_str(),
-                  unsigned(s->compression()));
     }
     if (s->offset() % kSectionAlign) {
       return fail(GIFT_ERROR_SECTION_ALIGNMENT,
@@ -184,7 +292,8 @@ giftResult_t FrameReader::verify_structure() {
                   "%s: %s: uncompressed but stored length %" PRIu64 " differs from %" PRIu64, n,
                   what.c_str(), s->stored_length(), s->raw_length());
     }
-    if (zstd && s->raw_length() / kMaxZstdRatio > s->stored_length()) {
+    if (zstd && s->stored_length() < UINT64_MAX / kMaxZstdRatio &&
+        s->raw_length() > s->stored_length() * kMaxZstdRatio) {
       return fail(GIFT_ERROR_SECTION_LENGTH,
                   "%s: %s: %" PRIu64 " compressed bytes cannot expand to %" PRIu64, n, what.c_str(),
                   s->stored_length(), s->raw_length());
@@ -192,82 +301,15 @@ giftResult_t FrameReader::verify_structure() {
     spans.push_back({s->offset(), s->stored_length()});
     return GIFT_OK;
   };
-
-  const auto* list = header_->tensors();
-  const uint32_t count = list ? list->size() : 0;
-  tensors_.reserve(count);
-  for (uint32_t i = 0; i < count; ++i) {
-    const fb::Tensor* t = list->Get(i);
-    TensorEntry e{t, t->name()->str(), {}, 1, 1, 1, GIFT_DTYPE_F32, false, {}};
-    const char* tn = e.name.c_str();
-    if (e.name.empty())
-      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor %u has an empty name", n, i);
-    const auto* shape = t->shape();
-    const uint32_t ndim = shape ? shape->size() : 0;
-    if (ndim > kMaxDims) {
-      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %u dimensions (at most %u)", n, tn,
-                  ndim, kMaxDims);
+  for (const TensorEntry& e : tensors_) {
+    if (const giftResult_t r = check_section(
+            e.fb->codes(), section_name(e.name, e.raw ? "raw data" : "codes"), e.codes_bytes)) {
+      return r;
     }
-    for (uint32_t d = 0; d < ndim; ++d) {
-      const uint64_t dim = shape->Get(d);
-      if (dim && e.elements > UINT64_MAX / 8 / dim) {
-        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': shape's element count overflows", n,
-                    tn);
-      }
-      e.elements *= dim;
-      e.shape.push_back(dim);
-    }
-    e.cols = ndim ? e.shape.back() : 1;
-    e.rows = 1;
-    for (uint32_t d = 0; d + 1 < ndim; ++d) e.rows *= e.shape[d];
-    if (uint8_t(t->dtype()) > uint8_t(fb::DType::MAX) ||
-        uint8_t(t->encoding()) > uint8_t(fb::Encoding::MAX) ||
-        uint8_t(t->frame()) > uint8_t(fb::CoordFrame::MAX)) {
-      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': unknown dtype, encoding or frame", n,
-                  tn);
-    }
-    e.dtype = static_cast<giftDType_t>(t->dtype());
-    e.raw = t->encoding() == fb::Encoding::Raw;
-    giftQuantParamsInit(&e.params);
-    if (e.raw) {
-      if (const giftResult_t r = check_section(t->codes(), section_name(e.name, "raw data"),
-                                               e.elements * dtype_size(e.dtype))) {
-        return r;
-      }
-    } else {
-      e.params.kind = static_cast<giftFp8Kind_t>(t->fp8());
-      e.params.layout = static_cast<giftScaleLayout_t>(t->scale_layout());
-      e.params.block = t->block();
-      e.params.tile_rows = t->tile_rows();
-      e.params.tile_cols = t->tile_cols();
-      e.params.scale_dtype = static_cast<giftScaleDType_t>(t->scale_dtype());
-      e.params.rounding = static_cast<giftRounding_t>(t->rounding());
-      e.params.seed = t->seed();
-      e.params.tensor_index = t->tensor_index();
-      uint64_t scale_bytes = 0;
-      if (giftScaleBytes(&e.params, e.rows, e.cols, &scale_bytes) != GIFT_OK) {
-        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %s", n, tn,
-                    giftGetLastErrorMessage());
-      }
+    if (!e.raw) {
       if (const giftResult_t r =
-              check_section(t->codes(), section_name(e.name, "codes"), e.elements)) {
+              check_section(e.fb->scales(), section_name(e.name, "scales"), e.scale_bytes)) {
         return r;
-      }
-      if (const giftResult_t r =
-              check_section(t->scales(), section_name(e.name, "scales"), scale_bytes)) {
-        return r;
-      }
-    }
-    tensors_.push_back(std::move(e));
-  }
-  {
-    std::vector<const std::string*> names;
-    for (const TensorEntry& e : tensors_) names.push_back(&e.name);
-    std::sort(names.begin(), names.end(), [](auto* a, auto* b) { return *a < *b; });
-    for (size_t i = 1; i < names.size(); ++i) {
-      if (*names[i] == *names[i - 1]) {
-        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor name '%s' appears twice", n,
-                    names[i]->c_str());
       }
     }
   }
@@ -349,7 +391,8 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes,
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown output dtype %d", int(dst_dtype));
   }
   const uint64_t need = e.elements * dtype_size(dst_dtype);
-  if (dst_bytes < need || (need && !dst)) {
+  if (need && !dst) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: dst is NULL");
+  if (dst_bytes < need) {
     return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
                 "%s: tensor '%s' needs %" PRIu64 " bytes, %" PRIu64 " given", name_.c_str(),
                 e.name.c_str(), need, dst_bytes);
@@ -384,10 +427,46 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes,
 }
 
 giftResult_t FrameReader::verify_all() const {
+  // Every section is read (checksum, decompression) and every code decoded, in bands of rows
+  // whose output stays small however many elements a frame claims.
+  constexpr uint64_t kBandElems = uint64_t(1) << 22;
   std::vector<float> out;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    out.resize(tensors_[i].elements);
-    if (const giftResult_t r = decode(i, out.data(), out.size() * 4, GIFT_DTYPE_F32)) return r;
+  for (const TensorEntry& e : tensors_) {
+    if (e.fb->frame() == fb::CoordFrame::Gift) continue;  // needs its basis; checked on decode
+    std::vector<uint8_t> codes_scratch, scales_scratch;
+    const uint8_t *codes = nullptr, *scales = nullptr;
+    if (const giftResult_t r =
+            section_bytes(e.fb->codes(), section_name(e.name, e.raw ? "raw data" : "codes"),
+                          &codes_scratch, &codes)) {
+      return r;
+    }
+    if (e.raw || e.elements == 0) continue;
+    if (const giftResult_t r = section_bytes(e.fb->scales(), section_name(e.name, "scales"),
+                                             &scales_scratch, &scales)) {
+      return r;
+    }
+    // Rows whose scales are their own: one row (row, block), a band of tile rows, or all.
+    const GroupGrid grid = group_grid(e.params, e.rows, e.cols);
+    const uint64_t unit = e.params.layout == GIFT_SCALE_TENSOR ? e.rows : grid.height;
+    const uint64_t units_per_band =
+        std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * e.cols));
+    const uint64_t band_rows =
+        e.params.layout == GIFT_SCALE_TENSOR ? e.rows : unit * units_per_band;
+    const size_t scale_size = e.params.scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1;
+    for (uint64_t r0 = 0; r0 < e.rows; r0 += band_rows) {
+      const uint64_t rows = std::min(band_rows, e.rows - r0);
+      const uint64_t first_group =
+          e.params.layout == GIFT_SCALE_TENSOR ? 0 : (r0 / grid.height) * grid.grid_cols;
+      giftQuantParams p = e.params;
+      uint64_t band_scale_bytes = 0;
+      giftScaleBytes(&p, rows, e.cols, &band_scale_bytes);
+      out.resize(rows * e.cols);
+      if (const giftResult_t r =
+              giftDecode(&p, codes + r0 * e.cols, scales + first_group * scale_size,
+                         band_scale_bytes, rows, e.cols, out.data(), GIFT_DTYPE_F32)) {
+        return r;
+      }
+    }
   }
   if (const fb::Section* s = header_->basis()) {
     std::vector<uint8_t> scratch;

@@ -35,6 +35,7 @@ struct TensorEntry {
   giftDType_t dtype;
   bool raw;
   giftQuantParams params;
+  uint64_t codes_bytes, scale_bytes;  // raw lengths the tensor needs
 };
 
 class FrameReader {
@@ -62,6 +63,7 @@ class FrameReader {
   std::string name_;
   uint16_t minor_ = 0;
   uint64_t frame_length_ = 0, data_start_ = 0;
+  std::vector<uint8_t> header_bytes_;
   const fb::Frame* header_ = nullptr;
   std::vector<TensorEntry> tensors_;
 };

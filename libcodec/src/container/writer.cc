@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 
 #include "common/error.h"
 #include "container/layout.h"
@@ -207,16 +208,22 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
 }
 
 giftResult_t write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::string tmp = path + ".tmp.XXXXXX";
-  const int fd = mkstemp(tmp.data());
+  // A fresh name in the same folder (so the rename is atomic), created with the permissions
+  // a plain create would give under the process umask.
+  std::string tmp;
+  int fd = -1;
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".tmp.%08x", unsigned(rd()));
+    tmp = path + suffix;
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) {
     return fail(GIFT_ERROR_IO, "%s: cannot create a temporary file: %s", path.c_str(),
                 std::strerror(errno));
   }
-  // mkstemp makes the file private; give it the permissions a plain create would.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::fchmod(fd, 0666 & ~mask);
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "numerics/elementwise.h"
+#include "numerics/fp_env.h"
 #include "numerics/groups.h"
 #include "numerics/simd.h"
 
@@ -22,8 +23,11 @@ using num::Fp8;
 constexpr uint64_t kSplitGroupElems = uint64_t(1) << 18;
 constexpr uint64_t kChunkElems = uint64_t(1) << 16;
 
+// More threads than processors never helps a streaming pass, and an unbounded request could
+// make the OpenMP runtime fail to start them.
 int thread_count(const giftQuantParams& p) {
-  return p.threads > 0 ? p.threads : omp_get_max_threads();
+  const int procs = std::max(1, omp_get_num_procs());
+  return p.threads > 0 ? std::min(p.threads, procs) : std::min(omp_get_max_threads(), procs);
 }
 
 const uint8_t* at(const void* base, giftDType_t dtype, uint64_t index) {
@@ -162,6 +166,7 @@ void parallel_chunks(uint64_t begin, uint64_t n, int threads, F&& f) {
   const int64_t chunks = static_cast<int64_t>(ceil_div(n, kChunkElems));
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c) {
+    const num::FpEnvGuard fp_env;
     const uint64_t b = begin + uint64_t(c) * kChunkElems;
     f(b, std::min(kChunkElems, begin + n - b));
   }
@@ -195,6 +200,7 @@ void for_each_block_run(const giftQuantParams& p, const GroupGrid& grid, int thr
   const int64_t tasks = static_cast<int64_t>(ceil_div(groups, per_task));
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < tasks; ++t) {
+    const num::FpEnvGuard fp_env;
     uint64_t g = uint64_t(t) * per_task;
     const uint64_t end = std::min(groups, g + per_task);
     while (g < end) {
@@ -253,6 +259,7 @@ size_t dtype_size(giftDType_t dtype) { return dtype == GIFT_DTYPE_F32 ? 4 : 2; }
 giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_t src_dtype,
                            uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
                            giftEncodeStats* stats) {
+  const num::FpEnvGuard fp_env;  // the calling thread's serial parts (scales of split groups)
   const GroupGrid grid = group_grid(p, rows, cols);
   const int threads = thread_count(p);
   const int64_t groups = static_cast<int64_t>(grid.count());
@@ -267,6 +274,7 @@ giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_
     std::vector<Census> parts(static_cast<size_t>(threads));
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < groups; ++g) {
+      const num::FpEnvGuard fp_env;
       parts[static_cast<size_t>(omp_get_thread_num())].merge(
           encode_group(p, grid, uint64_t(g), src, src_dtype, codes, scales));
     }
@@ -291,6 +299,7 @@ giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_
 
 void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* scales,
                    uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype) {
+  const num::FpEnvGuard fp_env;
   const GroupGrid grid = group_grid(p, rows, cols);
   const int threads = thread_count(p);
   const int64_t groups = static_cast<int64_t>(grid.count());
@@ -323,6 +332,7 @@ void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* s
   }
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t g = 0; g < groups; ++g) {
+    const num::FpEnvGuard fp_env;
     const float s = scale_of(uint64_t(g));
     for_each_row_span(grid, grid.rect(uint64_t(g)),
                       [&](uint64_t b, uint64_t n) { decode_span(b, n, s); });

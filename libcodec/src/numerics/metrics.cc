@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <vector>
 
 #include "common/error.h"
@@ -46,7 +47,9 @@ extern "C" void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMe
   total->sum_dot += part->sum_dot;
   total->sum_err += part->sum_err;
   total->count += part->count;
-  total->max_abs = std::max(total->max_abs, part->max_abs);
+  total->max_abs = std::isnan(total->max_abs) || std::isnan(part->max_abs)
+                       ? NAN
+                       : std::max(total->max_abs, part->max_abs);
   total->rel_anorm = -1.0;
   gift::finish_ratios(total);
 }
@@ -56,6 +59,9 @@ extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* a
                                                 giftErrorMetrics* out) {
   using gift::fail;
   gift::clear_error();
+  if (cols && rows > UINT64_MAX / cols) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftComputeErrorMetrics: shape overflows 64 bits");
+  }
   const uint64_t n = rows * cols;
   if (!out || (n && (!ref || !approx))) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftComputeErrorMetrics: null pointer");
@@ -72,7 +78,8 @@ extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* a
     aa += x * x;
     ra += r * x;
     sum_e += e;
-    max_abs = std::max(max_abs, std::fabs(e));
+    // A NaN difference makes the maximum NaN rather than vanish from it.
+    max_abs = std::isnan(e) || std::isnan(max_abs) ? NAN : std::max(max_abs, std::fabs(e));
   }
   out->max_abs = max_abs;
   out->rel_anorm = -1.0;
@@ -83,12 +90,15 @@ extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* a
   out->sum_err = sum_e;
   out->count = n;
   gift::finish_ratios(out);
-  if (a && n) {
-    std::vector<float> diff(n);
-    for (uint64_t i = 0; i < n; ++i) diff[i] = approx[i] - ref[i];
-    const double num = gift::a_quadratic(diff.data(), rows, cols, a);
-    const double den = gift::a_quadratic(ref, rows, cols, a);
-    out->rel_anorm = den > 0 ? std::sqrt(std::max(num, 0.0) / den) : (num > 0 ? INFINITY : 0.0);
-  }
+  if (a && n) try {
+      std::vector<float> diff(n);
+      for (uint64_t i = 0; i < n; ++i) diff[i] = approx[i] - ref[i];
+      const double num = gift::a_quadratic(diff.data(), rows, cols, a);
+      const double den = gift::a_quadratic(ref, rows, cols, a);
+      out->rel_anorm = den > 0 ? std::sqrt(std::max(num, 0.0) / den) : (num > 0 ? INFINITY : 0.0);
+    } catch (const std::bad_alloc&) {
+      return fail(GIFT_ERROR_OUT_OF_MEMORY,
+                  "giftComputeErrorMetrics: out of memory for the A-norm");
+    }
   return GIFT_OK;
 }

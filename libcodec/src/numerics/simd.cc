@@ -1,6 +1,7 @@
 #include "numerics/simd.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #undef HWY_TARGET_INCLUDE
@@ -245,7 +246,9 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
   // Codes that are NaN or Inf (E5M2) take the scalar path, which spells them out.
   const int special = K == Fp8::kE4M3 ? 0x7F : 0x7C;
   size_t i = 0;
-  if (dtype != GIFT_DTYPE_F16) {  // fp16 output is on no hot path: scalar rule below
+  // fp16 output is on no hot path, and a non-finite scale (a damaged frame) needs the NaN
+  // handling of the scalar rule: both take the scalar loop below.
+  if (dtype != GIFT_DTYPE_F16 && std::isfinite(scale)) {
     for (; i + lanes <= n; i += lanes) {
       const VI c = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
       if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), hn::Set(di, special - 1)))) break;
@@ -263,7 +266,8 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
     }
   }
   for (; i < n; ++i) {
-    const float v = num::fp8_to_float<K>(codes[i]) * scale;
+    const float c = num::fp8_to_float<K>(codes[i]);
+    const float v = std::isinf(c) ? c : c * scale;  // Inf codes stay Inf (FORMAT.md 1.5)
     if (dtype == GIFT_DTYPE_F32) {
       static_cast<float*>(dst)[i] = v;
     } else if (dtype == GIFT_DTYPE_BF16) {
