@@ -72,6 +72,8 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     return nlohmann::ordered_json{
         {"rel_l2", m.rel_l2}, {"cosine", m.cosine}, {"max_abs", m.max_abs}, {"bias", m.bias}};
   };
+  // Two single-tensor files (two .npy, say) are compared whatever their names.
+  if (ref.size() == 1 && dec.size() == 1) by_name = {{ref[0].first, &dec[0].second}};
   for (const auto& [name, r] : ref) {
     const auto it = by_name.find(name);
     if (it == by_name.end()) throw Failure(kBadInput, o.decoded + ": has no tensor '" + name + "'");
@@ -112,7 +114,9 @@ void add_compare(CLI::App& app, Verbosity& v) {
   CLI::App* c = app.add_subcommand("compare", "Error of decoded tensors against the originals");
   c->add_option("REF", o->reference, "Original tensors (.safetensors, .npy, .npz or .gift)")
       ->required();
-  c->add_option("DECODED", o->decoded, "Decoded tensors, matched by name (same kinds)")->required();
+  c->add_option("DECODED", o->decoded,
+                "Decoded tensors, matched by name (any two single-tensor files match)")
+      ->required();
   c->add_flag("--json", o->json, "Print a JSON document instead of a table");
   c->callback([o, &v] { run_compare(*o, v); });
 }

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   CLI::App app("giftc: encode, inspect, decode and compare FP8 gradient dumps (GIFT format)",
                "giftc");
   app.require_subcommand(1);
+  app.fallthrough();  // -q and -v also after the subcommand
   app.set_version_flag("-V,--version", std::string("giftc ") + std::to_string(GIFT_VERSION_MAJOR) +
                                            "." + std::to_string(GIFT_VERSION_MINOR) + "." +
                                            std::to_string(GIFT_VERSION_PATCH) + " (GIFT format " +

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""giftc end to end: every command on the bundled sample and on generated data, files
+cross-checked with the safetensors and NumPy packages, values against an independent NumPy
+model of the FORMAT.md rules, every exit code provoked.
+
+Usage: test_giftc.py PATH/TO/giftc REPO_ROOT
+"""
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import ml_dtypes
+import numpy as np
+import xxhash
+from safetensors.numpy import load_file, save_file
+
+GIFTC = None
+ROOT = None
+
+
+def run(*args, cwd=None):
+    return subprocess.run([GIFTC, *map(str, args)], cwd=cwd, capture_output=True, text=True)
+
+
+def model_block_e4m3(x: np.ndarray, block: int = 128) -> np.ndarray:
+    """FORMAT.md 1.7 in NumPy: per row, blocks of `block`, s = amax/448 (fp32), code = x/s."""
+    rows, cols = x.shape
+    out = np.empty_like(x, dtype=np.float32)
+    for b0 in range(0, cols, block):
+        part = x[:, b0:b0 + block].astype(np.float32)
+        amax = np.max(np.abs(part), axis=1, keepdims=True).astype(np.float32)
+        s = (amax / np.float32(448)).astype(np.float32)
+        safe = np.where(s > 0, s, np.float32(1))
+        v = (part / safe).astype(np.float32)
+        codes = v.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        out[:, b0:b0 + block] = np.where(s > 0, (codes * s).astype(np.float32), np.float32(0))
+    return out
+
+
+class Giftc(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def test_sample_round_trip_with_every_command(self):
+        sample = os.path.join(ROOT, "samples", "grad_sample.npy")
+        out = self.path("s.gift")
+        r = run("encode", sample, "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run("inspect", out, "--json", "--verify")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["format_version"], "1.0")
+        self.assertTrue(doc["verified"])
+        t = doc["tensors"][0]
+        self.assertEqual((t["name"], t["shape"], t["fp8"], t["scale"]), ("grad_sample", [256, 1024], "e4m3", "block:128"))
+        r = run("inspect", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"grad_sample\s+\[256,1024\]\s+f32\s+e4m3\s+block:128 f32")
+        dec = self.path("d.npy")
+        r = run("decode", out, "-o", dec)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        x = np.load(sample)
+        y = np.load(dec)
+        self.assertEqual(y.dtype, np.float32)
+        self.assertTrue(np.array_equal(y.view(np.uint32), model_block_e4m3(x).view(np.uint32)))
+        r = run("compare", sample, dec, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cmp = json.loads(r.stdout)
+        want = np.linalg.norm((y - x).astype(np.float64)) / np.linalg.norm(x.astype(np.float64))
+        self.assertAlmostEqual(cmp["total"]["rel_l2"], want, places=12)
+        self.assertAlmostEqual(cmp["tensors"][0]["max_abs"], float(np.max(np.abs(y.astype(np.float64) - x))), places=15)
+        # compare also reads the frame directly
+        r = run("compare", sample, out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"total\s+" + re.escape(f"{want:.4e}"))
+
+    def test_safetensors_in_and_out(self):
+        rng = np.random.default_rng(0)
+        tensors = {
+            "layers.0.weight": (rng.standard_normal((64, 300)) * 1e-2).astype(np.float32),
+            "layers.0.bias": rng.standard_normal(300).astype(np.float32),
+            "layers.1.weight": rng.standard_normal((32, 64)).astype(np.float16),
+            "scalar": np.array(3.25, dtype=np.float32),
+        }
+        src = self.path("g.safetensors")
+        save_file(tensors, src, metadata={"step": "1200", "model": "tiny"})
+        r = run("encode", src, "--zstd=5", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "")
+        frame = src + ".gift"
+        info = json.loads(run("inspect", frame, "--json").stdout)
+        kinds = {t["name"]: t["encoding"] for t in info["tensors"]}
+        self.assertEqual(kinds, {"layers.0.weight": "fp8", "layers.0.bias": "raw", "layers.1.weight": "fp8", "scalar": "raw"})
+        self.assertEqual(info["metadata"], {"model": "tiny", "step": "1200"})
+        out = self.path("back.safetensors")
+        r = run("decode", frame, "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        back = load_file(out)
+        self.assertEqual(set(back), set(tensors))
+        for name in ("layers.0.bias", "scalar"):  # lossless, bit for bit
+            self.assertEqual(back[name].dtype, tensors[name].dtype)
+            self.assertEqual(back[name].shape, tensors[name].shape)
+            self.assertEqual(back[name].tobytes(), tensors[name].tobytes())
+        self.assertEqual(back["layers.1.weight"].dtype, np.float16)  # each tensor's own dtype
+        self.assertTrue(np.array_equal(back["layers.0.weight"], model_block_e4m3(tensors["layers.0.weight"])))
+        # --dtype bf16: the fp32 decode rounded to nearest even
+        out16 = self.path("bf16.safetensors")
+        self.assertEqual(run("decode", frame, "-o", out16, "--dtype", "bf16").returncode, 0)
+        with open(out16, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            data = f.read()
+        self.assertEqual(header["__metadata__"], {"model": "tiny", "step": "1200"})
+        w = header["layers.0.weight"]
+        self.assertEqual(w["dtype"], "BF16")
+        got = np.frombuffer(data[w["data_offsets"][0]:w["data_offsets"][1]], dtype=ml_dtypes.bfloat16)
+        want = model_block_e4m3(tensors["layers.0.weight"]).astype(ml_dtypes.bfloat16).reshape(-1)
+        self.assertTrue(np.array_equal(got.view(np.uint16), want.view(np.uint16)))
+
+    def test_npz_and_options(self):
+        rng = np.random.default_rng(1)
+        a = rng.standard_normal((16, 256)).astype(np.float32)
+        for saver in (np.savez, np.savez_compressed):
+            z = self.path("a.npz")
+            saver(z, w=a, b=np.arange(5, dtype=np.float32))
+            r = run("encode", z, "-f", "--fp8", "e5m2", "--scale", "tile:4x64", "--scale-dtype", "e8m0",
+                    "--rounding", "stochastic", "--seed", "7", "--exclude", "^b$")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            info = json.loads(run("inspect", z + ".gift", "--json").stdout)
+            w = next(t for t in info["tensors"] if t["name"] == "w")
+            self.assertEqual((w["fp8"], w["scale"], w["scale_dtype"], w["rounding"], w["seed"]),
+                             ("e5m2", "tile:4x64", "e8m0", "stochastic", 7))
+            r = run("compare", z, z + ".gift", "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            errs = {t["name"]: t["rel_l2"] for t in json.loads(r.stdout)["tensors"]}
+            self.assertEqual(errs["b"], 0.0)
+            self.assertGreater(errs["w"], 0.0)
+            self.assertLess(errs["w"], 0.2)
+
+    def test_help_options_are_all_in_the_man_page(self):
+        with open(os.path.join(ROOT, "man", "giftc.1")) as f:
+            man = f.read().replace("\\-", "-")
+        seen = 0
+        for sub in ([], ["encode"], ["decode"], ["inspect"], ["compare"], ["bench"]):
+            r = run(*sub, "--help")
+            self.assertEqual(r.returncode, 0)
+            for opt in set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])\b", r.stdout)):
+                seen += 1
+                self.assertIn(opt, man, f"'giftc {' '.join(sub)} --help' lists {opt}, the man page does not")
+        self.assertGreater(seen, 20)
+        self.assertRegex(run("--version").stdout, r"^giftc \d+\.\d+\.\d+ \(GIFT format 1\.0\)")
+
+    def test_bench_reports_ratios(self):
+        r = run("bench", "--size", 1 << 22, "--json", "--threads", 1)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        for k in ("memcpy_gbps", "encode_gbps", "decode_gbps"):
+            self.assertGreater(doc[k], 0)
+        self.assertAlmostEqual(doc["encode_ratio"], doc["encode_gbps"] / doc["memcpy_gbps"], places=6)
+
+    def test_exit_codes(self):
+        a = self.path("a.npy")
+        np.save(a, np.ones((4, 32), np.float32))
+        # 1: usage
+        self.assertEqual(run("encode", a, "--scale", "block:100").returncode, 1)
+        self.assertEqual(run("encode").returncode, 1)
+        self.assertEqual(run("frobnicate").returncode, 1)
+        self.assertEqual(run("encode", a).returncode, 0)
+        r = run("encode", a)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("already exists (use -f to overwrite)", r.stderr)
+        # 2: invalid input, and no output left behind
+        nan = self.path("nan.npy")
+        x = np.ones((4, 32), np.float32)
+        x[2, 5] = np.nan
+        np.save(nan, x)
+        r = run("encode", nan)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("1 non-finite value in the input, the first at index 69 (row 2, column 5)", r.stderr)
+        self.assertFalse(any(f.startswith("nan.npy.gift") for f in os.listdir(self.dir)), os.listdir(self.dir))
+        self.assertEqual(run("encode", nan, "--keep-nonfinite").returncode, 0)
+        with open(a + ".gift", "rb") as f:
+            frame = f.read()
+        cut = self.path("cut.gift")
+        with open(cut, "wb") as f:
+            f.write(frame[:-3])
+        r = run("inspect", cut)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("truncated", r.stderr)
+        bad = self.path("bad.safetensors")
+        with open(bad, "wb") as f:
+            f.write(struct.pack("<Q", 10) + b"not json!!")
+        r = run("encode", bad)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("bad.safetensors: safetensors header is not a JSON object", r.stderr)
+        # 3: I/O
+        r = run("encode", self.path("missing.npy"))
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("cannot open", r.stderr)
+        r = run("decode", a + ".gift", "-o", self.path("no/such/dir/x.safetensors"))
+        self.assertEqual(r.returncode, 3)
+        # 4: a tensor encoded in a GIFT basis this frame does not carry
+        r = run("decode", self.gift_frame_tensor(frame), "-o", self.path("g.safetensors"))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("GIFT basis", r.stderr)
+
+    def gift_frame_tensor(self, frame: bytes) -> str:
+        """The frame with its tensor marked as encoded in a GIFT basis, rebuilt with flatc."""
+        _, _, _, hlen, _, _ = struct.unpack_from("<8sHHIQQ", frame, 0)
+        tmp = self.path("h")
+        os.makedirs(tmp)
+        with open(os.path.join(tmp, "h.bin"), "wb") as f:
+            f.write(frame[32:32 + hlen])
+        fbs = os.path.join(ROOT, "format", "gift.fbs")
+        subprocess.run(["flatc", "--json", "--strict-json", "--raw-binary", "-o", tmp, fbs, "--",
+                        os.path.join(tmp, "h.bin")], check=True)
+        with open(os.path.join(tmp, "h.json")) as f:
+            h = json.load(f)
+        old_start = (32 + hlen + 63) // 64 * 64
+        data = frame[old_start:]
+        h["tensors"][0]["frame"] = "Gift"
+        h["tensors"][0]["basis_id"] = {"lo": 1, "hi": 2}
+        for _ in range(2):  # the second pass sees the final header length
+            with open(os.path.join(tmp, "h.json"), "w") as f:
+                json.dump(h, f)
+            subprocess.run(["flatc", "-b", "-o", tmp, fbs, os.path.join(tmp, "h.json")], check=True)
+            with open(os.path.join(tmp, "h.gift"), "rb") as f:  # gift.fbs's file_extension
+                header = f.read()
+            start = (32 + len(header) + 63) // 64 * 64
+            for t in h["tensors"]:
+                for k in ("codes", "scales"):
+                    if k in t:
+                        t[k]["offset"] = t[k].get("offset", 0) - old_start + start if _ == 0 else t[k]["offset"]
+        out = bytearray(start + len(data))
+        out[0:32] = struct.pack("<8sHHIQQ", b"\x89GFT\r\n\x1a\n", 1, 0, len(header), xxhash.xxh3_64_intdigest(header), len(out))
+        out[32:32 + len(header)] = header
+        out[start:] = data
+        path = self.path("gift_frame.gift")
+        with open(path, "wb") as f:
+            f.write(out)
+        return path
+
+
+if __name__ == "__main__":
+    ROOT = sys.argv.pop(2)
+    GIFTC = sys.argv.pop(1)
+    unittest.main(verbosity=1)
