@@ -192,6 +192,10 @@ giftResult_t FrameReader::verify_structure() {
     }
     const auto* shape = t->shape();
     const uint32_t ndim = shape ? shape->size() : 0;
+    // FlatBuffers verifies a vector's length word, not the alignment of its 8-byte elements.
+    if (shape && reinterpret_cast<uintptr_t>(shape->Data()) % alignof(uint64_t) != 0) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': shape vector is misaligned", n, tn);
+    }
     if (ndim > kMaxDims) {
       return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %u dimensions (at most %u)", n, tn,
                   ndim, kMaxDims);
@@ -223,6 +227,20 @@ giftResult_t FrameReader::verify_structure() {
       }
       e.codes_bytes = e.elements * dtype_size(e.dtype);
     } else {
+      // Range checks on the header's bytes before they become C enums.
+      const struct {
+        const char* what;
+        unsigned value, max;
+      } enums[] = {{"FP8 kind", unsigned(t->fp8()), unsigned(fb::Fp8Kind::MAX)},
+                   {"scale layout", unsigned(t->scale_layout()), unsigned(fb::ScaleLayout::MAX)},
+                   {"scale dtype", unsigned(t->scale_dtype()), unsigned(fb::ScaleDType::MAX)},
+                   {"rounding mode", unsigned(t->rounding()), unsigned(fb::Rounding::MAX)}};
+      for (const auto& en : enums) {
+        if (en.value > en.max) {
+          return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': unknown %s %u", n, tn, en.what,
+                      en.value);
+        }
+      }
       e.params.kind = static_cast<giftFp8Kind_t>(t->fp8());
       e.params.layout = static_cast<giftScaleLayout_t>(t->scale_layout());
       e.params.block = t->block();
@@ -380,6 +398,14 @@ void convert_raw(const uint8_t* src, giftDType_t from, uint64_t n, void* dst, gi
 
 }  // namespace
 
+// fp32 scales are read as floats: a caller's buffer that is not 4-byte aligned gets a copy.
+const uint8_t* FrameReader::aligned_scales(const TensorEntry& e, const uint8_t* scales,
+                                           std::vector<uint8_t>* scratch) {
+  if (!scales || reinterpret_cast<uintptr_t>(scales) % alignof(float) == 0) return scales;
+  scratch->assign(scales, scales + e.scale_bytes);
+  return scratch->data();
+}
+
 giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes,
                                  giftDType_t dst_dtype) const {
   if (index >= tensors_.size()) {
@@ -423,6 +449,8 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes,
   }
   const uint64_t scale_bytes = e.fb->scales() ? e.fb->scales()->raw_length() : 0;
   if (e.elements == 0) return GIFT_OK;
+  std::vector<uint8_t> aligned;
+  scales = aligned_scales(e, scales, &aligned);
   return giftDecode(&e.params, codes, scales, scale_bytes, e.rows, e.cols, dst, dst_dtype);
 }
 
@@ -432,7 +460,6 @@ giftResult_t FrameReader::verify_all() const {
   constexpr uint64_t kBandElems = uint64_t(1) << 22;
   std::vector<float> out;
   for (const TensorEntry& e : tensors_) {
-    if (e.fb->frame() == fb::CoordFrame::Gift) continue;  // needs its basis; checked on decode
     std::vector<uint8_t> codes_scratch, scales_scratch;
     const uint8_t *codes = nullptr, *scales = nullptr;
     if (const giftResult_t r =
@@ -440,11 +467,16 @@ giftResult_t FrameReader::verify_all() const {
                           &codes_scratch, &codes)) {
       return r;
     }
-    if (e.raw || e.elements == 0) continue;
-    if (const giftResult_t r = section_bytes(e.fb->scales(), section_name(e.name, "scales"),
-                                             &scales_scratch, &scales)) {
-      return r;
+    if (!e.raw) {
+      if (const giftResult_t r = section_bytes(e.fb->scales(), section_name(e.name, "scales"),
+                                               &scales_scratch, &scales)) {
+        return r;
+      }
     }
+    // Raw data is checked by its checksum; a GIFT-frame tensor decodes only with its basis.
+    if (e.raw || e.elements == 0 || e.fb->frame() == fb::CoordFrame::Gift) continue;
+    std::vector<uint8_t> aligned;
+    scales = aligned_scales(e, scales, &aligned);
     // Rows whose scales are their own: one row (row, block), a band of tile rows, or all.
     const GroupGrid grid = group_grid(e.params, e.rows, e.cols);
     const uint64_t unit = e.params.layout == GIFT_SCALE_TENSOR ? e.rows : grid.height;

@@ -58,6 +58,8 @@ class FrameReader {
 
  private:
   giftResult_t verify_structure();
+  static const uint8_t* aligned_scales(const TensorEntry& e, const uint8_t* scales,
+                                       std::vector<uint8_t>* scratch);
 
   std::unique_ptr<ByteSource> bytes_;
   std::string name_;

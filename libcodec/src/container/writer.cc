@@ -190,7 +190,7 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
   std::memcpy(out->data() + kPreambleBytes, b.GetBufferPointer(), b.GetSize());
   uint64_t at = data_start;
   auto copy = [&](const StoredSection& s) {
-    std::memcpy(out->data() + at, s.bytes.data(), s.bytes.size());
+    if (!s.bytes.empty()) std::memcpy(out->data() + at, s.bytes.data(), s.bytes.size());
     at = align_up(at + s.bytes.size());
   };
   for (const Pending& t : tensors_) {

@@ -95,7 +95,7 @@ void convert_span_scalar(const giftQuantParams& p, const void* src, giftDType_t 
 void convert_span(const giftQuantParams& p, const void* src, giftDType_t dtype, uint64_t begin,
                   uint64_t n, const GroupScale& gs, bool has_nonfinite, uint8_t* codes) {
   if (!has_nonfinite && gs.zero) {  // all-zero groups are common (unused embedding rows)
-    std::memset(codes + begin, 0, n);
+    if (n) std::memset(codes + begin, 0, n);
   } else if (p.rounding == GIFT_ROUND_NEAREST && !has_nonfinite) {
     simd::quantize_rn(at(src, dtype, begin), dtype, n, gs.factor, gs.divide, p.kind, codes + begin);
   } else if (p.kind == GIFT_FP8_E4M3) {

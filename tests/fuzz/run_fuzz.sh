@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Builds the frame-reader fuzzer with clang (ASan, UBSan, libFuzzer) in its own build folder,
+# replays the regression inputs, then fuzzes for a bounded time from freshly written seeds.
+#
+#   tests/fuzz/run_fuzz.sh [BUILD_DIR]      (default: build-fuzz at the repository's root)
+#
+# GIFT_FUZZ_SECONDS   fuzzing time in seconds (default 60; 0 only replays the regressions)
+# GIFT_FUZZ_CXX/CC    the compilers (default clang++ and clang)
+#
+# Exit status: 0 clean; 1 a regression input or a new input crashed (new ones are copied into
+# tests/fuzz/regressions/ to be committed), or the build failed; 77 clang or libFuzzer is
+# missing (ctest reports the test as skipped).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${1:-$root/build-fuzz}
+seconds=${GIFT_FUZZ_SECONDS:-60}
+regressions=$here/regressions
+cc=${GIFT_FUZZ_CC:-clang}
+cxx=${GIFT_FUZZ_CXX:-clang++}
+
+skip() {
+  echo "run_fuzz: SKIPPED: $*" >&2
+  exit 77
+}
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/gift-fuzz.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# clang, and the runtimes of libFuzzer and the sanitizers (Debian: libclang-rt-<N>-dev).
+command -v "$cxx" >/dev/null 2>&1 || skip "$cxx not found (Debian: apt-get install clang)"
+command -v "$cc" >/dev/null 2>&1 || skip "$cc not found (Debian: apt-get install clang)"
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+  >"$tmp/probe.cc"
+if ! "$cxx" -fsanitize=fuzzer,address,undefined "$tmp/probe.cc" -o "$tmp/probe" 2>"$tmp/probe.err"; then
+  skip "$cxx cannot link -fsanitize=fuzzer,address,undefined (libclang-rt-dev missing?): $(head -c 300 "$tmp/probe.err")"
+fi
+
+# The fuzz build: its own folder, its own compilers; configured once, then only rebuilt.
+start=$(date +%s)
+config=()
+if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then config+=(-G Ninja); fi
+cmake -S "$here" -B "$build" "${config[@]}" \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DGIFT_WITH_CUDA=OFF -DGIFT_WITH_MPI=OFF -DGIFT_WITH_NCCL=OFF -DBUILD_TESTING=OFF \
+  >"$tmp/configure.log" 2>&1 || {
+  cat "$tmp/configure.log" >&2
+  echo "run_fuzz: FAILED: configuring $build" >&2
+  exit 1
+}
+cmake --build "$build" --parallel "$(nproc)" >"$tmp/build.log" 2>&1 || {
+  tail -n 80 "$tmp/build.log" >&2
+  echo "run_fuzz: FAILED: building $build" >&2
+  exit 1
+}
+echo "run_fuzz: fuzz build ready in $(($(date +%s) - start)) s ($build)"
+
+fuzzer=$build/frame_fuzzer
+# Tiny tensors decode fastest on one thread. Any UBSan report stops the fuzzer (a crash to
+# libFuzzer): halt_on_error=1 comes last, so it wins over a caller's UBSAN_OPTIONS.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}print_stacktrace=1:halt_on_error=1
+limits=(-rss_limit_mb=2048 -timeout=25)
+
+# (a) Every committed regression input must run clean; each runs alone, so all failures show.
+mapfile -t replay < <(find "$regressions" -type f ! -name '*.md' 2>/dev/null | sort)
+failed=0
+for f in "${replay[@]}"; do
+  if ! "$fuzzer" "${limits[@]}" "$f" >"$tmp/replay.log" 2>&1; then
+    failed=$((failed + 1))
+    [ "$failed" -gt 1 ] || cp "$tmp/replay.log" "$tmp/first-failure.log"
+    why=$(grep -m1 -E 'runtime error|==ERROR|contract broken|ERROR: libFuzzer' "$tmp/replay.log" || true)
+    echo "run_fuzz: regression ${f#"$root"/}: ${why:-exit status not 0}" >&2
+  fi
+done
+if [ "$failed" -gt 0 ]; then
+  echo "run_fuzz: the first failure in full:" >&2
+  grep -v '^INFO:' "$tmp/first-failure.log" | head -n 60 >&2
+  echo "run_fuzz: FAILED: $failed of ${#replay[@]} regression inputs fail (listed above)" >&2
+  exit 1
+fi
+echo "run_fuzz: replayed ${#replay[@]} regression inputs, all clean"
+[ "$seconds" -gt 0 ] || exit 0
+
+# (b) Seeds: valid frames of every kind, the golden frames when there are any, and the
+# regression inputs (read only: new corpus entries go to a temporary folder).
+mkdir -p "$tmp/seeds" "$tmp/corpus" "$tmp/artifacts"
+# The writer is not under test here: its UBSan reports are listed, not fatal (see README.md).
+if ! UBSAN_OPTIONS=print_stacktrace=0:halt_on_error=0 "$build/make_seeds" "$tmp/seeds" \
+  2>"$tmp/seeds.log"; then
+  cat "$tmp/seeds.log" >&2
+  echo "run_fuzz: FAILED: make_seeds" >&2
+  exit 1
+fi
+grep -E 'runtime error' "$tmp/seeds.log" | sort -u | sed 's/^/run_fuzz: note: writer: /' || true
+if [ -d "$root/format/testdata" ]; then
+  find "$root/format/testdata" -type f -name '*.gift' -size -65537c -print0 |
+    while IFS= read -r -d '' f; do cp "$f" "$tmp/seeds/golden_$(basename "$(dirname "$f")")_$(basename "$f")"; done
+fi
+echo "run_fuzz: $(find "$tmp/seeds" -type f | wc -l) seeds (and the regression inputs); fuzzing for $seconds s"
+
+rc=0
+"$fuzzer" "${limits[@]}" -max_len=65536 -max_total_time="$seconds" -print_final_stats=1 \
+  -artifact_prefix="$tmp/artifacts/" "$tmp/corpus" "$tmp/seeds" "$regressions" >"$tmp/fuzz.log" 2>&1 ||
+  rc=$?
+cp "$tmp/fuzz.log" "$build/last-fuzz.log"
+grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' \
+  "$tmp/fuzz.log" | sed 's/^/run_fuzz:   /' || true
+
+# (c) A crash, leak, timeout or out-of-memory input becomes a regression input.
+mapfile -t found < <(find "$tmp/artifacts" -type f | sort)
+if [ ${#found[@]} -gt 0 ]; then
+  mkdir -p "$regressions"
+  grep -A 40 -E '^==[0-9]+==ERROR|runtime error|ERROR: libFuzzer|contract broken' "$tmp/fuzz.log" |
+    head -n 80 >&2 || true
+  for f in "${found[@]}"; do
+    cp "$f" "$regressions/"
+    echo "run_fuzz: FAILED: new crashing input saved as $regressions/$(basename "$f")" >&2
+  done
+  echo "run_fuzz: full log: $build/last-fuzz.log" >&2
+  exit 1
+fi
+if [ "$rc" -ne 0 ]; then
+  tail -n 60 "$tmp/fuzz.log" >&2
+  echo "run_fuzz: FAILED: the fuzzer exited with $rc" >&2
+  exit 1
+fi
+echo "run_fuzz: no crash in $seconds s"
