@@ -28,6 +28,8 @@ set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu/openblas-pthread
           REQUIRED)
+find_package(LAPACK REQUIRED)
+find_library(LAPACKE_LIBRARY lapacke REQUIRED)
 
 # CUDA: the toolkit's headers serve CPU tests as a reference even without a GPU.
 set(GIFT_HAVE_CUDA OFF)

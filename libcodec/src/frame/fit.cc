@@ -1,0 +1,106 @@
+#include "frame/fit.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "common/error.h"
+
+namespace gift::frame {
+namespace {
+
+// Top `rank` eigen-pairs of the symmetric k x k matrix m (row-major), descending.
+giftResult_t top_eigen(std::vector<double> m, uint32_t k, uint32_t rank, std::vector<double>* vecs,
+                       std::vector<double>* vals) {
+  std::vector<double> w(k);
+  if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', int(k), m.data(), int(k), w.data()) != 0) {
+    return fail(GIFT_ERROR_INTERNAL, "fit: eigendecomposition failed");
+  }
+  vecs->assign(uint64_t(k) * rank, 0.0);
+  vals->assign(rank, 0.0);
+  for (uint32_t j = 0; j < rank; ++j) {
+    const uint32_t src = k - 1 - j;  // dsyevd sorts ascending
+    (*vals)[j] = std::max(w[src], 0.0);
+    for (uint32_t i = 0; i < k; ++i) (*vecs)[uint64_t(i) * rank + j] = m[uint64_t(i) * k + src];
+  }
+  return GIFT_OK;
+}
+
+// Orthonormalizes the columns of the n x k matrix y in place.
+giftResult_t orthonormalize(std::vector<double>* y, uint32_t n, uint32_t k) {
+  std::vector<double> tau(k);
+  if (LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, int(n), int(k), y->data(), int(k), tau.data()) != 0 ||
+      LAPACKE_dorgqr(LAPACK_ROW_MAJOR, int(n), int(k), int(k), y->data(), int(k), tau.data()) !=
+          0) {
+    return fail(GIFT_ERROR_INTERNAL, "fit: QR failed");
+  }
+  return GIFT_OK;
+}
+
+}  // namespace
+
+giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitOptions& o,
+                          LowRankPlusDiagonal* out) {
+  if (a.size() != uint64_t(dim) * dim || dim == 0)
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: A must be d x d");
+  if (!(o.damping > 0)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: damping must be positive");
+  const uint32_t rank = std::min(o.rank, dim);
+  out->dim = dim;
+  out->rank = rank;
+  if (dim <= o.exact_max_dim || rank + o.oversample >= dim) {
+    if (const giftResult_t r = top_eigen(a, dim, rank, &out->u, &out->l)) return r;
+  } else {
+    // Randomized subspace iteration (Halko, Martinsson, Tropp 2011, alg. 4.4).
+    const uint32_t k = rank + o.oversample;
+    std::vector<double> omega(uint64_t(dim) * k), y(uint64_t(dim) * k);
+    std::mt19937_64 gen(o.seed);
+    std::normal_distribution<double> nd;
+    for (double& x : omega) x = nd(gen);
+    for (uint32_t it = 0; it <= o.power_iterations; ++it) {
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0,
+                  a.data(), int(dim), omega.data(), int(k), 0.0, y.data(), int(k));
+      if (const giftResult_t r = orthonormalize(&y, dim, k)) return r;
+      omega.swap(y);
+    }
+    // Rayleigh-Ritz on the subspace: Q^T A Q (k x k).
+    std::vector<double> aq(uint64_t(dim) * k), small(uint64_t(k) * k), vecs, vals;
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0,
+                a.data(), int(dim), omega.data(), int(k), 0.0, aq.data(), int(k));
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(k), int(k), int(dim), 1.0,
+                omega.data(), int(k), aq.data(), int(k), 0.0, small.data(), int(k));
+    if (const giftResult_t r = top_eigen(small, k, rank, &vecs, &vals)) return r;
+    out->u.assign(uint64_t(dim) * rank, 0.0);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(rank), int(k), 1.0,
+                omega.data(), int(k), vecs.data(), int(rank), 0.0, out->u.data(), int(rank));
+    out->l = vals;
+  }
+  // Residual diagonal diag(A - U diag(l) U^T), clamped below by the damping.
+  double mean_diag = 0;
+  for (uint32_t i = 0; i < dim; ++i) mean_diag += a[uint64_t(i) * dim + i];
+  mean_diag /= dim;
+  const double floor = o.damping_relative ? o.damping * mean_diag : o.damping;
+  if (!(floor > 0))
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: A has no positive diagonal to damp against");
+  out->diag.resize(dim);
+  for (uint32_t i = 0; i < dim; ++i) {
+    double r = a[uint64_t(i) * dim + i];
+    for (uint32_t j = 0; j < rank; ++j)
+      r -= out->l[j] * out->u[uint64_t(i) * rank + j] * out->u[uint64_t(i) * rank + j];
+    out->diag[i] = std::max(r, floor);
+  }
+  return GIFT_OK;
+}
+
+std::vector<double> gradient_second_moment(const float* w, uint64_t rows, uint32_t dim) {
+  std::vector<double> wd(w, w + rows * dim), a(uint64_t(dim) * dim, 0.0);
+  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(rows), 1.0 / double(rows),
+              wd.data(), int(dim), 0.0, a.data(), int(dim));
+  for (uint32_t i = 0; i < dim; ++i)
+    for (uint32_t j = 0; j < i; ++j) a[uint64_t(i) * dim + j] = a[uint64_t(j) * dim + i];
+  return a;
+}
+
+}  // namespace gift::frame

@@ -1,0 +1,38 @@
+// Fitting A^ = U diag(l) U^T + D to a second-moment matrix A: the top-r eigen-pairs (exact,
+// or by randomized subspace iteration for large d) and the damped residual diagonal.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace gift::frame {
+
+struct FitOptions {
+  uint32_t rank = 32;
+  // Damping, the floor of the residual diagonal: relative (times mean diag A) or absolute.
+  double damping = 1e-3;
+  bool damping_relative = true;
+  // Exact eigendecomposition up to this d; randomized subspace iteration above it.
+  uint32_t exact_max_dim = 1024;
+  uint32_t oversample = 10;
+  uint32_t power_iterations = 4;
+  uint64_t seed = 1;
+};
+
+struct LowRankPlusDiagonal {
+  uint32_t dim = 0, rank = 0;
+  std::vector<double> u;     // dim x rank, row-major, orthonormal columns
+  std::vector<double> l;     // rank, descending, >= 0
+  std::vector<double> diag;  // dim, >= damping
+};
+
+// A: dim x dim symmetric positive semi-definite, row-major.
+giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitOptions& o,
+                          LowRankPlusDiagonal* out);
+
+// A_g = W^T W / rows for a rows x dim gradient (the case without activation statistics).
+std::vector<double> gradient_second_moment(const float* w, uint64_t rows, uint32_t dim);
+
+}  // namespace gift::frame

@@ -1,0 +1,139 @@
+#include "frame/whitener.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+
+namespace gift::frame {
+
+giftResult_t make_whitener(const std::vector<double>& u, const std::vector<double>& l,
+                           const std::vector<double>& diag, uint32_t dim, Whitener* out) {
+  const uint32_t k = uint32_t(l.size());
+  if (u.size() != uint64_t(dim) * k || diag.size() != dim || k > dim) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: inconsistent sizes");
+  }
+  for (double x : diag) {
+    if (!(x > 0) || !std::isfinite(x))
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: D must be positive");
+  }
+  // B = D^-1/2 U diag(l)^1/2, so that A^ = D^1/2 (I + B B^T) D^1/2.
+  std::vector<double> b(u.size());
+  for (uint32_t i = 0; i < dim; ++i) {
+    for (uint32_t j = 0; j < k; ++j)
+      b[uint64_t(i) * k + j] = u[uint64_t(i) * k + j] * std::sqrt(std::max(l[j], 0.0) / diag[i]);
+  }
+  // B = Q R; B B^T = Q (R R^T) Q^T = V diag(s) V^T with R R^T = W diag(s) W^T and V = Q W.
+  std::vector<double> tau(k ? k : 1), r(uint64_t(k) * k, 0.0);
+  if (k) {
+    if (LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, int(dim), int(k), b.data(), int(k), tau.data()) != 0) {
+      return fail(GIFT_ERROR_INTERNAL, "whitener: QR failed");
+    }
+    for (uint32_t i = 0; i < k; ++i)
+      for (uint32_t j = i; j < k; ++j) r[uint64_t(i) * k + j] = b[uint64_t(i) * k + j];
+    if (LAPACKE_dorgqr(LAPACK_ROW_MAJOR, int(dim), int(k), int(k), b.data(), int(k), tau.data()) !=
+        0) {
+      return fail(GIFT_ERROR_INTERNAL, "whitener: forming Q failed");
+    }
+  }
+  std::vector<double> rrt(uint64_t(k) * k), s(k);
+  if (k) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(k), int(k), int(k), 1.0, r.data(),
+                int(k), r.data(), int(k), 0.0, rrt.data(), int(k));
+    if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', int(k), rrt.data(), int(k), s.data()) != 0) {
+      return fail(GIFT_ERROR_INTERNAL, "whitener: eigendecomposition failed");
+    }
+  }
+  std::vector<double> v(uint64_t(dim) * k);
+  if (k) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(k), 1.0, b.data(),
+                int(k), rrt.data(), int(k), 0.0, v.data(), int(k));
+  }
+  out->dim = dim;
+  out->rank = k;
+  out->v.assign(v.begin(), v.end());
+  out->c.resize(k);
+  out->c_inv.resize(k);
+  for (uint32_t j = 0; j < k; ++j) {
+    const double sj = std::max(s[j], 0.0);
+    out->c[j] = float(1.0 / std::sqrt(1.0 + sj) - 1.0);
+    out->c_inv[j] = float(std::sqrt(1.0 + sj) - 1.0);
+  }
+  out->d_rsqrt.resize(dim);
+  out->d_sqrt.resize(dim);
+  for (uint32_t i = 0; i < dim; ++i) {
+    out->d_rsqrt[i] = float(1.0 / std::sqrt(diag[i]));
+    out->d_sqrt[i] = float(std::sqrt(diag[i]));
+  }
+  return GIFT_OK;
+}
+
+namespace {
+
+// X <- X + (X V) diag(c) V^T, for rows x dim X: the two thin GEMMs.
+void low_rank_update(const Whitener& t, const std::vector<float>& c, float* x, uint64_t rows) {
+  if (!t.rank || !rows) return;
+  std::vector<float> p(rows * t.rank);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(t.rank), int(t.dim), 1.0f,
+              x, int(t.dim), t.v.data(), int(t.rank), 0.0f, p.data(), int(t.rank));
+  for (uint64_t i = 0; i < rows; ++i)
+    for (uint32_t j = 0; j < t.rank; ++j) p[i * t.rank + j] *= c[j];
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(t.dim), int(t.rank), 1.0f,
+              p.data(), int(t.rank), t.v.data(), int(t.rank), 1.0f, x, int(t.dim));
+}
+
+void scale_columns(const std::vector<float>& s, float* x, uint64_t rows) {
+  const size_t d = s.size();
+  for (uint64_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < d; ++j) x[i * d + j] *= s[j];
+}
+
+}  // namespace
+
+void whiten(const Whitener& t, float* w, uint64_t rows) {
+  scale_columns(t.d_rsqrt, w, rows);
+  low_rank_update(t, t.c, w, rows);
+}
+
+void unwhiten(const Whitener& t, float* w, uint64_t rows) {
+  low_rank_update(t, t.c_inv, w, rows);
+  scale_columns(t.d_sqrt, w, rows);
+}
+
+giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector<double>& l,
+                                 const std::vector<double>& diag, uint32_t dim,
+                                 DenseWhitener* out) {
+  const uint32_t k = uint32_t(l.size());
+  std::vector<double> a(uint64_t(dim) * dim, 0.0), ul(u);
+  for (uint32_t i = 0; i < dim; ++i)
+    for (uint32_t j = 0; j < k; ++j) ul[uint64_t(i) * k + j] *= l[j];
+  if (k) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(dim), int(dim), int(k), 1.0, ul.data(),
+                int(k), u.data(), int(k), 0.0, a.data(), int(dim));
+  }
+  for (uint32_t i = 0; i < dim; ++i) a[uint64_t(i) * dim + i] += diag[i];
+  if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', int(dim), a.data(), int(dim)) != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "dense whitener: A^ is not positive definite");
+  }
+  for (uint32_t i = 0; i < dim; ++i)
+    for (uint32_t j = i + 1; j < dim; ++j) a[uint64_t(i) * dim + j] = 0.0;
+  out->dim = dim;
+  out->l = std::move(a);
+  return GIFT_OK;
+}
+
+void whiten_dense(const DenseWhitener& t, double* w, uint64_t rows) {
+  // X L^T = W  =>  X = W L^-T
+  cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
+              int(t.dim), 1.0, t.l.data(), int(t.dim), w, int(t.dim));
+}
+
+void unwhiten_dense(const DenseWhitener& t, double* w, uint64_t rows) {
+  cblas_dtrmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
+              int(t.dim), 1.0, t.l.data(), int(t.dim), w, int(t.dim));
+}
+
+}  // namespace gift::frame

@@ -1,0 +1,47 @@
+// The GIFT frame's whitener (DESIGN.md "The GIFT frame"): for the input-side second moment
+// approximated as A^ = U diag(l) U^T + D (rank r, D diagonal and positive), the transform T
+// with T^T A^ T = I, in the low-rank form
+//     T    = D^-1/2 (I + V C  V^T),      T^-1 = (I + V C' V^T) D^1/2,
+// V orthonormal (d x r), C and C' diagonal. Applying either to a d_out x d_in gradient costs
+// one column scaling and two thin GEMMs, O(d_out d_in r), and T^-1 is exact, not a solve.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace gift::frame {
+
+struct Whitener {
+  uint32_t dim = 0;            // d_in
+  uint32_t rank = 0;           // r
+  std::vector<float> v;        // dim x rank, row-major, orthonormal columns
+  std::vector<float> c;        // rank: (1 + s)^-1/2 - 1
+  std::vector<float> c_inv;    // rank: (1 + s)^1/2 - 1
+  std::vector<float> d_rsqrt;  // dim: D^-1/2
+  std::vector<float> d_sqrt;   // dim: D^1/2
+};
+
+// From the eigen-pairs (u: dim x k row-major, l: k, non-negative) and the diagonal (dim,
+// positive). Factorizations run in double precision.
+giftResult_t make_whitener(const std::vector<double>& u, const std::vector<double>& l,
+                           const std::vector<double>& diag, uint32_t dim, Whitener* out);
+
+// W~ = W T and W = W~ T^-1 for rows x dim row-major data, in place.
+void whiten(const Whitener& t, float* w, uint64_t rows);
+void unwhiten(const Whitener& t, float* w, uint64_t rows);
+
+// The paper's reference: the dense Cholesky factor L of A^ (L L^T = A^), applied as
+// W~ = W L^-T (a triangular solve) and W = W~ L^T, in double precision. For comparisons.
+struct DenseWhitener {
+  uint32_t dim = 0;
+  std::vector<double> l;  // dim x dim, lower triangular, row-major
+};
+
+giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector<double>& l,
+                                 const std::vector<double>& diag, uint32_t dim, DenseWhitener* out);
+void whiten_dense(const DenseWhitener& t, double* w, uint64_t rows);
+void unwhiten_dense(const DenseWhitener& t, double* w, uint64_t rows);
+
+}  // namespace gift::frame

@@ -1,0 +1,224 @@
+// The GIFT frame's whitener: exact identities, linearity across ranks, and the synthetic
+// cases of issue 5 where the frame must win.
+#include "frame/whitener.h"
+
+#include <gtest/gtest.h>
+#include <lapacke.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "frame/fit.h"
+#include "gift/gift.h"
+
+namespace gift::frame {
+namespace {
+
+struct Model {
+  std::vector<double> u, l, diag;
+};
+
+// Random orthonormal U (dim x rank), decaying l, positive D.
+Model random_model(uint32_t dim, uint32_t rank, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> nd;
+  Model m;
+  m.u.resize(uint64_t(dim) * rank);
+  for (double& x : m.u) x = nd(gen);
+  std::vector<double> tau(rank ? rank : 1);
+  if (rank) {
+    LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, int(dim), int(rank), m.u.data(), int(rank), tau.data());
+    LAPACKE_dorgqr(LAPACK_ROW_MAJOR, int(dim), int(rank), int(rank), m.u.data(), int(rank),
+                   tau.data());
+  }
+  for (uint32_t j = 0; j < rank; ++j) m.l.push_back(100.0 / (1.0 + j));
+  std::uniform_real_distribution<double> ud(0.5, 2.0);
+  for (uint32_t i = 0; i < dim; ++i) m.diag.push_back(ud(gen));
+  return m;
+}
+
+std::vector<double> dense(const Model& m, uint32_t dim) {
+  const uint32_t r = uint32_t(m.l.size());
+  std::vector<double> a(uint64_t(dim) * dim, 0.0);
+  for (uint32_t i = 0; i < dim; ++i)
+    for (uint32_t j = 0; j < dim; ++j) {
+      double s = i == j ? m.diag[i] : 0.0;
+      for (uint32_t k = 0; k < r; ++k)
+        s += m.u[uint64_t(i) * r + k] * m.l[k] * m.u[uint64_t(j) * r + k];
+      a[uint64_t(i) * dim + j] = s;
+    }
+  return a;
+}
+
+TEST(Whitener, WhitensAHatAndInvertsExactly) {
+  for (auto [dim, rank] : {std::pair<uint32_t, uint32_t>{64, 8}, {200, 32}, {96, 0}, {40, 40}}) {
+    const Model m = random_model(dim, rank, dim * 31 + rank);
+    Whitener t;
+    ASSERT_EQ(make_whitener(m.u, m.l, m.diag, dim, &t), GIFT_OK);
+    // T itself: the identity's rows, whitened.
+    std::vector<float> tm(uint64_t(dim) * dim, 0.0f);
+    for (uint32_t i = 0; i < dim; ++i) tm[uint64_t(i) * dim + i] = 1.0f;
+    whiten(t, tm.data(), dim);
+    const std::vector<double> a = dense(m, dim);
+    double worst = 0;
+    for (uint32_t i = 0; i < dim; ++i)
+      for (uint32_t j = 0; j < dim; ++j) {
+        double s = 0;  // (T^T A T)_ij
+        for (uint32_t p = 0; p < dim; ++p) {
+          double ap = 0;
+          for (uint32_t q = 0; q < dim; ++q)
+            ap += a[uint64_t(p) * dim + q] * tm[uint64_t(q) * dim + j];
+          s += tm[uint64_t(p) * dim + i] * ap;
+        }
+        worst = std::max(worst, std::fabs(s - (i == j ? 1.0 : 0.0)));
+      }
+    EXPECT_LT(worst, 2e-4) << "T^T A^ T = I, dim " << dim << " rank " << rank;
+    std::vector<float> back = tm;
+    unwhiten(t, back.data(), dim);
+    double worst_inv = 0;
+    for (uint32_t i = 0; i < dim; ++i)
+      for (uint32_t j = 0; j < dim; ++j) {
+        worst_inv = std::max(worst_inv,
+                             std::fabs(double(back[uint64_t(i) * dim + j]) - (i == j ? 1.0 : 0.0)));
+      }
+    EXPECT_LT(worst_inv, 2e-5) << "T^-1 T = I, dim " << dim << " rank " << rank;
+  }
+}
+
+TEST(Whitener, IsLinearAcrossRanks) {
+  const uint32_t dim = 128, rows = 48;
+  const Model m = random_model(dim, 16, 5);
+  Whitener t;
+  ASSERT_EQ(make_whitener(m.u, m.l, m.diag, dim, &t), GIFT_OK);
+  std::mt19937 gen(2);
+  std::normal_distribution<float> nd;
+  std::vector<float> sum_of_whitened(rows * dim, 0.0f), sum(rows * dim, 0.0f);
+  for (int r = 0; r < 4; ++r) {
+    std::vector<float> w(rows * dim);
+    for (float& x : w) x = nd(gen);
+    for (size_t i = 0; i < w.size(); ++i) sum[i] += w[i];
+    whiten(t, w.data(), rows);
+    for (size_t i = 0; i < w.size(); ++i) sum_of_whitened[i] += w[i];
+  }
+  whiten(t, sum.data(), rows);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < sum.size(); ++i) {
+    num += std::pow(double(sum[i]) - sum_of_whitened[i], 2);
+    den += double(sum[i]) * sum[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-6);
+}
+
+// W = S M^T + N: four dense directions with strengths 10:5:2:1 and isotropic noise whose RMS
+// is `noise` times that of S M^T.
+std::vector<float> synthetic(uint32_t rows, uint32_t dim, double noise, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> nd;
+  const double strength[4] = {10, 5, 2, 1};
+  std::vector<double> s(rows * 4), mt(4 * uint64_t(dim)), w(uint64_t(rows) * dim, 0.0);
+  for (uint32_t i = 0; i < rows; ++i)
+    for (int k = 0; k < 4; ++k) s[i * 4 + k] = nd(gen) * strength[k];
+  for (double& x : mt) x = nd(gen) / std::sqrt(double(dim));
+  double ss = 0;
+  for (uint32_t i = 0; i < rows; ++i)
+    for (uint32_t j = 0; j < dim; ++j) {
+      double v = 0;
+      for (int k = 0; k < 4; ++k) v += s[i * 4 + k] * mt[k * uint64_t(dim) + j];
+      w[uint64_t(i) * dim + j] = v;
+      ss += v * v;
+    }
+  const double rms = std::sqrt(ss / double(w.size()));
+  std::vector<float> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) out[i] = float(w[i] + noise * rms * nd(gen));
+  return out;
+}
+
+double rel_l2(const std::vector<float>& ref, const std::vector<float>& x) {
+  giftErrorMetrics m;
+  EXPECT_EQ(giftComputeErrorMetrics(ref.data(), x.data(), 1, ref.size(), nullptr, &m), GIFT_OK);
+  return m.rel_l2;
+}
+
+std::vector<float> round_trip(const std::vector<float>& w, uint32_t rows, uint32_t dim,
+                              const giftQuantParams& p) {
+  uint64_t sb = 0;
+  giftScaleBytes(&p, rows, dim, &sb);
+  std::vector<uint8_t> codes(w.size()), scales(sb);
+  std::vector<float> out(w.size());
+  EXPECT_EQ(
+      giftEncode(&p, w.data(), GIFT_DTYPE_F32, rows, dim, codes.data(), scales.data(), sb, nullptr),
+      GIFT_OK);
+  EXPECT_EQ(giftDecode(&p, codes.data(), scales.data(), sb, rows, dim, out.data(), GIFT_DTYPE_F32),
+            GIFT_OK);
+  return out;
+}
+
+TEST(Whitener, SyntheticGradientsWhereTheFrameMustWin) {
+  const uint32_t rows = 256, dim = 512;
+  const std::vector<float> w = synthetic(rows, dim, 0.01, 11);
+  FitOptions fo;  // r = 32, relative damping 1e-3
+  LowRankPlusDiagonal fit;
+  ASSERT_EQ(fit_low_rank(gradient_second_moment(w.data(), rows, dim), dim, fo, &fit), GIFT_OK);
+  Whitener t;
+  ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
+  DenseWhitener ref;
+  ASSERT_EQ(make_dense_whitener(fit.u, fit.l, fit.diag, dim, &ref), GIFT_OK);
+  {  // the dense pair inverts itself
+    std::vector<double> x(w.begin(), w.end());
+    whiten_dense(ref, x.data(), rows);
+    unwhiten_dense(ref, x.data(), rows);
+    double e = 0, n = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      e += (x[i] - w[i]) * (x[i] - w[i]);
+      n += double(w[i]) * w[i];
+    }
+    EXPECT_LT(std::sqrt(e / n), 1e-12);
+  }
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+    for (auto layout : {GIFT_SCALE_TENSOR, GIFT_SCALE_BLOCK}) {
+      giftQuantParams p;
+      giftQuantParamsInit(&p);
+      p.kind = kind;
+      p.layout = layout;
+      const double euclid = rel_l2(w, round_trip(w, rows, dim, p));
+      std::vector<float> wt = w;
+      whiten(t, wt.data(), rows);
+      std::vector<float> back = round_trip(wt, rows, dim, p);
+      unwhiten(t, back.data(), rows);
+      const double gift = rel_l2(w, back);
+      EXPECT_LE(gift, 0.4 * euclid) << "kind " << kind << " layout " << layout << ": gift " << gift
+                                    << " euclidean " << euclid;
+      // The paper's dense Cholesky whitener on the same data: within 10%.
+      std::vector<double> wd(w.begin(), w.end());
+      whiten_dense(ref, wd.data(), rows);
+      std::vector<float> wdt(wd.begin(), wd.end());
+      std::vector<float> back_d = round_trip(wdt, rows, dim, p);
+      std::vector<double> bd(back_d.begin(), back_d.end());
+      unwhiten_dense(ref, bd.data(), rows);
+      const double dense_err = rel_l2(w, std::vector<float>(bd.begin(), bd.end()));
+      // Both whiten A^ exactly, but they are different square roots (L^-T is triangular,
+      // the low-rank form symmetric), so FP8 sees differently rotated coordinates: measured
+      // here, the symmetric form's error is about 3x lower (with per-tensor scales the
+      // triangular factor concentrates magnitude in a few columns and does not even beat
+      // Euclidean). The symmetric form must never be worse by more than 10%.
+      EXPECT_LE(gift, 1.1 * dense_err) << "kind " << kind << " layout " << layout;
+    }
+}
+
+TEST(Fit, RandomizedSubspaceIterationFindsTheExactTopSpace) {
+  const uint32_t dim = 300, rank = 16;
+  const Model m = random_model(dim, rank, 77);
+  const std::vector<double> a = dense(m, dim);
+  FitOptions exact, randomized;
+  exact.rank = randomized.rank = rank;
+  randomized.exact_max_dim = 0;
+  LowRankPlusDiagonal fe, fr;
+  ASSERT_EQ(fit_low_rank(a, dim, exact, &fe), GIFT_OK);
+  ASSERT_EQ(fit_low_rank(a, dim, randomized, &fr), GIFT_OK);
+  for (uint32_t j = 0; j < rank; ++j) EXPECT_NEAR(fr.l[j], fe.l[j], 1e-6 * fe.l[0]) << j;
+  for (uint32_t i = 0; i < dim; ++i) EXPECT_NEAR(fr.diag[i], fe.diag[i], 1e-3 * fe.diag[i]) << i;
+}
+
+}  // namespace
+}  // namespace gift::frame
