@@ -12,5 +12,6 @@ void add_decode(CLI::App& app, Verbosity& v);
 void add_inspect(CLI::App& app, Verbosity& v);
 void add_compare(CLI::App& app, Verbosity& v);
 void add_bench(CLI::App& app, Verbosity& v);
+void add_fit(CLI::App& app, Verbosity& v);
 
 }  // namespace giftc

@@ -5,14 +5,15 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "container/reader.h"
+#include "frame/select.h"
 #include "io/tensor_file.h"
-#include "numerics/elementwise.h"
 
 namespace giftc {
 namespace {
 
 struct CompareOptions {
-  std::string reference, decoded;
+  std::string reference, decoded, basis;
   bool json = false;
 };
 
@@ -21,46 +22,42 @@ struct Tensor {
   std::vector<float> values;
 };
 
-// Every tensor of a file as fp32: frames are decoded, tensor files widened exactly.
-std::vector<std::pair<std::string, Tensor>> load(const std::string& path) {
+// Every tensor of a file as fp32: frames are decoded (with `basis` for GIFT-frame tensors),
+// tensor files widened exactly.
+std::vector<std::pair<std::string, Tensor>> load(const std::string& path,
+                                                 const gift::frame::Basis* basis) {
   std::vector<std::pair<std::string, Tensor>> out;
   if (gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
-    giftFrame* raw = nullptr;
-    check(giftFrameOpenFile(path.c_str(), &raw));
-    std::unique_ptr<giftFrame, decltype(&giftFrameClose)> f(raw, giftFrameClose);
-    for (uint64_t i = 0; i < giftFrameTensorCount(f.get()); ++i) {
-      giftTensorInfo info;
-      check(giftFrameTensorInfo(f.get(), i, &info));
-      Tensor t{std::vector<uint64_t>(info.shape, info.shape + info.ndim),
-               std::vector<float>(info.elements)};
-      check(
-          giftFrameDecodeTensor(f.get(), i, t.values.data(), t.values.size() * 4, GIFT_DTYPE_F32));
-      out.emplace_back(info.name, std::move(t));
+    std::unique_ptr<gift::container::ByteSource> src;
+    check(gift::container::map_file(path, &src));
+    std::unique_ptr<gift::container::FrameReader> r;
+    check(gift::container::FrameReader::open(std::move(src), path, &r));
+    for (size_t i = 0; i < r->tensors().size(); ++i) {
+      const gift::container::TensorEntry& e = r->tensors()[i];
+      Tensor t{e.shape, std::vector<float>(e.elements)};
+      check(gift::frame::decode_tensor(*r, i, basis, t.values.data(), t.values.size() * 4,
+                                       GIFT_DTYPE_F32));
+      out.emplace_back(e.name, std::move(t));
     }
     return out;
   }
   gift::io::TensorFile file;
   check(gift::io::read_tensor_file(path, &file));
-  for (const gift::io::TensorRef& r : file.tensors) {
-    Tensor t{r.shape, std::vector<float>(r.elements())};
-    for (uint64_t i = 0; i < t.values.size(); ++i) {
-      if (r.dtype == GIFT_DTYPE_F32) {
-        std::memcpy(&t.values[i], r.data + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, r.data + 2 * i, 2);
-        t.values[i] =
-            r.dtype == GIFT_DTYPE_BF16 ? gift::num::bf16_to_float(h) : gift::num::f16_to_float(h);
-      }
-    }
-    out.emplace_back(r.name, std::move(t));
-  }
+  for (const gift::io::TensorRef& r : file.tensors)
+    out.emplace_back(r.name, Tensor{r.shape, gift::io::widen_to_float(r)});
   return out;
 }
 
 void run_compare(const CompareOptions& o, const Verbosity&) {
-  const auto ref = load(o.reference);
-  const auto dec = load(o.decoded);
+  gift::frame::Basis basis;
+  if (!o.basis.empty()) {
+    const giftResult_t r = gift::frame::read_basis_file(o.basis, &basis);
+    if (r != GIFT_OK)
+      throw Failure(r == GIFT_ERROR_IO ? kIoError : kBasis, giftGetLastErrorMessage());
+  }
+  const gift::frame::Basis* b = o.basis.empty() ? nullptr : &basis;
+  const auto ref = load(o.reference, b);
+  const auto dec = load(o.decoded, b);
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : dec) by_name[name] = &t;
   nlohmann::ordered_json doc;
@@ -117,6 +114,7 @@ void add_compare(CLI::App& app, Verbosity& v) {
   c->add_option("DECODED", o->decoded,
                 "Decoded tensors, matched by name (any two single-tensor files match)")
       ->required();
+  c->add_option("--basis", o->basis, "Basis (.giftb) for GIFT-frame tensors of .gift inputs");
   c->add_flag("--json", o->json, "Print a JSON document instead of a table");
   c->callback([o, &v] { run_compare(*o, v); });
 }

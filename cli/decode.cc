@@ -3,13 +3,16 @@
 #include <memory>
 
 #include "commands.h"
+#include "container/reader.h"
+#include "frame/select.h"
+#include "gift_generated.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
 namespace {
 
 struct DecodeOptions {
-  std::string input, output, dtype;
+  std::string input, output, dtype, basis;
   bool force = false;
 };
 
@@ -25,10 +28,12 @@ std::string default_output(const std::string& in) {
   return base;
 }
 
-std::map<std::string, std::string> frame_metadata(giftFrame* f) {
+std::map<std::string, std::string> frame_metadata(const gift::container::FrameReader& f) {
   std::map<std::string, std::string> md;
-  const char *k, *val;
-  for (uint64_t i = 0; giftFrameMetadata(f, i, &k, &val) == GIFT_OK; ++i) md[k] = val;
+  if (const auto* kv = f.header()->metadata()) {
+    for (const gift::fb::KeyValue* e : *kv)
+      md[e->key()->str()] = e->value() ? e->value()->str() : "";
+  }
   return md;
 }
 
@@ -39,10 +44,17 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     throw Failure(kUsage, out + ": output must be .safetensors or .npy");
   }
   check_output(out, o.force);
-  giftFrame* raw = nullptr;
-  check(giftFrameOpenFile(o.input.c_str(), &raw));
-  std::unique_ptr<giftFrame, decltype(&giftFrameClose)> f(raw, giftFrameClose);
-  const uint64_t n = giftFrameTensorCount(f.get());
+  gift::frame::Basis basis;
+  if (!o.basis.empty()) {
+    const giftResult_t r = gift::frame::read_basis_file(o.basis, &basis);
+    if (r != GIFT_OK)
+      throw Failure(r == GIFT_ERROR_IO ? kIoError : kBasis, giftGetLastErrorMessage());
+  }
+  std::unique_ptr<gift::container::ByteSource> src;
+  check(gift::container::map_file(o.input, &src));
+  std::unique_ptr<gift::container::FrameReader> f;
+  check(gift::container::FrameReader::open(std::move(src), o.input, &f));
+  const uint64_t n = f->tensors().size();
   if (kind == gift::io::FileKind::kNpy && n != 1) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
                               " tensors; a .npy file holds one (decode to .safetensors)");
@@ -50,23 +62,22 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   std::vector<gift::io::OwnedTensor> tensors;
   Progress progress("decode", n, v);
   for (uint64_t i = 0; i < n; ++i) {
-    giftTensorInfo info;
-    check(giftFrameTensorInfo(f.get(), i, &info));
-    const giftDType_t dt = o.dtype.empty() ? info.dtype : parse_dtype(o.dtype);
+    const gift::container::TensorEntry& e = f->tensors()[i];
+    const giftDType_t dt = o.dtype.empty() ? e.dtype : parse_dtype(o.dtype);
     if (kind == gift::io::FileKind::kNpy && dt == GIFT_DTYPE_BF16) {
       throw Failure(kUsage, "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
     }
-    gift::io::OwnedTensor t{
-        info.name, std::vector<uint64_t>(info.shape, info.shape + info.ndim), dt, {}};
-    t.data.resize(info.elements * (dt == GIFT_DTYPE_F32 ? 4 : 2));
-    check(giftFrameDecodeTensor(f.get(), i, t.data.data(), t.data.size(), dt));
+    gift::io::OwnedTensor t{e.name, e.shape, dt, {}};
+    t.data.resize(e.elements * (dt == GIFT_DTYPE_F32 ? 4 : 2));
+    check(gift::frame::decode_tensor(*f, i, o.basis.empty() ? nullptr : &basis, t.data.data(),
+                                     t.data.size(), dt));
     tensors.push_back(std::move(t));
     progress.step(i + 1);
   }
   if (kind == gift::io::FileKind::kNpy) {
     write_output(out, gift::io::serialize_npy(tensors[0]));
   } else {
-    write_output(out, gift::io::serialize_safetensors(tensors, frame_metadata(f.get())));
+    write_output(out, gift::io::serialize_safetensors(tensors, frame_metadata(*f)));
   }
   if (!v.quiet)
     std::fprintf(stderr, "%s: %llu tensors -> %s\n", o.input.c_str(), (unsigned long long)n,
@@ -83,6 +94,8 @@ void add_decode(CLI::App& app, Verbosity& v) {
                 "Output file (default: IN without .gift, as .safetensors)");
   c->add_option("--dtype", o->dtype,
                 "Output element type: f32, bf16 or f16 (default: each tensor's own)");
+  c->add_option("--basis", o->basis,
+                "Basis (.giftb) for GIFT-frame tensors (default: the embedded one)");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
   c->callback([o, &v] { run_decode(*o, v); });
 }

@@ -1,10 +1,12 @@
 // giftc encode: a tensor file to a GIFT frame.
 #include <sys/stat.h>
 
+#include <cstring>
 #include <memory>
 #include <regex>
 
 #include "commands.h"
+#include "frame/select.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -18,6 +20,8 @@ struct EncodeOptions {
   std::string include, exclude;
   int threads = 0;
   bool keep_nonfinite = false, force = false;
+  std::string basis, frame;
+  bool embed_basis = false;
 };
 
 void run_encode(const EncodeOptions& o, const Verbosity& v) {
@@ -41,19 +45,37 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   const std::string out = o.output.empty() ? o.input + ".gift" : o.output;
   check_output(out, o.force);
 
+  gift::frame::SelectOptions select;
+  gift::frame::Basis basis;
+  const std::string mode = o.frame.empty() ? (o.basis.empty() ? "euclidean" : "auto") : o.frame;
+  if (mode == "euclidean") {
+    select.mode = gift::frame::FrameMode::kEuclidean;
+  } else if (mode == "gift" || mode == "auto") {
+    select.mode = mode == "gift" ? gift::frame::FrameMode::kGift : gift::frame::FrameMode::kAuto;
+    if (o.basis.empty()) throw Failure(kUsage, "--frame " + mode + " needs --basis FILE.giftb");
+  } else {
+    throw Failure(kUsage, "--frame: '" + mode + "' is not euclidean, gift or auto");
+  }
+  if (o.embed_basis && o.basis.empty())
+    throw Failure(kUsage, "--embed-basis needs --basis FILE.giftb");
+  if (!o.basis.empty()) {
+    const giftResult_t r = gift::frame::read_basis_file(o.basis, &basis);
+    if (r != GIFT_OK)
+      throw Failure(r == GIFT_ERROR_IO ? kIoError : kBasis, giftGetLastErrorMessage());
+  }
+
   gift::io::TensorFile in;
   check(gift::io::read_tensor_file(o.input, &in));
-  std::unique_ptr<giftFrameWriter, decltype(&giftFrameWriterFree)> w(nullptr, giftFrameWriterFree);
-  {
-    giftFrameWriter* raw = nullptr;
-    check(giftFrameWriterCreate(&raw));
-    w.reset(raw);
+  gift::container::FrameWriter w;
+  w.set_compression(o.zstd);
+  for (const auto& [k, val] : in.metadata) w.add_metadata(k, val);
+  if (o.embed_basis) {
+    std::vector<uint8_t> bytes;
+    check(gift::frame::serialize_basis(basis, o.zstd, &bytes));
+    w.embed_basis(std::move(bytes), basis.id.lo, basis.id.hi);
   }
-  check(giftFrameWriterSetCompression(w.get(), o.zstd));
-  for (const auto& [k, val] : in.metadata)
-    check(giftFrameWriterAddMetadata(w.get(), k.c_str(), val.c_str()));
 
-  uint64_t in_bytes = 0, quantized = 0;
+  uint64_t in_bytes = 0, quantized = 0, in_gift = 0;
   Progress progress("encode", in.tensors.size(), v);
   for (size_t i = 0; i < in.tensors.size(); ++i) {
     const gift::io::TensorRef& t = in.tensors[i];
@@ -64,29 +86,50 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     const bool fp8 = selected && t.shape.size() >= 2;
     giftQuantParams tp = p;
     tp.tensor_index = uint32_t(i);
-    check(giftFrameWriterAddTensor(w.get(), t.name.c_str(), t.shape.data(),
-                                   uint32_t(t.shape.size()), t.dtype, t.data, fp8 ? &tp : nullptr),
-          o.input);
+    gift::container::TensorShape shape;
+    check(gift::container::make_shape(t.shape.data(), uint32_t(t.shape.size()), &shape));
+    gift::container::Coordinates coords;
+    std::vector<float> values;  // fp32 copy, whitened, for GIFT-frame tensors
+    if (fp8 && select.mode != gift::frame::FrameMode::kEuclidean) {
+      values = gift::io::widen_to_float(t);
+      coords = gift::frame::choose_frame(values.data(), shape.rows, shape.cols, basis.find(t.name),
+                                         basis.id, tp, select);
+      if (coords.gift) gift::frame::whiten(*basis.find(t.name), values.data(), shape.rows);
+    }
+    const giftResult_t r =
+        coords.gift
+            ? w.add_tensor(t.name, shape, t.dtype, values.data(), &tp, &coords, GIFT_DTYPE_F32)
+            : w.add_tensor(t.name, shape, t.dtype, t.data, fp8 ? &tp : nullptr, &coords);
+    check(r, o.input);
     in_bytes += t.bytes;
     quantized += fp8;
+    in_gift += coords.gift;
     if (v.verbose) {
-      std::fprintf(stderr, "%s %s %s: %s\n", t.name.c_str(),
+      std::fprintf(stderr, "%s %s %s: %s%s\n", t.name.c_str(),
                    shape_string(t.shape.data(), uint32_t(t.shape.size())).c_str(),
                    dtype_name(t.dtype).c_str(),
-                   fp8 ? (fp8_name(p.kind) + " " + scale_name(p)).c_str() : "raw");
+                   fp8 ? (fp8_name(p.kind) + " " + scale_name(p)).c_str() : "raw",
+                   coords.has_selection ? (", " + std::string(coords.gift ? "gift" : "euclidean") +
+                                           " (" + coords.reason + ")")
+                                              .c_str()
+                                        : "");
     }
     progress.step(i + 1);
   }
-  check(giftFrameWriterWriteFile(w.get(), out.c_str()));
+  std::vector<uint8_t> bytes;
+  check(w.finish(&bytes));
+  write_output(out, bytes);
   if (!v.quiet) {
     const uint64_t out_bytes = [&] {
       struct stat st;
       return ::stat(out.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
     }();
-    std::fprintf(stderr, "%s: %zu tensors (%llu FP8, %llu raw), %s -> %s (%.2fx) -> %s\n",
+    std::fprintf(stderr,
+                 "%s: %zu tensors (%llu FP8 of which %llu in the GIFT frame, %llu raw), %s -> %s "
+                 "(%.2fx) -> %s\n",
                  o.input.c_str(), in.tensors.size(), (unsigned long long)quantized,
-                 (unsigned long long)(in.tensors.size() - quantized), human_bytes(in_bytes).c_str(),
-                 human_bytes(out_bytes).c_str(),
+                 (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
+                 human_bytes(in_bytes).c_str(), human_bytes(out_bytes).c_str(),
                  out_bytes ? double(in_bytes) / double(out_bytes) : 0.0, out.c_str());
   }
 }
@@ -111,6 +154,11 @@ void add_encode(CLI::App& app, Verbosity& v) {
   c->add_option("--include", o->include, "Quantize only tensors whose name matches this regex");
   c->add_option("--exclude", o->exclude, "Store tensors whose name matches this regex losslessly");
   c->add_option("--threads", o->threads, "Threads (default: all)");
+  c->add_option("--basis", o->basis, "Basis (.giftb) for the GIFT frame");
+  c->add_option(
+      "--frame", o->frame,
+      "Coordinates: euclidean, gift or auto (default: auto with --basis, else euclidean)");
+  c->add_flag("--embed-basis", o->embed_basis, "Carry the basis inside the frame");
   c->add_flag("--keep-nonfinite", o->keep_nonfinite,
               "Store NaN/Inf codes instead of failing on them");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   add_decode(app, v);
   add_inspect(app, v);
   add_compare(app, v);
+  add_fit(app, v);
   add_bench(app, v);
   try {
     app.parse(argc, argv);

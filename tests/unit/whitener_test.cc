@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "frame/basis.h"
 #include "frame/fit.h"
 #include "gift/gift.h"
 
@@ -218,6 +219,42 @@ TEST(Fit, RandomizedSubspaceIterationFindsTheExactTopSpace) {
   ASSERT_EQ(fit_low_rank(a, dim, randomized, &fr), GIFT_OK);
   for (uint32_t j = 0; j < rank; ++j) EXPECT_NEAR(fr.l[j], fe.l[j], 1e-6 * fe.l[0]) << j;
   for (uint32_t i = 0; i < dim; ++i) EXPECT_NEAR(fr.diag[i], fe.diag[i], 1e-3 * fe.diag[i]) << i;
+}
+
+TEST(Basis, RoundTripsThroughItsFrameAndItsIdTracksTheContents) {
+  Basis b;
+  for (const char* name : {"b.weight", "a.weight"}) {
+    const Model m = random_model(48, 6, name[0]);
+    BasisEntry e;
+    e.name = name;
+    e.damping = 1e-3;
+    e.source = "gradients";
+    ASSERT_EQ(make_whitener(m.u, m.l, m.diag, 48, &e.whitener), GIFT_OK);
+    b.entries.push_back(e);
+  }
+  finish_basis(&b);
+  EXPECT_EQ(b.entries[0].name, "a.weight");
+  std::vector<uint8_t> bytes;
+  ASSERT_EQ(serialize_basis(b, 3, &bytes), GIFT_OK);
+  Basis back;
+  ASSERT_EQ(parse_basis(bytes.data(), bytes.size(), "b.giftb", &back), GIFT_OK)
+      << giftGetLastErrorMessage();
+  EXPECT_TRUE(back.id == b.id);
+  ASSERT_EQ(back.entries.size(), 2u);
+  EXPECT_EQ(back.entries[1].whitener.v, b.entries[1].whitener.v);
+  EXPECT_EQ(back.entries[1].damping, 1e-3);
+  // One changed value, or another damping's whitener, is another basis.
+  Basis changed = b;
+  changed.entries[0].whitener.c[0] = std::nextafter(changed.entries[0].whitener.c[0], 1.0f);
+  finish_basis(&changed);
+  EXPECT_FALSE(changed.id == b.id);
+  // A basis frame whose id does not match its contents is refused.
+  std::vector<uint8_t> lying;
+  Basis relabelled = b;
+  relabelled.id.lo ^= 1;
+  ASSERT_EQ(serialize_basis(relabelled, 0, &lying), GIFT_OK);
+  EXPECT_EQ(parse_basis(lying.data(), lying.size(), "x.giftb", &back), GIFT_ERROR_CORRUPT_INPUT);
+  EXPECT_STREQ(giftGetLastErrorMessage(), "x.giftb: basis id does not match its contents");
 }
 
 }  // namespace

@@ -406,8 +406,17 @@ const uint8_t* FrameReader::aligned_scales(const TensorEntry& e, const uint8_t* 
   return scratch->data();
 }
 
-giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes,
-                                 giftDType_t dst_dtype) const {
+giftResult_t FrameReader::embedded_basis(std::vector<uint8_t>* scratch, const uint8_t** bytes,
+                                         uint64_t* size) const {
+  const fb::Section* s = header_->basis();
+  *size = s ? s->raw_length() : 0;
+  *bytes = nullptr;
+  if (!s) return GIFT_OK;
+  return section_bytes(s, "embedded basis section", scratch, bytes);
+}
+
+giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
+                                 bool coded_values) const {
   if (index >= tensors_.size()) {
     return fail(GIFT_ERROR_NOT_FOUND, "%s: no tensor %zu (the frame has %zu)", name_.c_str(), index,
                 tensors_.size());
@@ -423,7 +432,7 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes,
                 "%s: tensor '%s' needs %" PRIu64 " bytes, %" PRIu64 " given", name_.c_str(),
                 e.name.c_str(), need, dst_bytes);
   }
-  if (e.fb->frame() == fb::CoordFrame::Gift) {
+  if (e.fb->frame() == fb::CoordFrame::Gift && !coded_values) {
     return fail(GIFT_ERROR_BASIS_MISSING,
                 "%s: tensor '%s' is encoded in a GIFT basis, which this build cannot apply yet",
                 name_.c_str(), e.name.c_str());

@@ -45,6 +45,7 @@ class FrameReader {
                            std::unique_ptr<FrameReader>* out);
 
   uint16_t minor_version() const { return minor_; }
+  const std::string& name() const { return name_; }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   const fb::Frame* header() const { return header_; }
 
@@ -53,7 +54,14 @@ class FrameReader {
   giftResult_t section_bytes(const fb::Section* s, const std::string& what,
                              std::vector<uint8_t>* scratch, const uint8_t** bytes) const;
 
-  giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) const;
+  // A GIFT-frame tensor needs its basis (frame/select.h applies it); with
+  // `coded_values` its codes are decoded as they are, in the basis' coordinates.
+  giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
+                      bool coded_values = false) const;
+
+  // The embedded basis frame's bytes, or size 0 when there is none.
+  giftResult_t embedded_basis(std::vector<uint8_t>* scratch, const uint8_t** bytes,
+                              uint64_t* size) const;
   giftResult_t verify_all() const;
 
  private:

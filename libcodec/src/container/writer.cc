@@ -67,7 +67,10 @@ float finite_rms(const void* data, giftDType_t dtype, uint64_t n) {
 
 giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
                                      giftDType_t dtype, const void* data,
-                                     const giftQuantParams* params) {
+                                     const giftQuantParams* params, const Coordinates* coords,
+                                     int data_dtype_arg) {
+  const giftDType_t data_dtype =
+      data_dtype_arg < 0 ? dtype : static_cast<giftDType_t>(data_dtype_arg);
   if (name.empty()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name is empty");
   for (const Pending& t : tensors_) {
     if (t.name == name) {
@@ -81,11 +84,19 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   if (shape.elements && !data) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': data is NULL", name.c_str());
   }
-  Pending t{name, shape, dtype, params == nullptr, {}, {}, 0.0f, {}, {}};
+  if (coords && coords->gift && (params == nullptr || data_dtype != GIFT_DTYPE_F32)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "tensor '%s': GIFT-frame data must be FP8-encoded fp32", name.c_str());
+  }
+  Pending t{name,  shape,
+            dtype, params == nullptr,
+            {},    {},
+            0.0f,  {},
+            {},    coords ? *coords : Coordinates{}};
   giftQuantParamsInit(&t.params);
   t.stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
-  t.rms = finite_rms(data, dtype, shape.elements);
-  const uint64_t in_bytes = shape.elements * dtype_size(dtype);
+  t.rms = finite_rms(data, data_dtype, shape.elements);
+  const uint64_t in_bytes = shape.elements * dtype_size(data_dtype);
   if (t.raw) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
     t.codes = store_section(std::vector<uint8_t>(p, p + in_bytes), zstd_level_);
@@ -96,8 +107,8 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
       return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
     }
     std::vector<uint8_t> codes(shape.elements), scales(scale_bytes);
-    if (const giftResult_t r = giftEncode(params, data, dtype, shape.rows, shape.cols, codes.data(),
-                                          scales.data(), scale_bytes, &t.stats)) {
+    if (const giftResult_t r = giftEncode(params, data, data_dtype, shape.rows, shape.cols,
+                                          codes.data(), scales.data(), scale_bytes, &t.stats)) {
       return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
     }
     t.params.threads = 0;
@@ -138,6 +149,13 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
       flatbuffers::Offset<fb::Section> scales;
       if (!t.raw) scales = section_ref(b, t.scales, place(t.scales));
       const auto stats = fb::CreateStats(b, t.stats.amax, t.rms, t.stats.nonfinite_count);
+      flatbuffers::Offset<fb::Selection> selection;
+      if (t.coords.has_selection) {
+        selection =
+            fb::CreateSelection(b, t.coords.gift ? fb::CoordFrame::Gift : fb::CoordFrame::Euclidean,
+                                t.coords.euclidean_error, t.coords.gift_error,
+                                t.coords.transform_flops, b.CreateString(t.coords.reason));
+      }
       fb::TensorBuilder tb(b);
       tb.add_name(name);
       tb.add_shape(shape);
@@ -152,7 +170,12 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
       tb.add_rounding(static_cast<fb::Rounding>(t.params.rounding));
       tb.add_seed(t.params.seed);
       tb.add_tensor_index(t.params.tensor_index);
-      tb.add_frame(fb::CoordFrame::Euclidean);
+      tb.add_frame(t.coords.gift ? fb::CoordFrame::Gift : fb::CoordFrame::Euclidean);
+      if (t.coords.gift) {
+        const fb::BasisId id(t.coords.basis_lo, t.coords.basis_hi);
+        tb.add_basis_id(&id);
+      }
+      if (t.coords.has_selection) tb.add_selection(selection);
       tb.add_stats(stats);
       tb.add_codes(codes);
       if (!t.raw) tb.add_scales(scales);
@@ -165,8 +188,13 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
     const auto producer = b.CreateString("libgift " + std::to_string(GIFT_VERSION_MAJOR) + "." +
                                          std::to_string(GIFT_VERSION_MINOR) + "." +
                                          std::to_string(GIFT_VERSION_PATCH));
-    const auto frame = fb::CreateFrame(b, fb::FrameKind::Tensors, producer, b.CreateVector(kv),
-                                       b.CreateVector(tensors));
+    flatbuffers::Offset<fb::Section> basis;
+    if (has_embedded_) basis = section_ref(b, embedded_, place(embedded_));
+    const fb::BasisId id(basis_lo_, basis_hi_);
+    const auto frame =
+        fb::CreateFrame(b, basis_kind_ ? fb::FrameKind::Basis : fb::FrameKind::Tensors, producer,
+                        b.CreateVector(kv), b.CreateVector(tensors), basis,
+                        basis_kind_ || has_embedded_ ? &id : nullptr);
     b.Finish(frame, fb::FrameIdentifier());
     return at;
   };
@@ -188,20 +216,21 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
   pre.frame_length = end;
   write_preamble(pre, out->data());
   std::memcpy(out->data() + kPreambleBytes, b.GetBufferPointer(), b.GetSize());
-  uint64_t at = data_start;
-  auto copy = [&](const StoredSection& s) {
-    if (!s.bytes.empty()) std::memcpy(out->data() + at, s.bytes.data(), s.bytes.size());
-    at = align_up(at + s.bytes.size());
-  };
+  // Sections in the order build() placed them; the last one's padding is not in the frame.
+  std::vector<const StoredSection*> order;
   for (const Pending& t : tensors_) {
-    copy(t.codes);
-    if (!t.raw) copy(t.scales);
+    order.push_back(&t.codes);
+    if (!t.raw) order.push_back(&t.scales);
   }
-  // The last section's padding is not part of the frame.
-  if (!tensors_.empty()) {
-    const Pending& last = tensors_.back();
-    const uint64_t last_len = last.raw ? last.codes.bytes.size() : last.scales.bytes.size();
-    out->resize(at - align_up(last_len) + last_len);
+  if (has_embedded_) order.push_back(&embedded_);
+  uint64_t at = data_start, last_end = data_start;
+  for (const StoredSection* sec : order) {
+    if (!sec->bytes.empty()) std::memcpy(out->data() + at, sec->bytes.data(), sec->bytes.size());
+    last_end = at + sec->bytes.size();
+    at = align_up(last_end);
+  }
+  if (!order.empty()) {
+    out->resize(last_end);
     store_le(out->data() + 24, out->size(), 8);
   }
   return GIFT_OK;

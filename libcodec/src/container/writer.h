@@ -20,15 +20,40 @@ struct TensorShape {
 // Checks dims (count, overflow) and derives the codec's view.
 giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out);
 
+// How a tensor's codes relate to its values (Euclidean, or a GIFT basis), and why.
+struct Coordinates {
+  bool gift = false;
+  uint64_t basis_lo = 0, basis_hi = 0;
+  bool has_selection = false;
+  float euclidean_error = 0, gift_error = 0;  // estimated relative L2 round-trip errors
+  double transform_flops = 0;
+  std::string reason;
+};
+
 class FrameWriter {
  public:
   void set_compression(int zstd_level) { zstd_level_ = zstd_level; }
+  // A frame of kind Basis whose own id is (lo, hi).
+  void set_basis_kind(uint64_t lo, uint64_t hi) {
+    basis_kind_ = true;
+    basis_lo_ = lo;
+    basis_hi_ = hi;
+  }
+  // A complete basis frame carried inside this one.
+  void embed_basis(std::vector<uint8_t> bytes, uint64_t lo, uint64_t hi) {
+    embedded_ = store_section(std::move(bytes), zstd_level_);
+    has_embedded_ = true;
+    basis_lo_ = lo;
+    basis_hi_ = hi;
+  }
   void add_metadata(std::string key, std::string value) {
     metadata_.emplace_back(std::move(key), std::move(value));
   }
-  // params == nullptr: stored losslessly.
+  // params == nullptr: stored losslessly. `dtype` is the tensor's own type; data_dtype that
+  // of `data` (fp32 for values already moved into a GIFT frame).
   giftResult_t add_tensor(const std::string& name, const TensorShape& shape, giftDType_t dtype,
-                          const void* data, const giftQuantParams* params);
+                          const void* data, const giftQuantParams* params,
+                          const Coordinates* coords = nullptr, int data_dtype = -1);
   giftResult_t finish(std::vector<uint8_t>* out) const;
 
  private:
@@ -41,7 +66,11 @@ class FrameWriter {
     giftEncodeStats stats;
     float rms;  // over the finite values
     StoredSection codes, scales;
+    Coordinates coords;
   };
+  bool basis_kind_ = false, has_embedded_ = false;
+  uint64_t basis_lo_ = 0, basis_hi_ = 0;
+  StoredSection embedded_;
   int zstd_level_ = 0;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Pending> tensors_;

@@ -12,6 +12,7 @@
 #include "container/reader.h"
 #include "io/npy.h"
 #include "numerics/codec.h"
+#include "numerics/elementwise.h"
 
 namespace gift::io {
 namespace {
@@ -155,6 +156,19 @@ uint64_t TensorRef::elements() const {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
   return n;
+}
+
+std::vector<float> widen_to_float(const TensorRef& t) {
+  std::vector<float> out(t.elements());
+  for (uint64_t i = 0; i < out.size(); ++i) {
+    if (t.dtype == GIFT_DTYPE_F32) {
+      std::memcpy(&out[i], t.data + 4 * i, 4);
+    } else {
+      const uint16_t h = uint16_t(load_le(t.data + 2 * i, 2));
+      out[i] = t.dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(h) : num::f16_to_float(h);
+    }
+  }
+  return out;
 }
 
 FileKind kind_of_path(const std::string& path) {

@@ -30,6 +30,9 @@ struct TensorFile {
   std::vector<std::shared_ptr<void>> storage;
 };
 
+// A tensor's values as fp32 (exact for every supported dtype).
+std::vector<float> widen_to_float(const TensorRef& t);
+
 enum class FileKind { kSafetensors, kNpy, kNpz, kUnknown };
 
 // By extension (.safetensors, .npy, .npz).

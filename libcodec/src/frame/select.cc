@@ -1,0 +1,129 @@
+#include "frame/select.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "gift_generated.h"
+#include "numerics/elementwise.h"
+
+namespace gift::frame {
+namespace {
+
+double round_trip_error(const std::vector<float>& x, uint64_t rows, uint64_t cols,
+                        const giftQuantParams& p, const Whitener* t) {
+  std::vector<float> v = x;
+  if (t) whiten(*t, v.data(), rows);
+  uint64_t sb = 0;
+  giftScaleBytes(&p, rows, cols, &sb);
+  std::vector<uint8_t> codes(v.size()), scales(sb);
+  giftQuantParams q = p;
+  q.nonfinite = GIFT_NONFINITE_KEEP;
+  if (giftEncode(&q, v.data(), GIFT_DTYPE_F32, rows, cols, codes.data(), scales.data(), sb,
+                 nullptr) ||
+      giftDecode(&q, codes.data(), scales.data(), sb, rows, cols, v.data(), GIFT_DTYPE_F32)) {
+    return INFINITY;
+  }
+  if (t) unwhiten(*t, v.data(), rows);
+  giftErrorMetrics m;
+  if (giftComputeErrorMetrics(x.data(), v.data(), rows, cols, nullptr, &m)) return INFINITY;
+  return m.rel_l2;
+}
+
+}  // namespace
+
+container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols, const Whitener* t,
+                                    const BasisId& id, const giftQuantParams& p,
+                                    const SelectOptions& o) {
+  container::Coordinates c;
+  if (o.mode == FrameMode::kEuclidean) return c;
+  c.has_selection = true;
+  c.basis_lo = id.lo;
+  c.basis_hi = id.hi;
+  if (!t) {
+    c.reason = "no whitener in the basis";
+    return c;
+  }
+  if (t->dim != cols || rows < o.min_dim || cols < o.min_dim) {
+    c.reason = t->dim != cols ? "basis dimension differs" : "too small";
+    return c;
+  }
+  c.transform_flops = 8.0 * double(rows) * double(cols) * double(t->rank);
+  // Deterministic, evenly spaced rows.
+  const uint64_t k = std::min<uint64_t>(rows, o.sample_rows);
+  std::vector<float> sample(k * cols);
+  for (uint64_t i = 0; i < k; ++i) {
+    std::memcpy(&sample[i * cols], w + (i * rows / k) * cols, cols * 4);
+  }
+  c.euclidean_error = float(round_trip_error(sample, k, cols, p, nullptr));
+  c.gift_error = float(round_trip_error(sample, k, cols, p, t));
+  if (o.mode == FrameMode::kGift) {
+    c.gift = true;
+    c.reason = "forced (--frame gift)";
+  } else if (o.flops_budget > 0 && c.transform_flops > o.flops_budget) {
+    c.reason = "transform over the cost budget";
+  } else if (c.gift_error < (1.0 - o.margin) * c.euclidean_error) {
+    c.gift = true;
+    c.reason = "lower estimated error";
+  } else {
+    c.reason = "no gain over the margin";
+  }
+  return c;
+}
+
+giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const Basis* basis,
+                           void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
+  if (index >= r.tensors().size() || r.tensors()[index].fb->frame() != fb::CoordFrame::Gift) {
+    return r.decode(index, dst, dst_bytes, dst_dtype);
+  }
+  const container::TensorEntry& e = r.tensors()[index];
+  Basis embedded;
+  if (!basis) {
+    std::vector<uint8_t> scratch;
+    const uint8_t* bytes = nullptr;
+    uint64_t size = 0;
+    if (const giftResult_t rc = r.embedded_basis(&scratch, &bytes, &size)) return rc;
+    if (size) {
+      if (const giftResult_t rc = parse_basis(bytes, size, "embedded basis", &embedded)) return rc;
+      basis = &embedded;
+    }
+  }
+  const fb::BasisId* want = e.fb->basis_id();
+  const BasisId want_id{want ? want->lo() : 0, want ? want->hi() : 0};
+  if (!basis) {
+    return fail(GIFT_ERROR_BASIS_MISSING,
+                "%s: tensor '%s': encoded in basis %s, and no basis is given", r.name().c_str(),
+                e.name.c_str(), want_id.hex().c_str());
+  }
+  if (!(basis->id == want_id)) {
+    return fail(GIFT_ERROR_BASIS_MISSING,
+                "%s: tensor '%s': encoded in basis %s, but basis file %s has %s", r.name().c_str(),
+                e.name.c_str(), want_id.hex().c_str(), basis->origin.c_str(),
+                basis->id.hex().c_str());
+  }
+  const Whitener* t = basis->find(e.name);
+  if (!t || t->dim != e.cols) {
+    return fail(GIFT_ERROR_BASIS_MISSING, "%s: tensor '%s': basis %s has no whitener for it",
+                r.name().c_str(), e.name.c_str(), want_id.hex().c_str());
+  }
+  const uint64_t need = e.elements * (dst_dtype == GIFT_DTYPE_F32 ? 4 : 2);
+  if (!dst || dst_bytes < need)
+    return fail(GIFT_ERROR_BUFFER_TOO_SMALL, "tensor '%s': output too small", e.name.c_str());
+  std::vector<float> v(e.elements);
+  if (const giftResult_t rc = r.decode(index, v.data(), v.size() * 4, GIFT_DTYPE_F32, true))
+    return rc;
+  unwhiten(*t, v.data(), e.rows);
+  for (uint64_t i = 0; i < e.elements; ++i) {
+    if (dst_dtype == GIFT_DTYPE_F32) {
+      static_cast<float*>(dst)[i] = v[i];
+    } else {
+      static_cast<uint16_t*>(dst)[i] =
+          dst_dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(v[i]) : num::f16_from_float(v[i]);
+    }
+  }
+  return GIFT_OK;
+}
+
+}  // namespace gift::frame

@@ -1,0 +1,38 @@
+// Applying the GIFT frame to tensors: the measured choice between Euclidean and GIFT
+// coordinates (DESIGN.md "selective application"), and decoding with a basis.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "container/reader.h"
+#include "container/writer.h"
+#include "frame/basis.h"
+#include "gift/gift.h"
+
+namespace gift::frame {
+
+enum class FrameMode { kEuclidean, kGift, kAuto };
+
+struct SelectOptions {
+  FrameMode mode = FrameMode::kAuto;
+  double margin = 0.05;        // GIFT must lower the estimate by this fraction
+  uint32_t sample_rows = 256;  // rows the estimate encodes (all rows of smaller tensors)
+  uint32_t min_dim = 16;       // both dimensions at least this to be eligible
+  double flops_budget = 0;     // per tensor, 0 for no limit
+};
+
+// Decides for one rows x cols fp32 tensor. The estimates encode and decode a deterministic,
+// evenly spaced sample of rows with the encoder's settings; the sample's error estimates the
+// whole tensor's (exactly for all rows, else within its sampling error: see FORMAT.md).
+container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols, const Whitener* t,
+                                    const BasisId& id, const giftQuantParams& p,
+                                    const SelectOptions& o);
+
+// Decodes tensor `index` of a frame, applying `basis` to GIFT-frame tensors (the frame's
+// embedded basis is used when `basis` is null). A missing or different basis is
+// GIFT_ERROR_BASIS_MISSING with both ids in the message.
+giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const Basis* basis,
+                           void* dst, uint64_t dst_bytes, giftDType_t dst_dtype);
+
+}  // namespace gift::frame
