@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the bundled sample: set-up and build as needed, then giftc encode, inspect,
-# decode and compare on samples/grad_sample.npy, and the error table of every FP8 setting.
-# Outputs go to build/sample-out/.
+# The main job on the bundled samples: set-up and build as needed, then giftc on a real
+# gradient dump (fit a GIFT basis from its activation statistics, encode, inspect, decode,
+# compare against plain Euclidean FP8), and the error table of every FP8 setting on one
+# tensor. Outputs go to build/sample-out/.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -10,11 +11,14 @@ build=${BUILD_DIR:-$root/build}
 giftc="$build/cli/giftc"
 out="$build/sample-out"
 mkdir -p "$out"
-sample="$root/samples/grad_sample.npy"
+s="$root/samples"
 
 set -x
-"$giftc" encode "$sample" -o "$out/grad_sample.gift" -f
-"$giftc" inspect "$out/grad_sample.gift" --verify
-"$giftc" decode "$out/grad_sample.gift" -o "$out/grad_sample.decoded.npy" -f
-"$giftc" compare "$sample" "$out/grad_sample.decoded.npy"
-"$build/samples/error_table" "$sample" "$@"
+"$giftc" fit "$s/llama_grads.npz" --activations "$s/llama_acts.npz" -o "$out/llama.giftb" -f
+"$giftc" encode "$s/llama_grads.npz" --basis "$out/llama.giftb" --embed-basis -o "$out/llama.gift" -f
+"$giftc" inspect "$out/llama.gift" --verify
+"$giftc" decode "$out/llama.gift" -o "$out/llama.decoded.safetensors" -f
+"$giftc" encode "$s/llama_grads.npz" -o "$out/llama.euclidean.gift" -f
+"$giftc" compare "$s/llama_grads.npz" "$out/llama.euclidean.gift"
+"$giftc" compare "$s/llama_grads.npz" "$out/llama.decoded.safetensors"
+"$build/samples/error_table" "$s/grad_sample.npy" "$@"

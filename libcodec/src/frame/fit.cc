@@ -77,18 +77,26 @@ giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitO
                 omega.data(), int(k), vecs.data(), int(rank), 0.0, out->u.data(), int(rank));
     out->l = vals;
   }
+  return redamp(a, o.damping, o.damping_relative, out);
+}
+
+giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
+                    LowRankPlusDiagonal* out) {
   // Residual diagonal diag(A - U diag(l) U^T), clamped below by the damping.
+  const uint32_t dim = out->dim, rank = out->rank;
   double mean_diag = 0;
   for (uint32_t i = 0; i < dim; ++i) mean_diag += a[uint64_t(i) * dim + i];
   mean_diag /= dim;
-  const double floor = o.damping_relative ? o.damping * mean_diag : o.damping;
-  if (!(floor > 0))
+  const double floor = relative ? damping * mean_diag : damping;
+  if (!(floor > 0)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: A has no positive diagonal to damp against");
+  }
   out->diag.resize(dim);
   for (uint32_t i = 0; i < dim; ++i) {
     double r = a[uint64_t(i) * dim + i];
-    for (uint32_t j = 0; j < rank; ++j)
+    for (uint32_t j = 0; j < rank; ++j) {
       r -= out->l[j] * out->u[uint64_t(i) * rank + j] * out->u[uint64_t(i) * rank + j];
+    }
     out->diag[i] = std::max(r, floor);
   }
   return GIFT_OK;

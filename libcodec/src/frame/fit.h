@@ -32,6 +32,11 @@ struct LowRankPlusDiagonal {
 giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitOptions& o,
                           LowRankPlusDiagonal* out);
 
+// Recomputes the damped residual diagonal of `fit` (whose u and l came from A) for another
+// damping: the eigen-pairs do not depend on it.
+giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
+                    LowRankPlusDiagonal* fit);
+
 // A_g = W^T W / rows for a rows x dim gradient (the case without activation statistics).
 std::vector<double> gradient_second_moment(const float* w, uint64_t rows, uint32_t dim);
 
