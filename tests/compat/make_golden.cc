@@ -1,6 +1,6 @@
-// Writes the golden frames of format version 1.0 and the values they decode to. Run once,
-// when the version was released; the files are committed and never regenerated (this
-// program refuses to overwrite them). Usage: make_golden OUT_DIR
+// Writes the golden frames of format version 1.0 and the values they decode to. Each is
+// written once and committed; existing files are never overwritten, so running it again only
+// adds frames introduced since. Usage: make_golden OUT_DIR
 #include <sys/stat.h>
 
 #include <cmath>
@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "container/writer.h"
+#include "frame/basis.h"
+#include "frame/fit.h"
+#include "frame/select.h"
 #include "gift/gift.h"
 #include "numerics/elementwise.h"
 
@@ -86,10 +90,9 @@ giftQuantParams q(giftFp8Kind_t k, giftScaleLayout_t l, giftScaleDType_t sd, uin
 void write_frame(const std::string& dir, const std::string& stem, const std::vector<Item>& items,
                  int zstd) {
   const std::string path = dir + "/" + stem + ".gift";
-  if (exists(path)) {
-    std::fprintf(stderr, "make_golden: %s exists; golden files are never regenerated\n",
-                 path.c_str());
-    std::exit(1);
+  if (exists(path)) {  // written once, never regenerated: existing frames are kept
+    std::fprintf(stderr, "make_golden: %s exists, kept\n", path.c_str());
+    return;
   }
   giftFrameWriter* w;
   check(giftFrameWriterCreate(&w));
@@ -124,6 +127,63 @@ void write_frame(const std::string& dir, const std::string& stem, const std::vec
     check(giftFrameDecodeTensor(fr, i, out.data(), out.size() * 4, GIFT_DTYPE_F32));
     write_npy(dir + "/" + stem + "." + std::to_string(i) + ".npy", out);
   }
+  giftFrameClose(fr);
+}
+
+// A tensor in the GIFT frame with its basis embedded: fitted on the tensor itself (rank 8),
+// whitened, then encoded like any other. Added to v1.0 with the basis format.
+void write_gift_frame(const std::string& dir) {
+  const std::string stem = "gift_frame_embedded_basis";
+  if (exists(dir + "/" + stem + ".gift")) return;  // written once, never regenerated
+  const uint64_t rows = 48, cols = 96;
+  Lcg g{99};
+  std::vector<float> w(rows * cols);
+  std::vector<float> dirs(4 * cols);
+  for (float& x : dirs) x = g.next();
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t c = 0; c < cols; ++c) {
+      float v = 0.01f * g.next();
+      for (int k = 0; k < 4; ++k) v += float(8 >> k) * dirs[k * cols + c] * g.next() * 0.1f;
+      w[r * cols + c] = v;
+    }
+  gift::frame::FitOptions fo;
+  fo.rank = 8;
+  gift::frame::LowRankPlusDiagonal fit;
+  check(
+      gift::frame::fit_low_rank(gift::frame::gradient_second_moment(w.data(), rows, uint32_t(cols)),
+                                uint32_t(cols), fo, &fit));
+  gift::frame::Basis basis;
+  gift::frame::BasisEntry e;
+  e.name = "mlp.down_proj.weight";
+  e.damping = fo.damping;
+  e.source = "gradients";
+  check(gift::frame::make_whitener(fit.u, fit.l, fit.diag, uint32_t(cols), &e.whitener));
+  basis.entries.push_back(e);
+  gift::frame::finish_basis(&basis);
+  std::vector<uint8_t> basis_bytes;
+  check(gift::frame::serialize_basis(basis, 0, &basis_bytes));
+  gift::container::FrameWriter fw;
+  fw.add_metadata("purpose", "golden frame of format 1.0");
+  fw.embed_basis(basis_bytes, basis.id.lo, basis.id.hi);
+  giftQuantParams p = q(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 32);
+  gift::frame::SelectOptions so;
+  so.mode = gift::frame::FrameMode::kGift;
+  gift::container::Coordinates coords =
+      gift::frame::choose_frame(w.data(), rows, cols, &basis.entries[0].whitener, basis.id, p, so);
+  std::vector<float> white = w;
+  gift::frame::whiten(basis.entries[0].whitener, white.data(), rows);
+  gift::container::TensorShape shape;
+  const uint64_t dims[2] = {rows, cols};
+  check(gift::container::make_shape(dims, 2, &shape));
+  check(fw.add_tensor(e.name, shape, GIFT_DTYPE_F32, white.data(), &p, &coords, GIFT_DTYPE_F32));
+  std::vector<uint8_t> bytes;
+  check(fw.finish(&bytes));
+  check(gift::container::write_file_atomically(dir + "/" + stem + ".gift", bytes));
+  giftFrame* fr;
+  check(giftFrameOpenFile((dir + "/" + stem + ".gift").c_str(), &fr));
+  std::vector<float> out(rows * cols);
+  check(giftFrameDecodeTensor(fr, 0, out.data(), out.size() * 4, GIFT_DTYPE_F32));
+  write_npy(dir + "/" + stem + ".0.npy", out);
   giftFrameClose(fr);
 }
 
@@ -200,6 +260,7 @@ int main(int argc, char** argv) {
         {{5, NAN}, {41, INFINITY}, {99, -INFINITY}}},
        {"all_zero", {2, 64}, GIFT_DTYPE_F32, false, q(E4, GIFT_SCALE_BLOCK, E8, 32), 0.0f, {}}},
       0);
+  write_gift_frame(dir);
   std::printf("golden frames written to %s\n", dir.c_str());
   return 0;
 }

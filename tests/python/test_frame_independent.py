@@ -71,7 +71,7 @@ def group_index(t: dict, rows: int, cols: int) -> np.ndarray:
 
 
 def decode_tensor(frame: bytes, t: dict, data_start: int, test) -> np.ndarray:
-    shape = t.get("shape", [])
+    shape = t.get("shape") or []
     n = int(np.prod(shape)) if shape else 1
     cols = shape[-1] if shape else 1
     rows = n // cols if cols else (int(np.prod(shape[:-1])) if shape else 1)
@@ -91,38 +91,69 @@ def decode_tensor(frame: bytes, t: dict, data_start: int, test) -> np.ndarray:
     return (values * scales[group_index(t, rows, cols)]).astype(np.float32)
 
 
+def parse_frame(frame: bytes, test) -> tuple:
+    magic, major, minor, hlen, hsum, flen = struct.unpack_from("<8sHHIQQ", frame, 0)
+    test.assertEqual(magic, MAGIC)
+    test.assertEqual(flen, len(frame))
+    header = frame[32:32 + hlen]
+    test.assertEqual(header[4:8], b"GIFT")  # file identifier
+    test.assertEqual(xxhash.xxh3_64_intdigest(header), hsum)
+    return (major, minor, hlen), flatc_json(header)
+
+
+def unwhiten(y: np.ndarray, basis: dict, name: str) -> np.ndarray:
+    """FORMAT.md 2.4: W = (Y + (Y V) diag(c_inv) V^T) diag(d_sqrt)."""
+    v = basis[name + "#v"].astype(np.float64)
+    x = y.astype(np.float64)
+    x = x + ((x @ v) * basis[name + "#c_inv"]) @ v.T
+    return (x * basis[name + "#d_sqrt"]).astype(np.float32)
+
+
 class IndependentDecoder(unittest.TestCase):
     def test_golden_frames_decode_from_the_spec(self):
         frames = sorted(glob.glob(os.path.join(ROOT, "format", "testdata", "v1.0", "*.gift")))
         self.assertGreaterEqual(len(frames), 4)
         tensors_checked = 0
+        gift_tensors = 0
         for path in frames:
             with open(path, "rb") as f:
                 frame = f.read()
-            magic, major, minor, hlen, hsum, flen = struct.unpack_from("<8sHHIQQ", frame, 0)
-            self.assertEqual(magic, MAGIC)
+            (major, minor, hlen), h = parse_frame(frame, self)
             self.assertEqual((major, minor), (1, 0))
-            self.assertEqual(flen, len(frame))
-            header = frame[32:32 + hlen]
-            self.assertEqual(header[4:8], b"GIFT")  # file identifier
-            self.assertEqual(xxhash.xxh3_64_intdigest(header), hsum)
-            h = flatc_json(header)
             self.assertEqual(h["kind"], "Tensors")
+            basis = None
+            if h.get("basis"):  # the embedded basis: a complete frame of kind Basis
+                inner = section(frame, h["basis"], 32 + hlen, self)
+                _, bh = parse_frame(inner, self)
+                self.assertEqual(bh["kind"], "Basis")
+                _, _, _, bhlen, _, _ = struct.unpack_from("<8sHHIQQ", inner, 0)
+                basis = {t["name"]: decode_tensor(inner, t, 32 + bhlen, self).reshape(t.get("shape", []))
+                         for t in bh["tensors"]}
             spans = []
             for i, t in enumerate(h["tensors"]):
                 want = np.load(f"{path[:-5]}.{i}.npy")
                 got = decode_tensor(frame, t, 32 + hlen, self)
                 self.assertEqual(got.shape, want.shape, t["name"])
-                self.assertTrue(np.array_equal(got.view(np.uint32), want.view(np.uint32)),
-                                f"{os.path.basename(path)}: tensor {t['name']!r}")
+                if t["frame"] == "Gift":
+                    self.assertIsNotNone(basis, "a GIFT-frame tensor needs the embedded basis")
+                    got = unwhiten(got.reshape(t["shape"]), basis, t["name"]).reshape(-1)
+                    err = np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64))
+                    self.assertLess(err, 1e-5, t["name"])
+                    gift_tensors += 1
+                else:
+                    self.assertTrue(np.array_equal(got.view(np.uint32), want.view(np.uint32)),
+                                    f"{os.path.basename(path)}: tensor {t['name']!r}")
                 tensors_checked += 1
                 for key in ("codes", "scales"):
                     if key in t and t[key] is not None:
                         spans.append((t[key]["offset"], t[key]["stored_length"]))
+            if h.get("basis"):
+                spans.append((h["basis"]["offset"], h["basis"]["stored_length"]))
             spans.sort()
             for (a, la), (b, _) in zip(spans, spans[1:]):
                 self.assertLessEqual(a + la, b, "sections overlap")
             self.assertEqual(spans[-1][0] + spans[-1][1], len(frame), "frame ends at its last section")
+        self.assertGreaterEqual(gift_tensors, 1)
         self.assertGreaterEqual(tensors_checked, 19)
 
 

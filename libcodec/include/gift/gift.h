@@ -186,6 +186,7 @@ typedef struct {
   uint64_t elements;
   giftDType_t dtype;      /* of the original tensor */
   int raw;                /* 1: stored losslessly as its original bytes; params unused */
+  int gift_frame;         /* 1: encoded in the GIFT frame of a basis (see decode) */
   giftQuantParams params; /* how it was encoded (threads = 0) */
   uint64_t stored_bytes;  /* codes + scales as stored in the frame */
   uint64_t raw_bytes;     /* codes + scales after decompression */
@@ -197,7 +198,8 @@ GIFT_API giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* na
                                           uint64_t* index);
 
 /* Decodes tensor `index` into dst (elements * size of dst_dtype bytes). A raw tensor comes
- * back bit-identical when dst_dtype is its own dtype. */
+ * back bit-identical when dst_dtype is its own dtype. A tensor encoded in the GIFT frame is
+ * mapped back with the frame's embedded basis (GIFT_ERROR_BASIS_MISSING without one). */
 GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst,
                                             uint64_t dst_bytes, giftDType_t dst_dtype);
 

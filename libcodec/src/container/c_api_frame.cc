@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "container/reader.h"
 #include "container/writer.h"
+#include "frame/select.h"
 #include "gift_generated.h"
 
 using gift::fail;
@@ -92,6 +93,7 @@ giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTen
   info->elements = e.elements;
   info->dtype = e.dtype;
   info->raw = e.raw;
+  info->gift_frame = e.fb->frame() == gift::fb::CoordFrame::Gift;
   info->params = e.params;
   for (const gift::fb::Section* s : {e.fb->codes(), e.fb->scales()}) {
     if (!s) continue;
@@ -120,7 +122,9 @@ giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, 
   gift::clear_error();
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
   try {
-    return frame->reader->decode(size_t(index), dst, dst_bytes, dst_dtype);
+    // GIFT-frame tensors use the frame's embedded basis.
+    return gift::frame::decode_tensor(*frame->reader, size_t(index), nullptr, dst, dst_bytes,
+                                      dst_dtype);
   } catch (const std::bad_alloc&) {
     return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
   }
