@@ -22,6 +22,8 @@ struct EncodeOptions {
   bool keep_nonfinite = false, force = false;
   std::string basis, frame;
   bool embed_basis = false;
+  double margin = 0.05, budget = 0;
+  uint32_t min_dim = 16;
 };
 
 void run_encode(const EncodeOptions& o, const Verbosity& v) {
@@ -46,6 +48,11 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   check_output(out, o.force);
 
   gift::frame::SelectOptions select;
+  if (!(o.margin >= 0 && o.margin < 1)) throw Failure(kUsage, "--margin must be in [0, 1)");
+  if (!(o.budget >= 0)) throw Failure(kUsage, "--flops-budget must not be negative");
+  select.margin = o.margin;
+  select.flops_budget = o.budget;
+  select.min_dim = o.min_dim;
   gift::frame::Basis basis;
   const std::string mode = o.frame.empty() ? (o.basis.empty() ? "euclidean" : "auto") : o.frame;
   if (mode == "euclidean") {
@@ -159,6 +166,14 @@ void add_encode(CLI::App& app, Verbosity& v) {
       "--frame", o->frame,
       "Coordinates: euclidean, gift or auto (default: auto with --basis, else euclidean)");
   c->add_flag("--embed-basis", o->embed_basis, "Carry the basis inside the frame");
+  c->add_option("--margin", o->margin,
+                "--frame auto: GIFT must lower the estimated error by this fraction")
+      ->capture_default_str();
+  c->add_option("--min-dim", o->min_dim, "--frame auto/gift: both dimensions at least this")
+      ->capture_default_str();
+  c->add_option("--flops-budget", o->budget,
+                "--frame auto: largest transform cost per tensor in FLOPs (0: none)")
+      ->capture_default_str();
   c->add_flag("--keep-nonfinite", o->keep_nonfinite,
               "Store NaN/Inf codes instead of failing on them");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");

@@ -11,6 +11,7 @@
 
 #include "frame/basis.h"
 #include "frame/fit.h"
+#include "frame/select.h"
 #include "gift/gift.h"
 
 namespace gift::frame {
@@ -205,6 +206,108 @@ TEST(Whitener, SyntheticGradientsWhereTheFrameMustWin) {
       // Euclidean). The symmetric form must never be worse by more than 10%.
       EXPECT_LE(gift, 1.1 * dense_err) << "kind " << kind << " layout " << layout;
     }
+}
+
+// The same structure seen from the activation side: the layer's inputs x = M^T-directions
+// with strengths 10:5:2:1 plus 1% isotropic noise, A = E[x x^T]; the gradient shares M.
+TEST(Whitener, SyntheticGradientsWithActivationStatistics) {
+  const uint32_t rows = 256, dim = 512;
+  std::mt19937_64 gen(21);
+  std::normal_distribution<double> nd;
+  const double strength[4] = {10, 5, 2, 1};
+  std::vector<double> mt(4 * uint64_t(dim));
+  for (double& x : mt) x = nd(gen) / std::sqrt(double(dim));
+  std::vector<float> w(uint64_t(rows) * dim);
+  double ss = 0;
+  for (uint32_t i = 0; i < rows; ++i) {
+    double s4[4];
+    for (int k = 0; k < 4; ++k) s4[k] = nd(gen) * strength[k];
+    for (uint32_t j = 0; j < dim; ++j) {
+      double v = 0;
+      for (int k = 0; k < 4; ++k) v += s4[k] * mt[k * uint64_t(dim) + j];
+      w[uint64_t(i) * dim + j] = float(v);
+      ss += v * v;
+    }
+  }
+  const double rms = std::sqrt(ss / double(w.size()));
+  for (float& x : w) x += float(0.01 * rms * nd(gen));
+  std::vector<double> a(uint64_t(dim) * dim, 0.0);
+  for (uint32_t i = 0; i < dim; ++i)
+    for (uint32_t j = 0; j < dim; ++j) {
+      double v = i == j ? 1e-4 * 100.0 / dim : 0.0;
+      for (int k = 0; k < 4; ++k)
+        v += strength[k] * strength[k] * mt[k * uint64_t(dim) + i] * mt[k * uint64_t(dim) + j];
+      a[uint64_t(i) * dim + j] = v;
+    }
+  LowRankPlusDiagonal fit;
+  ASSERT_EQ(fit_low_rank(a, dim, FitOptions{}, &fit), GIFT_OK);
+  Whitener t;
+  ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+    for (auto layout : {GIFT_SCALE_TENSOR, GIFT_SCALE_BLOCK}) {
+      giftQuantParams p;
+      giftQuantParamsInit(&p);
+      p.kind = kind;
+      p.layout = layout;
+      const double euclid = rel_l2(w, round_trip(w, rows, dim, p));
+      std::vector<float> wt = w;
+      whiten(t, wt.data(), rows);
+      std::vector<float> back = round_trip(wt, rows, dim, p);
+      unwhiten(t, back.data(), rows);
+      EXPECT_LE(rel_l2(w, back), 0.4 * euclid) << "kind " << kind << " layout " << layout;
+    }
+}
+
+// The selection bound documented in man/giftc.1: the chosen frame's full error exceeds the
+// other's only by the estimates' sampling error (3 cv / sqrt(k), per-row squared errors).
+TEST(Select, ChosenFrameIsNeverWorseBeyondTheSamplingError) {
+  const uint32_t dim = 256;
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    for (double noise : {0.01, 0.3, 3.0}) {
+      const uint32_t rows = seed % 2 ? 1024 : 200;  // sampled, and whole
+      const std::vector<float> w = synthetic(rows, dim, noise, seed);
+      // A basis fitted on another draw of the same structure.
+      const std::vector<float> other = synthetic(rows, dim, noise, seed + 100);
+      LowRankPlusDiagonal fit;
+      FitOptions fo;
+      fo.damping = 1.0;
+      ASSERT_EQ(fit_low_rank(gradient_second_moment(other.data(), rows, dim), dim, fo, &fit),
+                GIFT_OK);
+      Whitener t;
+      ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
+      const container::Coordinates c =
+          choose_frame(w.data(), rows, dim, &t, {}, p, SelectOptions{});
+      // Full errors, and the per-row squared errors of both frames.
+      std::vector<float> e = round_trip(w, rows, dim, p), g = w;
+      whiten(t, g.data(), rows);
+      g = round_trip(g, rows, dim, p);
+      unwhiten(t, g.data(), rows);
+      const double full_e = rel_l2(w, e), full_g = rel_l2(w, g);
+      auto cv = [&](const std::vector<float>& y) {
+        double s1 = 0, s2 = 0;
+        for (uint32_t i = 0; i < rows; ++i) {
+          double r = 0;
+          for (uint32_t j = 0; j < dim; ++j)
+            r += std::pow(double(y[i * dim + j]) - w[i * dim + j], 2);
+          s1 += r;
+          s2 += r * r;
+        }
+        const double mean = s1 / rows;
+        return std::sqrt(std::max(s2 / rows - mean * mean, 0.0)) / mean;
+      };
+      const double k = std::min<double>(rows, 256);
+      const double slack = rows <= 256 ? 0.0 : 3 * std::max(cv(e), cv(g)) / std::sqrt(k);
+      const double chosen = c.gift ? full_g : full_e;
+      EXPECT_LE(chosen, full_e * (1 + slack) * (1 + 1e-9))
+          << "seed " << seed << " noise " << noise << " rows " << rows << " gift " << c.gift;
+      if (rows <= 256) {  // the whole tensor was the sample: the estimates are exact
+        EXPECT_NEAR(c.euclidean_error, full_e, 1e-6 * full_e);
+        EXPECT_NEAR(c.gift_error, full_g, 1e-4 * full_g);
+      }
+    }
+  }
 }
 
 TEST(Fit, RandomizedSubspaceIterationFindsTheExactTopSpace) {
