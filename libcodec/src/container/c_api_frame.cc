@@ -171,7 +171,19 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
   gift::clear_error();
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
   try {
-    return frame->reader->verify_all();
+    if (const giftResult_t r = frame->reader->verify_all()) return r;
+    // GIFT-frame tensors also need their (embedded) basis, as decoding them does.
+    const auto& ts = frame->reader->tensors();
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i].fb->frame() != gift::fb::CoordFrame::Gift) continue;
+      gift::frame::Basis embedded;
+      const gift::frame::Whitener* t = nullptr;
+      if (const giftResult_t r =
+              gift::frame::resolve_whitener(*frame->reader, i, nullptr, &embedded, &t)) {
+        return r;
+      }
+    }
+    return GIFT_OK;
   } catch (const std::bad_alloc&) {
     return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while verifying");
   }

@@ -482,8 +482,8 @@ giftResult_t FrameReader::verify_all() const {
         return r;
       }
     }
-    // Raw data is checked by its checksum; a GIFT-frame tensor decodes only with its basis.
-    if (e.raw || e.elements == 0 || e.fb->frame() == fb::CoordFrame::Gift) continue;
+    // Raw data is checked by its checksum.
+    if (e.raw || e.elements == 0) continue;  // GIFT-frame tensors: their codes, as coded
     std::vector<uint8_t> aligned;
     scales = aligned_scales(e, scales, &aligned);
     // Rows whose scales are their own: one row (row, block), a band of tile rows, or all.

@@ -73,21 +73,17 @@ container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols
   return c;
 }
 
-giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const Basis* basis,
-                           void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
-  if (index >= r.tensors().size() || r.tensors()[index].fb->frame() != fb::CoordFrame::Gift) {
-    return r.decode(index, dst, dst_bytes, dst_dtype);
-  }
+giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, const Basis* basis,
+                              Basis* embedded, const Whitener** out) {
   const container::TensorEntry& e = r.tensors()[index];
-  Basis embedded;
   if (!basis) {
     std::vector<uint8_t> scratch;
     const uint8_t* bytes = nullptr;
     uint64_t size = 0;
     if (const giftResult_t rc = r.embedded_basis(&scratch, &bytes, &size)) return rc;
     if (size) {
-      if (const giftResult_t rc = parse_basis(bytes, size, "embedded basis", &embedded)) return rc;
-      basis = &embedded;
+      if (const giftResult_t rc = parse_basis(bytes, size, "embedded basis", embedded)) return rc;
+      basis = embedded;
     }
   }
   const fb::BasisId* want = e.fb->basis_id();
@@ -108,9 +104,27 @@ giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const 
     return fail(GIFT_ERROR_BASIS_MISSING, "%s: tensor '%s': basis %s has no whitener for it",
                 r.name().c_str(), e.name.c_str(), want_id.hex().c_str());
   }
+  *out = t;
+  return GIFT_OK;
+}
+
+giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const Basis* basis,
+                           void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
+  if (index >= r.tensors().size() || r.tensors()[index].fb->frame() != fb::CoordFrame::Gift) {
+    return r.decode(index, dst, dst_bytes, dst_dtype);
+  }
+  const container::TensorEntry& e = r.tensors()[index];
+  // The caller's buffer is checked first, as for every tensor.
   const uint64_t need = e.elements * (dst_dtype == GIFT_DTYPE_F32 ? 4 : 2);
-  if (!dst || dst_bytes < need)
-    return fail(GIFT_ERROR_BUFFER_TOO_SMALL, "tensor '%s': output too small", e.name.c_str());
+  if (need && !dst) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: dst is NULL");
+  if (dst_bytes < need) {
+    return fail(GIFT_ERROR_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, %llu given",
+                r.name().c_str(), e.name.c_str(), (unsigned long long)need,
+                (unsigned long long)dst_bytes);
+  }
+  Basis embedded;
+  const Whitener* t = nullptr;
+  if (const giftResult_t rc = resolve_whitener(r, index, basis, &embedded, &t)) return rc;
   std::vector<float> v(e.elements);
   if (const giftResult_t rc = r.decode(index, v.data(), v.size() * 4, GIFT_DTYPE_F32, true))
     return rc;
