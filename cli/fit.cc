@@ -43,6 +43,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     dampings = {d};
   }
   if (o.rank == 0) throw Failure(kUsage, "--rank must be positive");
+  if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
   check_output(o.output, o.force);
   // Second moments per tensor name: activation statistics when given, else the gradients'
   // own A_g = W^T W / d_out, smoothed over the dumps in order (A <- decay A + (1 - decay) A_new).

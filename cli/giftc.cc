@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "giftc: out of memory\n");
     return kIoError;
+  } catch (const std::exception& e) {  // e.g. JSON output of strings that are not UTF-8
+    std::fprintf(stderr, "giftc: %s\n", e.what());
+    return kBadInput;
   }
   return kOk;
 }
