@@ -156,6 +156,16 @@ std::vector<float> round_trip(const std::vector<float>& w, uint32_t rows, uint32
   return out;
 }
 
+// Relative L2 error of W after W T -> FP8 -> T^-1.
+double gift_round_trip_error(const std::vector<float>& w, uint32_t rows, uint32_t dim,
+                             const Whitener& t, const giftQuantParams& p) {
+  std::vector<float> wt = w;
+  whiten(t, wt.data(), rows);
+  std::vector<float> back = round_trip(wt, rows, dim, p);
+  unwhiten(t, back.data(), rows);
+  return rel_l2(w, back);
+}
+
 TEST(Whitener, SyntheticGradientsWhereTheFrameMustWin) {
   const uint32_t rows = 256, dim = 512;
   const std::vector<float> w = synthetic(rows, dim, 0.01, 11);
@@ -184,11 +194,7 @@ TEST(Whitener, SyntheticGradientsWhereTheFrameMustWin) {
       p.kind = kind;
       p.layout = layout;
       const double euclid = rel_l2(w, round_trip(w, rows, dim, p));
-      std::vector<float> wt = w;
-      whiten(t, wt.data(), rows);
-      std::vector<float> back = round_trip(wt, rows, dim, p);
-      unwhiten(t, back.data(), rows);
-      const double gift = rel_l2(w, back);
+      const double gift = gift_round_trip_error(w, rows, dim, t, p);
       EXPECT_LE(gift, 0.4 * euclid) << "kind " << kind << " layout " << layout << ": gift " << gift
                                     << " euclidean " << euclid;
       // The paper's dense Cholesky whitener on the same data: within 10%.
@@ -250,11 +256,8 @@ TEST(Whitener, SyntheticGradientsWithActivationStatistics) {
       p.kind = kind;
       p.layout = layout;
       const double euclid = rel_l2(w, round_trip(w, rows, dim, p));
-      std::vector<float> wt = w;
-      whiten(t, wt.data(), rows);
-      std::vector<float> back = round_trip(wt, rows, dim, p);
-      unwhiten(t, back.data(), rows);
-      EXPECT_LE(rel_l2(w, back), 0.4 * euclid) << "kind " << kind << " layout " << layout;
+      EXPECT_LE(gift_round_trip_error(w, rows, dim, t, p), 0.4 * euclid)
+          << "kind " << kind << " layout " << layout;
     }
 }
 
