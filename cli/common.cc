@@ -10,12 +10,12 @@
 
 namespace giftc {
 
+// Options are checked where they are parsed (usage errors, exit 1), so what the library
+// still refuses comes from the data: an all-zero gradient, duplicate names, bad metadata.
 int exit_code_for(giftResult_t r) {
   switch (r) {
     case GIFT_OK:
       return kOk;
-    case GIFT_ERROR_INVALID_ARGUMENT:
-      return kUsage;
     case GIFT_ERROR_IO:
     case GIFT_ERROR_OUT_OF_MEMORY:
       return kIoError;

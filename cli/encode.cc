@@ -75,7 +75,10 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   check(gift::io::read_tensor_file(o.input, &in));
   gift::container::FrameWriter w;
   w.set_compression(o.zstd);
-  for (const auto& [k, val] : in.metadata) w.add_metadata(k, val);
+  for (const auto& [k, val] : in.metadata) {
+    if (w.add_metadata(k, val) != GIFT_OK)
+      throw Failure(kBadInput, o.input + ": " + giftGetLastErrorMessage());
+  }
   if (o.embed_basis) {
     std::vector<uint8_t> bytes;
     check(gift::frame::serialize_basis(basis, o.zstd, &bytes));

@@ -3,8 +3,8 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <map>
 #include <memory>
+#include <set>
 
 #include "commands.h"
 #include "frame/basis.h"
@@ -24,68 +24,97 @@ struct FitCliOptions {
   int zstd = 0;
 };
 
+// A d_in x d_in moment in fp64 is 8 d_in^2 bytes: 8 GiB at this bound.
+constexpr uint64_t kMaxFitDim = 32768;
+
 bool eligible(const gift::io::TensorRef& t) {
-  return t.shape.size() == 2 && t.shape[0] >= 16 && t.shape[1] >= 16 && t.shape[1] <= 65536;
+  return t.shape.size() == 2 && t.shape[0] >= 16 && t.shape[1] >= 16 && t.shape[1] <= kMaxFitDim;
+}
+
+const gift::io::TensorRef* find(const gift::io::TensorFile& f, const std::string& name) {
+  for (const gift::io::TensorRef& t : f.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::vector<double> parse_dampings(const FitCliOptions& o) {
+  // Candidate strengths: one given, or (auto) a ladder measured per tensor on the last dump.
+  if (o.damping == "auto") {
+    if (o.damping_absolute) throw Failure(kUsage, "--damping-absolute needs a --damping value");
+    return {1e-3, 1e-2, 0.1, 1.0, 3.0, 10.0};
+  }
+  char* end = nullptr;
+  const double d = std::strtod(o.damping.c_str(), &end);
+  if (o.damping.empty() || *end || !(d > 0))
+    throw Failure(kUsage, "--damping: '" + o.damping + "' is not auto or a positive number");
+  return {d};
+}
+
+// The second moment of one tensor: its activation statistics when given, else the
+// gradients' own A_g = W^T W / d_out smoothed over the dumps in order
+// (A <- decay A + (1 - decay) A_new). Empty when no dump has the tensor.
+std::vector<double> second_moment(const FitCliOptions& o, const gift::io::TensorFile* acts,
+                                  const std::vector<gift::io::TensorFile>& dumps,
+                                  const std::string& name, uint32_t* dim) {
+  std::vector<double> a;
+  if (acts) {
+    const gift::io::TensorRef* t = find(*acts, name);
+    const std::vector<float> v = gift::io::widen_to_float(*t);
+    *dim = uint32_t(t->shape[0]);
+    return std::vector<double>(v.begin(), v.end());
+  }
+  for (size_t k = 0; k < dumps.size(); ++k) {
+    const gift::io::TensorRef* t = find(dumps[k], name);
+    if (!t || !eligible(*t)) continue;
+    const std::vector<float> w = gift::io::widen_to_float(*t);
+    std::vector<double> ak =
+        gift::frame::gradient_second_moment(w.data(), t->shape[0], uint32_t(t->shape[1]));
+    if (a.empty()) {
+      a = std::move(ak);
+      *dim = uint32_t(t->shape[1]);
+    } else if (*dim == t->shape[1]) {
+      for (size_t i = 0; i < a.size(); ++i) a[i] = o.decay * a[i] + (1 - o.decay) * ak[i];
+    } else {
+      throw Failure(kBadInput,
+                    o.inputs[k] + ": tensor '" + name + "' changed shape between dumps");
+    }
+  }
+  return a;
 }
 
 void run_fit(const FitCliOptions& o, const Verbosity& v) {
   if (o.decay < 0 || o.decay >= 1) throw Failure(kUsage, "--decay must be in [0, 1)");
-  // Candidate strengths: one given, or (auto) a ladder measured per tensor on the last dump.
-  std::vector<double> dampings;
-  if (o.damping == "auto") {
-    if (o.damping_absolute) throw Failure(kUsage, "--damping-absolute needs a --damping value");
-    dampings = {1e-3, 1e-2, 0.1, 1.0, 3.0, 10.0};
-  } else {
-    char* end = nullptr;
-    const double d = std::strtod(o.damping.c_str(), &end);
-    if (o.damping.empty() || *end || !(d > 0))
-      throw Failure(kUsage, "--damping: '" + o.damping + "' is not auto or a positive number");
-    dampings = {d};
-  }
+  const std::vector<double> dampings = parse_dampings(o);
   if (o.rank == 0) throw Failure(kUsage, "--rank must be positive");
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
   check_output(o.output, o.force);
-  // Second moments per tensor name: activation statistics when given, else the gradients'
-  // own A_g = W^T W / d_out, smoothed over the dumps in order (A <- decay A + (1 - decay) A_new).
-  std::map<std::string, std::vector<double>> moments;
-  std::map<std::string, uint32_t> dims;
-  std::map<std::string, std::vector<float>> last;  // each tensor of the last dump, for measuring
-  std::string source = o.activations.empty() ? "gradients" : "activations";
+  // Inputs stay mapped; each tensor's moment is built, fitted and dropped in turn, so memory
+  // holds one d_in x d_in matrix at a time.
+  std::vector<gift::io::TensorFile> dumps(o.inputs.size());
+  for (size_t k = 0; k < o.inputs.size(); ++k)
+    check(gift::io::read_tensor_file(o.inputs[k], &dumps[k]));
+  gift::io::TensorFile acts;
+  const std::string source = o.activations.empty() ? "gradients" : "activations";
+  std::set<std::string> names;
   if (!o.activations.empty()) {
-    gift::io::TensorFile acts;
     check(gift::io::read_tensor_file(o.activations, &acts));
     for (const gift::io::TensorRef& t : acts.tensors) {
-      if (t.shape.size() != 2 || t.shape[0] != t.shape[1] || t.shape[0] < 16) continue;
-      const std::vector<float> a = gift::io::widen_to_float(t);
-      moments[t.name].assign(a.begin(), a.end());
-      dims[t.name] = uint32_t(t.shape[0]);
+      if (t.shape.size() == 2 && t.shape[0] == t.shape[1] && t.shape[0] >= 16 &&
+          t.shape[0] <= kMaxFitDim)
+        names.insert(t.name);
     }
-  }
-  for (size_t k = 0; k < o.inputs.size(); ++k) {
-    gift::io::TensorFile in;
-    check(gift::io::read_tensor_file(o.inputs[k], &in));
-    for (const gift::io::TensorRef& t : in.tensors) {
-      if (!eligible(t)) continue;
-      std::vector<float> w = gift::io::widen_to_float(t);
-      if (k + 1 == o.inputs.size() && dampings.size() > 1) last[t.name] = w;
-      if (!o.activations.empty()) continue;
-      std::vector<double> a =
-          gift::frame::gradient_second_moment(w.data(), t.shape[0], uint32_t(t.shape[1]));
-      auto it = moments.find(t.name);
-      if (it == moments.end()) {
-        moments[t.name] = std::move(a);
-        dims[t.name] = uint32_t(t.shape[1]);
-      } else if (it->second.size() == a.size() && dims[t.name] == t.shape[1]) {
-        for (size_t i = 0; i < a.size(); ++i)
-          it->second[i] = o.decay * it->second[i] + (1 - o.decay) * a[i];
-      } else {
-        throw Failure(kBadInput,
-                      o.inputs[k] + ": tensor '" + t.name + "' changed shape between dumps");
+  } else {
+    for (const gift::io::TensorFile& f : dumps) {
+      for (const gift::io::TensorRef& t : f.tensors) {
+        if (eligible(t)) names.insert(t.name);
       }
     }
   }
-  if (moments.empty())
-    throw Failure(kBadInput, "no 2-D tensor of at least 16 x 16 to fit a whitener for");
+  if (names.empty()) {
+    throw Failure(kBadInput, "no 2-D tensor of at least 16 x 16 (and at most " +
+                                 std::to_string(kMaxFitDim) + " columns) to fit a whitener for");
+  }
   gift::frame::FitOptions fo;
   fo.rank = o.rank;
   fo.damping = dampings[0];
@@ -93,29 +122,39 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   giftQuantParams measure;  // the encoder's defaults
   giftQuantParamsInit(&measure);
   gift::frame::Basis basis;
-  Progress progress("fit", moments.size(), v);
+  Progress progress("fit", names.size(), v);
   size_t done = 0;
-  for (const auto& [name, a] : moments) {
+  for (const std::string& name : names) {
     const std::string what = "tensor '" + name + "'";
+    uint32_t dim = 0;
+    const std::vector<double> a =
+        second_moment(o, o.activations.empty() ? nullptr : &acts, dumps, name, &dim);
+    // The damping is measured on this tensor in the last dump, when it is there.
+    const gift::io::TensorRef* last = find(dumps.back(), name);
+    if (last && last->shape.size() == 2 && last->shape[1] != dim) {
+      throw Failure(kBadInput, o.activations + ": " + what + " holds a " + std::to_string(dim) +
+                                   " x " + std::to_string(dim) + " moment, but the gradient in " +
+                                   o.inputs.back() + " has " + std::to_string(last->shape[1]) +
+                                   " columns");
+    }
+    std::vector<float> w;
+    if (dampings.size() > 1 && last && last->shape.size() == 2) w = gift::io::widen_to_float(*last);
     gift::frame::LowRankPlusDiagonal fit;
-    check(gift::frame::fit_low_rank(a, dims[name], fo, &fit), what);
+    check(gift::frame::fit_low_rank(a, dim, fo, &fit), what);
     gift::frame::BasisEntry best;
     double best_error = INFINITY;
-    const auto w = last.find(name);
     for (double d : dampings) {
       check(gift::frame::redamp(a, d, fo.damping_relative, &fit), what);
       gift::frame::BasisEntry e;
       e.name = name;
       e.damping = d;
       e.source = source;
-      check(gift::frame::make_whitener(fit.u, fit.l, fit.diag, dims[name], &e.whitener), what);
+      check(gift::frame::make_whitener(fit.u, fit.l, fit.diag, dim, &e.whitener), what);
       double err = 0;
-      if (w != last.end() && w->second.size() % dims[name] == 0) {
+      if (!w.empty()) {
         gift::frame::SelectOptions so;
         so.min_dim = 1;
-        const uint64_t rows = w->second.size() / dims[name];
-        err = gift::frame::choose_frame(w->second.data(), rows, dims[name], &e.whitener, {},
-                                        measure, so)
+        err = gift::frame::choose_frame(w.data(), last->shape[0], dim, &e.whitener, {}, measure, so)
                   .gift_error;
       }
       if (err < best_error || best.name.empty()) {

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import zipfile
 
 import ml_dtypes
 import numpy as np
@@ -199,6 +200,14 @@ class Giftc(unittest.TestCase):
         a, b = load_file(self.path("d.safetensors")), load_file(self.path("d2.safetensors"))
         for k in a:
             self.assertTrue(np.array_equal(a[k], b[k]), k)
+        # Activation statistics of the wrong size for a gradient are refused by name.
+        acts = self.path("acts.safetensors")
+        save_file({"mlp.down.weight": np.eye(256, dtype=np.float32)}, acts)
+        r = run("fit", src, "--activations", acts, "-o", self.path("x.giftb"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("tensor 'mlp.down.weight' holds a 256 x 256 moment, but the gradient in", r.stderr)
+        self.assertIn("has 512 columns", r.stderr)
+        self.assertFalse(os.path.exists(self.path("x.giftb")))
 
     def test_real_dump_gift_frame_target(self):
         # Issue target: with a basis from same-step activation statistics and default
@@ -286,6 +295,52 @@ class Giftc(unittest.TestCase):
         r = run("decode", self.gift_frame_tensor(frame), "-o", self.path("g.safetensors"))
         self.assertEqual(r.returncode, 4, r.stderr)
         self.assertIn("encoded in basis 00000000000000020000000000000001, and no basis is given", r.stderr)
+
+    def test_hostile_archives_are_refused_before_any_work(self):
+        a = np.ones((4, 32), np.float32)
+        npy = self.path("m.npy")
+        np.save(npy, a)
+        with open(npy, "rb") as f:
+            member = f.read()
+
+        def archive(name, members, edit=None):
+            path = self.path(name)
+            with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+                for m in members:
+                    z.writestr(m, member)
+            if edit:
+                with open(path, "rb") as f:
+                    data = edit(f.read())
+                with open(path, "wb") as f:
+                    f.write(data)
+            return path
+
+        # A member name that is not UTF-8 (same length, so the archive stays consistent).
+        bad_name = archive("n.npz", ["wA.npy"], lambda d: d.replace(b"wA.npy", b"w\xff.npy"))
+        r = run("encode", bad_name)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("n.npz: tensor name 'w\\xff' is not UTF-8 without NUL", r.stderr)
+        # Two entries of the central directory pointing at one deflated member.
+        def duplicate_entry(d):
+            eocd = d.rindex(b"PK\x05\x06")
+            entries, cd_size, cd_off = struct.unpack_from("<HII", d, eocd + 10)
+            entry = d[cd_off:cd_off + cd_size].replace(b"a.npy", b"b.npy")
+            tail = bytearray(d[eocd:])
+            struct.pack_into("<HHI", tail, 8, entries + 1, entries + 1, cd_size * 2)
+            return d[:cd_off + cd_size] + entry + bytes(tail)
+        bomb = archive("bomb.npz", ["a.npy"], duplicate_entry)
+        with zipfile.ZipFile(bomb) as z:  # the edit itself is a readable archive
+            self.assertEqual(z.namelist(), ["a.npy", "b.npy"])
+        r = run("encode", bomb)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("bomb.npz: ZIP members overlap", r.stderr)
+        # The same name twice.
+        with self.assertWarns(UserWarning):
+            twice = archive("twice.npz", ["a.npy", "a.npy"])
+        r = run("encode", twice)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("twice.npz: tensor 'a' appears twice", r.stderr)
+        self.assertFalse(any(f.endswith(".gift") for f in os.listdir(self.dir)), os.listdir(self.dir))
 
     def gift_frame_tensor(self, frame: bytes) -> str:
         """The frame with its tensor marked as encoded in a GIFT basis, rebuilt with flatc."""

@@ -353,6 +353,19 @@ TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
        GIFT_ERROR_FIELD_INVALID, "tensor 1: name is not UTF-8 without NUL"},
       {"bad UTF-8", [](fb::FrameT& f) { f.tensors[1]->name = "\xC0\xAF"; },
        GIFT_ERROR_FIELD_INVALID, "tensor 1: name is not UTF-8 without NUL"},
+      {"bad UTF-8 producer", [](fb::FrameT& f) { f.producer = "giftc \xFF"; },
+       GIFT_ERROR_FIELD_INVALID, "frame: producer is not UTF-8 without NUL"},
+      {"NUL in metadata",
+       [](fb::FrameT& f) { f.metadata[0]->value = std::string("1\0" "0", 3); },
+       GIFT_ERROR_FIELD_INVALID, "metadata value of 'step' is not UTF-8 without NUL"},
+      {"surrogate in metadata key", [](fb::FrameT& f) { f.metadata[0]->key = "\xED\xA0\x80"; },
+       GIFT_ERROR_FIELD_INVALID, "metadata key 0 is not UTF-8 without NUL"},
+      {"bad UTF-8 reason",
+       [](fb::FrameT& f) {
+         f.tensors[0]->selection = std::make_unique<fb::SelectionT>();
+         f.tensors[0]->selection->reason = "\xE2\x82";
+       },
+       GIFT_ERROR_FIELD_INVALID, "tensor 'layers.0.weight': selection reason is not UTF-8"},
       {"fields before sections",
        [](fb::FrameT& f) {
          f.tensors[0]->codes->offset += 8;
@@ -444,6 +457,10 @@ TEST(Frame, WriterRejectsBadTensors) {
   EXPECT_EQ(giftFrameWriterAddTensor(w, "a", shape, 1, GIFT_DTYPE_F32, x, nullptr), GIFT_OK);
   EXPECT_EQ(giftFrameWriterAddTensor(w, "a", shape, 1, GIFT_DTYPE_F32, x, nullptr),
             GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "\xC3", shape, 1, GIFT_DTYPE_F32, x, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftFrameWriterAddMetadata(w, "k", "\xF5\x80\x80\x80"), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftFrameWriterAddMetadata(w, "k", "caf\xC3\xA9"), GIFT_OK);
   EXPECT_EQ(giftFrameWriterSetCompression(w, 40), GIFT_ERROR_INVALID_ARGUMENT);
   giftFrameWriterFree(w);
 }

@@ -212,8 +212,7 @@ giftResult_t giftFrameWriterAddMetadata(giftFrameWriter* writer, const char* key
                                         const char* value) {
   gift::clear_error();
   if (!writer || !key || !value) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
-  writer->writer.add_metadata(key, value);
-  return GIFT_OK;
+  return writer->writer.add_metadata(key, value);
 }
 
 giftResult_t giftFrameWriterAddTensor(giftFrameWriter* writer, const char* name,

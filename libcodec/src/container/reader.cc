@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "container/layout.h"
 #include "container/sections.h"
 #include "gift_generated.h"
@@ -97,28 +98,33 @@ giftResult_t FrameReader::open(std::unique_ptr<ByteSource> bytes, const std::str
   return GIFT_OK;
 }
 
-namespace {
 
-// Well-formed UTF-8 without NUL (names are C strings in the API).
-bool valid_utf8_name(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const uint8_t c = uint8_t(s[i]);
-    int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (c == 0 || len == 0 || i + size_t(len) > s.size()) return false;
-    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-    for (int k = 1; k < len; ++k) {
-      const uint8_t d = uint8_t(s[i + size_t(k)]);
-      if ((d >> 6) != 0x2) return false;
-      cp = (cp << 6) | (d & 0x3F);
+// Every other string of the header reaches callers as a C string and JSON output, so it is
+// held to the rule for names too.
+giftResult_t FrameReader::verify_strings() const {
+  const char* n = name_.c_str();
+  auto check = [&](const flatbuffers::String* s, const std::string& what) {
+    if (!s || valid_utf8_c_string(s->str())) return GIFT_OK;
+    return fail(GIFT_ERROR_FIELD_INVALID, "%s: %s is not UTF-8 without NUL", n, what.c_str());
+  };
+  if (const giftResult_t r = check(header_->producer(), "producer")) return r;
+  if (const auto* md = header_->metadata()) {
+    for (uint32_t i = 0; i < md->size(); ++i) {
+      if (const giftResult_t r = check(md->Get(i)->key(), "metadata key " + std::to_string(i)))
+        return r;
+      if (const giftResult_t r = check(md->Get(i)->value(), "metadata value of '" +
+                                                                md->Get(i)->key()->str() + "'"))
+        return r;
     }
-    const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += size_t(len);
   }
-  return true;
+  for (const TensorEntry& e : tensors_) {
+    const fb::Selection* sel = e.fb->selection();
+    if (const giftResult_t r =
+            check(sel ? sel->reason() : nullptr, "tensor '" + e.name + "': selection reason"))
+      return r;
+  }
+  return GIFT_OK;
 }
-
-}  // namespace
 
 giftResult_t FrameReader::verify_structure() {
   const uint8_t* b = bytes_->data();
@@ -187,7 +193,7 @@ giftResult_t FrameReader::verify_structure() {
     const char* tn = e.name.c_str();
     if (e.name.empty())
       return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor %u has an empty name", n, i);
-    if (!valid_utf8_name(e.name)) {
+    if (!valid_utf8_c_string(e.name)) {
       return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor %u: name is not UTF-8 without NUL", n, i);
     }
     const auto* shape = t->shape();
@@ -275,6 +281,7 @@ giftResult_t FrameReader::verify_structure() {
       }
     }
   }
+  if (const giftResult_t r = verify_strings()) return r;
   if (header_->basis() &&
       uint8_t(header_->basis()->compression()) > uint8_t(fb::Compression::MAX)) {
     return fail(GIFT_ERROR_FIELD_INVALID, "%s: embedded basis: unknown compression", n);

@@ -66,6 +66,7 @@ class FrameReader {
 
  private:
   giftResult_t verify_structure();
+  giftResult_t verify_strings() const;
   static const uint8_t* aligned_scales(const TensorEntry& e, const uint8_t* scales,
                                        std::vector<uint8_t>* scratch);
 

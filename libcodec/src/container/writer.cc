@@ -12,6 +12,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/utf8.h"
 #include "container/layout.h"
 #include "gift_generated.h"
 #include "numerics/codec.h"
@@ -65,6 +66,15 @@ float finite_rms(const void* data, giftDType_t dtype, uint64_t n) {
 
 }  // namespace
 
+giftResult_t FrameWriter::add_metadata(std::string key, std::string value) {
+  if (!valid_utf8_c_string(key) || !valid_utf8_c_string(value)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "metadata '%s': key and value must be UTF-8",
+                ascii_escaped(key).c_str());
+  }
+  metadata_.emplace_back(std::move(key), std::move(value));
+  return GIFT_OK;
+}
+
 giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
                                      giftDType_t dtype, const void* data,
                                      const giftQuantParams* params, const Coordinates* coords,
@@ -72,6 +82,10 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   const giftDType_t data_dtype =
       data_dtype_arg < 0 ? dtype : static_cast<giftDType_t>(data_dtype_arg);
   if (name.empty()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name is empty");
+  if (!valid_utf8_c_string(name)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name '%s' is not UTF-8 without NUL",
+                ascii_escaped(name).c_str());
+  }
   for (const Pending& t : tensors_) {
     if (t.name == name) {
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s' added twice", name.c_str());

@@ -46,9 +46,7 @@ class FrameWriter {
     basis_lo_ = lo;
     basis_hi_ = hi;
   }
-  void add_metadata(std::string key, std::string value) {
-    metadata_.emplace_back(std::move(key), std::move(value));
-  }
+  giftResult_t add_metadata(std::string key, std::string value);
   // params == nullptr: stored losslessly. `dtype` is the tensor's own type; data_dtype that
   // of `data` (fp32 for values already moved into a GIFT frame).
   giftResult_t add_tensor(const std::string& name, const TensorShape& shape, giftDType_t dtype,

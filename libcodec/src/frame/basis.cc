@@ -95,8 +95,8 @@ giftResult_t serialize_basis(const Basis& b, int zstd_level, std::vector<uint8_t
     }
     char damping[32];
     std::snprintf(damping, sizeof damping, "%.17g", e.damping);
-    w.add_metadata(e.name + "#damping", damping);
-    w.add_metadata(e.name + "#source", e.source);
+    if (const giftResult_t r = w.add_metadata(e.name + "#damping", damping)) return r;
+    if (const giftResult_t r = w.add_metadata(e.name + "#source", e.source)) return r;
   }
   return w.finish(out);
 }

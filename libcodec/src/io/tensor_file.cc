@@ -9,6 +9,7 @@
 
 #include "common/bytes.h"
 #include "common/error.h"
+#include "common/utf8.h"
 #include "container/reader.h"
 #include "io/npy.h"
 #include "numerics/codec.h"
@@ -59,8 +60,17 @@ giftResult_t add_npy(const uint8_t* b, uint64_t size, const std::string& where,
   return GIFT_OK;
 }
 
-// .npz: a ZIP archive of .npy members, stored or deflated (numpy.savez and savez_compressed).
-giftResult_t parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorFile* out) {
+// One member of a ZIP archive as its central directory and local header describe it.
+struct ZipMember {
+  std::string name;
+  uint64_t method, csize, usize, local, data;
+};
+
+// The central directory of a ZIP archive, every member checked to lie in the file and no
+// two sharing bytes: entries pointing at one deflated member would otherwise inflate it
+// again and again (a zip bomb made of a small archive).
+giftResult_t zip_members(const uint8_t* b, uint64_t size, const std::string& path,
+                         std::vector<ZipMember>* out) {
   // End of central directory: the last 22..65557 bytes.
   const uint64_t min_eocd = 22;
   if (size < min_eocd) return bad(path, "not a ZIP archive (too short)");
@@ -83,53 +93,94 @@ giftResult_t parse_npz(const uint8_t* b, uint64_t size, const std::string& path,
     if (p + 46 > cd_off + cd_size || load_le(b + p, 4) != 0x02014b50) {
       return bad(path, "damaged central directory");
     }
-    const uint64_t method = load_le(b + p + 10, 2);
-    const uint64_t csize = load_le(b + p + 20, 4);
-    const uint64_t usize = load_le(b + p + 24, 4);
+    ZipMember m;
+    m.method = load_le(b + p + 10, 2);
+    m.csize = load_le(b + p + 20, 4);
+    m.usize = load_le(b + p + 24, 4);
     const uint64_t nlen = load_le(b + p + 28, 2);
     const uint64_t xlen = load_le(b + p + 30, 2);
     const uint64_t clen = load_le(b + p + 32, 2);
-    const uint64_t local = load_le(b + p + 42, 4);
+    m.local = load_le(b + p + 42, 4);
     if (p + 46 + nlen > cd_off + cd_size) return bad(path, "damaged central directory");
-    std::string member(reinterpret_cast<const char*>(b + p + 46), nlen);
+    m.name.assign(reinterpret_cast<const char*>(b + p + 46), nlen);
     p += 46 + nlen + xlen + clen;
-    if (local + 30 > size || load_le(b + local, 4) != 0x04034b50) {
-      return bad(path, "member '" + member + "': bad local header");
+    if (m.local + 30 > size || load_le(b + m.local, 4) != 0x04034b50) {
+      return bad(path, "member '" + m.name + "': bad local header");
     }
-    const uint64_t data = local + 30 + load_le(b + local + 26, 2) + load_le(b + local + 28, 2);
-    if (data > size || csize > size - data)
-      return bad(path, "member '" + member + "' out of bounds");
-    if (!ends_with(member, ".npy")) continue;
-    const std::string where = path + ":" + member;
-    const std::string tensor = member.substr(0, member.size() - 4);
-    if (method == 0) {
-      if (csize != usize) return bad(path, "member '" + member + "': stored sizes differ");
-      if (const giftResult_t r = add_npy(b + data, csize, where, tensor, out)) return r;
-    } else if (method == 8) {
+    m.data = m.local + 30 + load_le(b + m.local + 26, 2) + load_le(b + m.local + 28, 2);
+    if (m.data > size || m.csize > size - m.data)
+      return bad(path, "member '" + m.name + "' out of bounds");
+    out->push_back(std::move(m));
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  for (const ZipMember& m : *out) extents.emplace_back(m.local, m.data + m.csize);
+  std::sort(extents.begin(), extents.end());
+  for (size_t i = 1; i < extents.size(); ++i) {
+    if (extents[i].first < extents[i - 1].second)
+      return bad(path, "ZIP members overlap (a damaged or hostile archive)");
+  }
+  return GIFT_OK;
+}
+
+// .npz: a ZIP archive of .npy members, stored or deflated (numpy.savez and savez_compressed).
+giftResult_t parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorFile* out) {
+  std::vector<ZipMember> members;
+  if (const giftResult_t r = zip_members(b, size, path, &members)) return r;
+  for (const ZipMember& m : members) {
+    if (!ends_with(m.name, ".npy")) continue;
+    const std::string where = path + ":" + m.name;
+    const std::string tensor = m.name.substr(0, m.name.size() - 4);
+    if (m.method == 0) {
+      if (m.csize != m.usize) return bad(path, "member '" + m.name + "': stored sizes differ");
+      if (const giftResult_t r = add_npy(b + m.data, m.csize, where, tensor, out)) return r;
+    } else if (m.method == 8) {
       // Inflated members are owned by the file object. usize comes from the archive, so a
       // hostile archive could ask for up to 4 GiB here; deflate cannot expand more than
       // about 1032:1, so cap it by that.
-      if (usize / 1032 > csize + 1) return bad(path, "member '" + member + "': impossible size");
-      auto buf = std::shared_ptr<uint8_t>(new uint8_t[usize ? usize : 1],
+      if (m.usize / 1032 > m.csize + 1)
+        return bad(path, "member '" + m.name + "': impossible size");
+      auto buf = std::shared_ptr<uint8_t>(new uint8_t[m.usize ? m.usize : 1],
                                           std::default_delete<uint8_t[]>());
       z_stream z{};
       if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
         return fail(GIFT_ERROR_OUT_OF_MEMORY, "zlib init failed");
-      z.next_in = const_cast<Bytef*>(b + data);
-      z.avail_in = uInt(csize);
+      z.next_in = const_cast<Bytef*>(b + m.data);
+      z.avail_in = uInt(m.csize);
       z.next_out = buf.get();
-      z.avail_out = uInt(usize);
+      z.avail_out = uInt(m.usize);
       const int rc = inflate(&z, Z_FINISH);
       const uint64_t produced = z.total_out;
       inflateEnd(&z);
-      if (rc != Z_STREAM_END || produced != usize)
-        return bad(path, "member '" + member + "': bad deflate data");
+      if (rc != Z_STREAM_END || produced != m.usize)
+        return bad(path, "member '" + m.name + "': bad deflate data");
       out->storage.push_back(buf);
-      if (const giftResult_t r = add_npy(buf.get(), usize, where, tensor, out)) return r;
+      if (const giftResult_t r = add_npy(buf.get(), m.usize, where, tensor, out)) return r;
     } else {
-      return bad(path, "member '" + member + "': unsupported ZIP compression method " +
-                           std::to_string(method));
+      return bad(path, "member '" + m.name + "': unsupported ZIP compression method " +
+                           std::to_string(m.method));
     }
+  }
+  return GIFT_OK;
+}
+
+// Names become frame tensor names and keys of output files: non-empty UTF-8 without NUL,
+// each once.
+giftResult_t check_names(const TensorFile& f, const std::string& path) {
+  std::vector<const std::string*> names;
+  for (const TensorRef& t : f.tensors) {
+    if (t.name.empty()) return bad(path, "a tensor has an empty name");
+    if (!valid_utf8_c_string(t.name)) {
+      return bad(path, "tensor name '" + ascii_escaped(t.name) + "' is not UTF-8 without NUL");
+    }
+    names.push_back(&t.name);
+  }
+  std::sort(names.begin(), names.end(), [](auto* a, auto* c) { return *a < *c; });
+  for (size_t i = 1; i < names.size(); ++i) {
+    if (*names[i] == *names[i - 1]) return bad(path, "tensor '" + *names[i] + "' appears twice");
+  }
+  for (const auto& [k, v] : f.metadata) {
+    if (!valid_utf8_c_string(k) || !valid_utf8_c_string(v))
+      return bad(path, "metadata '" + ascii_escaped(k) + "' is not UTF-8 without NUL");
   }
   return GIFT_OK;
 }
@@ -272,14 +323,10 @@ giftResult_t read_tensor_file(const std::string& path, TensorFile* out) {
   if (const giftResult_t r = map_into(path, out, &b, &size)) return r;
   static const uint8_t kEmpty[1] = {0};
   if (!b) b = kEmpty;
-  switch (kind) {
-    case FileKind::kSafetensors:
-      return parse_safetensors(b, size, path, out);
-    case FileKind::kNpy:
-      return add_npy(b, size, path, stem_of(path), out);
-    default:
-      return parse_npz(b, size, path, out);
-  }
+  const giftResult_t r = kind == FileKind::kSafetensors ? parse_safetensors(b, size, path, out)
+                         : kind == FileKind::kNpy       ? add_npy(b, size, path, stem_of(path), out)
+                                                        : parse_npz(b, size, path, out);
+  return r ? r : check_names(*out, path);
 }
 
 std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,
