@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "container/writer.h"
+#include "frame/select.h"
 
 namespace giftc {
 
@@ -30,6 +31,19 @@ void check(giftResult_t r, const std::string& context) {
   if (r == GIFT_OK) return;
   const std::string msg = giftGetLastErrorMessage();
   throw Failure(exit_code_for(r), context.empty() ? msg : context + ": " + msg);
+}
+
+void read_basis(const std::string& path, gift::frame::Basis* out) {
+  check(gift::frame::read_basis_file(path, out));
+}
+
+const gift::frame::Basis* decoding_basis(const gift::container::FrameReader& r,
+                                         const gift::frame::Basis* given,
+                                         gift::frame::Basis* embedded) {
+  if (given) return given;
+  bool found = false;
+  check(gift::frame::read_embedded_basis(r, embedded, &found));
+  return found ? embedded : nullptr;
 }
 
 giftFp8Kind_t parse_fp8(const std::string& s) {

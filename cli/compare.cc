@@ -32,10 +32,12 @@ std::vector<std::pair<std::string, Tensor>> load(const std::string& path,
     check(gift::container::map_file(path, &src));
     std::unique_ptr<gift::container::FrameReader> r;
     check(gift::container::FrameReader::open(std::move(src), path, &r));
+    gift::frame::Basis embedded;
+    const gift::frame::Basis* with = decoding_basis(*r, basis, &embedded);
     for (size_t i = 0; i < r->tensors().size(); ++i) {
       const gift::container::TensorEntry& e = r->tensors()[i];
       Tensor t{e.shape, std::vector<float>(e.elements)};
-      check(gift::frame::decode_tensor(*r, i, basis, t.values.data(), t.values.size() * 4,
+      check(gift::frame::decode_tensor(*r, i, with, t.values.data(), t.values.size() * 4,
                                        GIFT_DTYPE_F32));
       out.emplace_back(e.name, std::move(t));
     }
@@ -50,11 +52,7 @@ std::vector<std::pair<std::string, Tensor>> load(const std::string& path,
 
 void run_compare(const CompareOptions& o, const Verbosity&) {
   gift::frame::Basis basis;
-  if (!o.basis.empty()) {
-    const giftResult_t r = gift::frame::read_basis_file(o.basis, &basis);
-    if (r != GIFT_OK)
-      throw Failure(r == GIFT_ERROR_IO ? kIoError : kBasis, giftGetLastErrorMessage());
-  }
+  if (!o.basis.empty()) read_basis(o.basis, &basis);
   const gift::frame::Basis* b = o.basis.empty() ? nullptr : &basis;
   const auto ref = load(o.reference, b);
   const auto dec = load(o.decoded, b);

@@ -45,11 +45,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   }
   check_output(out, o.force);
   gift::frame::Basis basis;
-  if (!o.basis.empty()) {
-    const giftResult_t r = gift::frame::read_basis_file(o.basis, &basis);
-    if (r != GIFT_OK)
-      throw Failure(r == GIFT_ERROR_IO ? kIoError : kBasis, giftGetLastErrorMessage());
-  }
+  if (!o.basis.empty()) read_basis(o.basis, &basis);
   std::unique_ptr<gift::container::ByteSource> src;
   check(gift::container::map_file(o.input, &src));
   std::unique_ptr<gift::container::FrameReader> f;
@@ -59,6 +55,9 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
                               " tensors; a .npy file holds one (decode to .safetensors)");
   }
+  gift::frame::Basis embedded;
+  const gift::frame::Basis* with =
+      decoding_basis(*f, o.basis.empty() ? nullptr : &basis, &embedded);
   std::vector<gift::io::OwnedTensor> tensors;
   Progress progress("decode", n, v);
   for (uint64_t i = 0; i < n; ++i) {
@@ -69,8 +68,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     }
     gift::io::OwnedTensor t{e.name, e.shape, dt, {}};
     t.data.resize(e.elements * (dt == GIFT_DTYPE_F32 ? 4 : 2));
-    check(gift::frame::decode_tensor(*f, i, o.basis.empty() ? nullptr : &basis, t.data.data(),
-                                     t.data.size(), dt));
+    check(gift::frame::decode_tensor(*f, i, with, t.data.data(), t.data.size(), dt));
     tensors.push_back(std::move(t));
     progress.step(i + 1);
   }

@@ -65,11 +65,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   }
   if (o.embed_basis && o.basis.empty())
     throw Failure(kUsage, "--embed-basis needs --basis FILE.giftb");
-  if (!o.basis.empty()) {
-    const giftResult_t r = gift::frame::read_basis_file(o.basis, &basis);
-    if (r != GIFT_OK)
-      throw Failure(r == GIFT_ERROR_IO ? kIoError : kBasis, giftGetLastErrorMessage());
-  }
+  if (!o.basis.empty()) read_basis(o.basis, &basis);
 
   gift::io::TensorFile in;
   check(gift::io::read_tensor_file(o.input, &in));

@@ -76,8 +76,7 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
     } else if (*dim == t->shape[1]) {
       for (size_t i = 0; i < a.size(); ++i) a[i] = o.decay * a[i] + (1 - o.decay) * ak[i];
     } else {
-      throw Failure(kBadInput,
-                    o.inputs[k] + ": tensor '" + name + "' changed shape between dumps");
+      throw Failure(kBadInput, o.inputs[k] + ": tensor '" + name + "' changed shape between dumps");
     }
   }
   return a;

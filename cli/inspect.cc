@@ -35,7 +35,11 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   const uint64_t file_bytes = src->size();
   std::unique_ptr<gift::container::FrameReader> r;
   check(gift::container::FrameReader::open(std::move(src), o.input, &r));
-  if (o.verify) check(r->verify_all());
+  if (o.verify) {
+    check(r->verify_all());
+    gift::frame::Basis embedded;  // its contents must match its id and Frame.basis_id
+    decoding_basis(*r, nullptr, &embedded);
+  }
   const fb::Frame* h = r->header();
 
   nlohmann::ordered_json doc;

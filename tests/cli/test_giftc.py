@@ -200,6 +200,18 @@ class Giftc(unittest.TestCase):
         a, b = load_file(self.path("d.safetensors")), load_file(self.path("d2.safetensors"))
         for k in a:
             self.assertTrue(np.array_equal(a[k], b[k]), k)
+        # A kept NaN would spread over its row in the GIFT frame: such tensors stay Euclidean.
+        t = load_file(src)
+        t["mlp.down.weight"][3, 7] = np.nan
+        nan_src = self.path("nan.safetensors")
+        save_file(t, nan_src)
+        r = run("encode", nan_src, "--basis", basis, "--frame", "gift", "--keep-nonfinite", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        info = {t["name"]: t for t in json.loads(run("inspect", nan_src + ".gift", "--json").stdout)["tensors"]}
+        self.assertEqual(info["mlp.down.weight"]["frame"], "euclidean")
+        self.assertEqual(info["mlp.down.weight"]["selection"]["reason"], "non-finite values")
+        self.assertEqual(run("decode", nan_src + ".gift", "--basis", basis, "-o", self.path("n.safetensors")).returncode, 0)
+        self.assertEqual(int(np.isnan(load_file(self.path("n.safetensors"))["mlp.down.weight"]).sum()), 1)
         # Activation statistics of the wrong size for a gradient are refused by name.
         acts = self.path("acts.safetensors")
         save_file({"mlp.down.weight": np.eye(256, dtype=np.float32)}, acts)
@@ -285,6 +297,12 @@ class Giftc(unittest.TestCase):
         r = run("encode", bad)
         self.assertEqual(r.returncode, 2)
         self.assertIn("bad.safetensors: safetensors header is not a JSON object", r.stderr)
+        junk = self.path("junk.giftb")
+        with open(junk, "wb") as f:
+            f.write(b"\x89GFT\r\n\x1a\n" + bytes(40))
+        r = run("decode", a + ".gift", "--basis", junk, "-o", self.path("j.safetensors"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("junk.giftb", r.stderr)
         # 3: I/O
         r = run("encode", self.path("missing.npy"))
         self.assertEqual(r.returncode, 3)

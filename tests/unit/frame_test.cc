@@ -15,7 +15,7 @@
 #include "container/layout.h"
 #include "gift/gift.h"
 #include "gift_generated.h"
-#include "unit/frame_edit.h"
+#include "unit/edited.h"
 
 namespace {
 
@@ -263,20 +263,6 @@ TEST(Frame, NewerMajorVersionIsRefusedByName) {
   EXPECT_EQ(m, "frame: unsupported GIFT format major version 2 (this build reads 1)");
 }
 
-// Re-packs the header with `edit` applied, keeping everything else valid.
-template <typename Edit>
-std::vector<uint8_t> edited(const std::vector<uint8_t>& frame, Edit edit) {
-  return gift::testing::edit_frame<fb::FrameT>(
-      frame, [](const uint8_t* h, fb::FrameT* o) { fb::GetFrame(h)->UnPackTo(o); },
-      [](const fb::FrameT& o) {
-        flatbuffers::FlatBufferBuilder b;
-        b.ForceDefaults(true);
-        b.Finish(fb::Frame::Pack(b, &o), fb::FrameIdentifier());
-        return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
-      },
-      edit);
-}
-
 struct HostileCase {
   const char* what;
   void (*edit)(fb::FrameT&);
@@ -287,7 +273,7 @@ struct HostileCase {
 TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
   const std::vector<uint8_t> bytes = sample_frame();
   // The unedited re-pack must open: the helper itself is sound.
-  ASSERT_EQ(open_result(edited(bytes, [](fb::FrameT&) {})), GIFT_OK);
+  ASSERT_EQ(open_result(gift::testing::edited(bytes, [](fb::FrameT&) {})), GIFT_OK);
   const std::vector<HostileCase> cases = {
       {"misaligned", [](fb::FrameT& f) { f.tensors[0]->codes->offset += 8; },
        GIFT_ERROR_SECTION_ALIGNMENT, "is not a multiple of 64"},
@@ -356,7 +342,12 @@ TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
       {"bad UTF-8 producer", [](fb::FrameT& f) { f.producer = "giftc \xFF"; },
        GIFT_ERROR_FIELD_INVALID, "frame: producer is not UTF-8 without NUL"},
       {"NUL in metadata",
-       [](fb::FrameT& f) { f.metadata[0]->value = std::string("1\0" "0", 3); },
+       [](fb::FrameT& f) {
+         f.metadata[0]->value = std::string(
+             "1\0"
+             "0",
+             3);
+       },
        GIFT_ERROR_FIELD_INVALID, "metadata value of 'step' is not UTF-8 without NUL"},
       {"surrogate in metadata key", [](fb::FrameT& f) { f.metadata[0]->key = "\xED\xA0\x80"; },
        GIFT_ERROR_FIELD_INVALID, "metadata key 0 is not UTF-8 without NUL"},
@@ -382,7 +373,7 @@ TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
   };
   for (const HostileCase& c : cases) {
     std::string m;
-    EXPECT_EQ(open_result(edited(bytes, c.edit), &m), c.code) << c.what << ": " << m;
+    EXPECT_EQ(open_result(gift::testing::edited(bytes, c.edit), &m), c.code) << c.what << ": " << m;
     EXPECT_NE(m.find(c.message), std::string::npos) << c.what << ": " << m;
   }
 }
@@ -411,7 +402,7 @@ TEST(Frame, AZstdSectionMustBeExactlyOneZstdFrame) {
   std::memcpy(bytes.data() + end, skippable, 8);
   const uint64_t sum =
       gift::container::checksum64(bytes.data() + s->offset(), s->stored_length() + 8);
-  const std::vector<uint8_t> patched = edited(bytes, [sum](fb::FrameT& f) {
+  const std::vector<uint8_t> patched = gift::testing::edited(bytes, [sum](fb::FrameT& f) {
     f.tensors[0]->codes->stored_length += 8;
     f.tensors[0]->codes->checksum = sum;
   });

@@ -9,10 +9,13 @@
 #include <random>
 #include <vector>
 
+#include "container/reader.h"
+#include "container/writer.h"
 #include "frame/basis.h"
 #include "frame/fit.h"
 #include "frame/select.h"
 #include "gift/gift.h"
+#include "unit/edited.h"
 
 namespace gift::frame {
 namespace {
@@ -361,6 +364,96 @@ TEST(Basis, RoundTripsThroughItsFrameAndItsIdTracksTheContents) {
   ASSERT_EQ(serialize_basis(relabelled, 0, &lying), GIFT_OK);
   EXPECT_EQ(parse_basis(lying.data(), lying.size(), "x.giftb", &back), GIFT_ERROR_CORRUPT_INPUT);
   EXPECT_STREQ(giftGetLastErrorMessage(), "x.giftb: basis id does not match its contents");
+}
+
+Basis one_entry_basis() {
+  const Model m = random_model(48, 6, 7);
+  Basis b;
+  BasisEntry e;
+  e.name = "a.weight";
+  e.damping = 0.1;
+  e.source = "activations";
+  EXPECT_EQ(make_whitener(m.u, m.l, m.diag, 48, &e.whitener), GIFT_OK);
+  b.entries.push_back(e);
+  finish_basis(&b);
+  return b;
+}
+
+// A basis whose contents match its id but break another rule of FORMAT.md 2.4.
+TEST(Basis, ContentsThatBreakTheFormatAreRefusedByName) {
+  struct Case {
+    const char* what;
+    void (*edit)(Whitener&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"NaN", [](Whitener& w) { w.c_inv[2] = std::nanf(""); },
+       "b.giftb: 'a.weight#c_inv' holds a non-finite value"},
+      {"Inf", [](Whitener& w) { w.d_sqrt[0] = INFINITY; },
+       "b.giftb: 'a.weight#d_sqrt' holds a non-finite value"},
+      {"short c", [](Whitener& w) { w.c.pop_back(); },
+       "b.giftb: 'a.weight#c' is missing or not of shape [6]"},
+      {"long d", [](Whitener& w) { w.d_rsqrt.push_back(1); },
+       "b.giftb: 'a.weight#d_rsqrt' is missing or not of shape [48]"},
+      {"rank > dim",
+       [](Whitener& w) {
+         w.dim = 2;
+         w.v.resize(12);
+         w.d_rsqrt.resize(2);
+         w.d_sqrt.resize(2);
+       },
+       "b.giftb: 'a.weight#v' is not d_in x r with r <= d_in"},
+  };
+  for (const Case& c : cases) {
+    Basis b = one_entry_basis();
+    c.edit(b.entries[0].whitener);
+    finish_basis(&b);
+    std::vector<uint8_t> bytes;
+    ASSERT_EQ(serialize_basis(b, 0, &bytes), GIFT_OK) << c.what;
+    Basis back;
+    EXPECT_EQ(parse_basis(bytes.data(), bytes.size(), "b.giftb", &back), GIFT_ERROR_CORRUPT_INPUT)
+        << c.what;
+    EXPECT_STREQ(giftGetLastErrorMessage(), c.message) << c.what;
+  }
+  // The metadata each whitener needs.
+  std::vector<uint8_t> bytes;
+  ASSERT_EQ(serialize_basis(one_entry_basis(), 0, &bytes), GIFT_OK);
+  const std::vector<uint8_t> bare =
+      gift::testing::edited(bytes, [](fb::FrameT& f) { f.metadata.pop_back(); });
+  Basis back;
+  EXPECT_EQ(parse_basis(bare.data(), bare.size(), "b.giftb", &back), GIFT_ERROR_CORRUPT_INPUT);
+  EXPECT_STREQ(giftGetLastErrorMessage(),
+               "b.giftb: 'a.weight' lacks its #damping or #source metadata");
+}
+
+// The embedded basis must be the one Frame.basis_id names; decoding and verifying check it.
+TEST(Basis, EmbeddedBasisMustMatchTheFramesBasisId) {
+  const Basis b = one_entry_basis();
+  std::vector<uint8_t> basis_bytes;
+  ASSERT_EQ(serialize_basis(b, 0, &basis_bytes), GIFT_OK);
+  for (const uint64_t flip : {uint64_t(0), uint64_t(1)}) {
+    container::FrameWriter w;
+    w.embed_basis(basis_bytes, b.id.lo ^ flip, b.id.hi);
+    const std::vector<float> x(16, 1.0f);
+    container::TensorShape shape;
+    const uint64_t dims[] = {16};
+    ASSERT_EQ(container::make_shape(dims, 1, &shape), GIFT_OK);
+    ASSERT_EQ(w.add_tensor("bias", shape, GIFT_DTYPE_F32, x.data(), nullptr), GIFT_OK);
+    std::vector<uint8_t> frame;
+    ASSERT_EQ(w.finish(&frame), GIFT_OK);
+    giftFrame* f = nullptr;
+    ASSERT_EQ(giftFrameOpen(frame.data(), frame.size(), &f), GIFT_OK);
+    if (flip) {
+      EXPECT_EQ(giftFrameVerify(f), GIFT_ERROR_FIELD_INVALID);
+      EXPECT_STREQ(giftGetLastErrorMessage(),
+                   ("frame: embedded basis has id " + b.id.hex() + ", the frame's basis_id says " +
+                    BasisId{b.id.lo ^ 1, b.id.hi}.hex())
+                       .c_str());
+    } else {
+      EXPECT_EQ(giftFrameVerify(f), GIFT_OK) << giftGetLastErrorMessage();
+    }
+    giftFrameClose(f);
+  }
 }
 
 }  // namespace

@@ -10,7 +10,11 @@ namespace gift {
 inline bool valid_utf8_c_string(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     const uint8_t c = uint8_t(s[i]);
-    const int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    const int len = c < 0x80           ? 1
+                    : (c >> 5) == 0x6  ? 2
+                    : (c >> 4) == 0xE  ? 3
+                    : (c >> 3) == 0x1E ? 4
+                                       : 0;
     if (c == 0 || len == 0 || i + size_t(len) > s.size()) return false;
     uint32_t cp = len == 1 ? c : c & (0x7F >> len);
     for (int k = 1; k < len; ++k) {

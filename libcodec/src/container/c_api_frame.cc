@@ -13,6 +13,9 @@ using gift::fail;
 
 struct giftFrame {
   std::unique_ptr<gift::container::FrameReader> reader;
+  // The embedded basis, parsed on first use by a GIFT-frame tensor and kept.
+  bool basis_read = false, has_basis = false;
+  gift::frame::Basis basis;
 };
 
 struct giftFrameWriter {
@@ -25,8 +28,25 @@ giftResult_t open_source(std::unique_ptr<gift::container::ByteSource> src, const
                          giftFrame** frame) {
   std::unique_ptr<gift::container::FrameReader> r;
   if (const giftResult_t e = gift::container::FrameReader::open(std::move(src), name, &r)) return e;
-  *frame = new (std::nothrow) giftFrame{std::move(r)};
+  *frame = new (std::nothrow) giftFrame{std::move(r), false, false, {}};
   return *frame ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+}
+
+// What GIFT-frame tensors of `frame` decode with: its embedded basis, or none.
+giftResult_t frame_basis(giftFrame* frame, const gift::frame::Basis** out) {
+  if (!frame->basis_read) {
+    if (const giftResult_t r =
+            gift::frame::read_embedded_basis(*frame->reader, &frame->basis, &frame->has_basis))
+      return r;
+    frame->basis_read = true;
+  }
+  *out = frame->has_basis ? &frame->basis : nullptr;
+  return GIFT_OK;
+}
+
+bool gift_frame_tensor(const giftFrame* frame, uint64_t index) {
+  const auto& ts = frame->reader->tensors();
+  return index < ts.size() && ts[index].fb->frame() == gift::fb::CoordFrame::Gift;
 }
 
 }  // namespace
@@ -123,7 +143,11 @@ giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, 
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
   try {
     // GIFT-frame tensors use the frame's embedded basis.
-    return gift::frame::decode_tensor(*frame->reader, size_t(index), nullptr, dst, dst_bytes,
+    const gift::frame::Basis* basis = nullptr;
+    if (gift_frame_tensor(frame, index)) {
+      if (const giftResult_t r = frame_basis(frame, &basis)) return r;
+    }
+    return gift::frame::decode_tensor(*frame->reader, size_t(index), basis, dst, dst_bytes,
                                       dst_dtype);
   } catch (const std::bad_alloc&) {
     return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
@@ -172,16 +196,14 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
   try {
     if (const giftResult_t r = frame->reader->verify_all()) return r;
-    // GIFT-frame tensors also need their (embedded) basis, as decoding them does.
-    const auto& ts = frame->reader->tensors();
-    for (size_t i = 0; i < ts.size(); ++i) {
-      if (ts[i].fb->frame() != gift::fb::CoordFrame::Gift) continue;
-      gift::frame::Basis embedded;
+    // The embedded basis is verified too, and GIFT-frame tensors need it, as decoding does.
+    const gift::frame::Basis* basis = nullptr;
+    if (const giftResult_t r = frame_basis(frame, &basis)) return r;
+    for (size_t i = 0; i < frame->reader->tensors().size(); ++i) {
       const gift::frame::Whitener* t = nullptr;
-      if (const giftResult_t r =
-              gift::frame::resolve_whitener(*frame->reader, i, nullptr, &embedded, &t)) {
+      if (!gift_frame_tensor(frame, i)) continue;
+      if (const giftResult_t r = gift::frame::resolve_whitener(*frame->reader, i, basis, &t))
         return r;
-      }
     }
     return GIFT_OK;
   } catch (const std::bad_alloc&) {

@@ -98,7 +98,6 @@ giftResult_t FrameReader::open(std::unique_ptr<ByteSource> bytes, const std::str
   return GIFT_OK;
 }
 
-
 // Every other string of the header reaches callers as a C string and JSON output, so it is
 // held to the rule for names too.
 giftResult_t FrameReader::verify_strings() const {
@@ -112,8 +111,8 @@ giftResult_t FrameReader::verify_strings() const {
     for (uint32_t i = 0; i < md->size(); ++i) {
       if (const giftResult_t r = check(md->Get(i)->key(), "metadata key " + std::to_string(i)))
         return r;
-      if (const giftResult_t r = check(md->Get(i)->value(), "metadata value of '" +
-                                                                md->Get(i)->key()->str() + "'"))
+      if (const giftResult_t r =
+              check(md->Get(i)->value(), "metadata value of '" + md->Get(i)->key()->str() + "'"))
         return r;
     }
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -102,60 +103,77 @@ giftResult_t serialize_basis(const Basis& b, int zstd_level, std::vector<uint8_t
 }
 
 giftResult_t parse_basis(const uint8_t* bytes, uint64_t size, const std::string& name, Basis* out) {
+  const char* n = name.c_str();
   std::unique_ptr<container::FrameReader> r;
   if (const giftResult_t e =
           container::FrameReader::open(container::borrow_bytes(bytes, size), name, &r))
     return e;
   const fb::Frame* h = r->header();
   if (h->kind() != fb::FrameKind::Basis || !h->basis_id()) {
-    return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: not a basis frame", name.c_str());
+    return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: not a basis frame", n);
+  }
+  std::map<std::string, std::string> metadata;
+  if (h->metadata()) {
+    for (const fb::KeyValue* kv : *h->metadata())
+      metadata[kv->key()->str()] = kv->value() ? kv->value()->str() : "";
   }
   std::map<std::string, BasisEntry> entries;
-  std::vector<float> values;
+  std::map<std::string, std::vector<uint64_t>> shapes;  // of each part, to check at the end
   for (size_t i = 0; i < r->tensors().size(); ++i) {
     const container::TensorEntry& t = r->tensors()[i];
     const size_t hash = t.name.rfind('#');
     const std::string which = hash == std::string::npos ? "" : t.name.substr(hash + 1);
     const int k = int(std::find(std::begin(kParts), std::end(kParts), which) - std::begin(kParts));
     if (k == 5 || !t.raw || t.dtype != GIFT_DTYPE_F32) {
-      return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: unexpected tensor '%s' in a basis", name.c_str(),
+      return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: unexpected tensor '%s' in a basis", n,
                   t.name.c_str());
     }
     BasisEntry& e = entries[t.name.substr(0, hash)];
     e.name = t.name.substr(0, hash);
+    std::vector<float>& values = *part(e.whitener, k);
     values.resize(t.elements);
     if (const giftResult_t rc = r->decode(i, values.data(), values.size() * 4, GIFT_DTYPE_F32))
       return rc;
-    *part(e.whitener, k) = values;
-    if (k == 0) {
-      if (t.shape.size() != 2)
-        return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: '%s' is not d x r", name.c_str(),
+    for (const float x : values) {
+      if (!std::isfinite(x))
+        return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: '%s' holds a non-finite value", n,
                     t.name.c_str());
-      e.whitener.dim = uint32_t(t.shape[0]);
-      e.whitener.rank = uint32_t(t.shape[1]);
     }
+    shapes[t.name] = t.shape;
   }
   out->entries.clear();
-  for (auto& [n, e] : entries) {
-    const Whitener& w = e.whitener;
-    if (w.v.size() != uint64_t(w.dim) * w.rank || w.c.size() != w.rank ||
-        w.c_inv.size() != w.rank || w.d_rsqrt.size() != w.dim || w.d_sqrt.size() != w.dim) {
-      return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: whitener of '%s' is incomplete", name.c_str(),
-                  n.c_str());
+  for (auto& [en, e] : entries) {
+    Whitener& w = e.whitener;
+    const std::vector<uint64_t> v_shape = shapes[en + "#v"];
+    if (v_shape.size() != 2 || v_shape[0] > UINT32_MAX || v_shape[1] > v_shape[0]) {
+      return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: '%s#v' is not d_in x r with r <= d_in", n,
+                  en.c_str());
     }
-    if (h->metadata()) {
-      for (const fb::KeyValue* kv : *h->metadata()) {
-        if (kv->key()->str() == n + "#damping" && kv->value())
-          e.damping = std::strtod(kv->value()->c_str(), nullptr);
-        if (kv->key()->str() == n + "#source" && kv->value()) e.source = kv->value()->str();
+    w.dim = uint32_t(v_shape[0]);
+    w.rank = uint32_t(v_shape[1]);
+    const std::vector<uint64_t> want[5] = {v_shape, {w.rank}, {w.rank}, {w.dim}, {w.dim}};
+    for (int k = 1; k < 5; ++k) {
+      if (shapes[en + "#" + kParts[k]] != want[k]) {
+        return fail(GIFT_ERROR_CORRUPT_INPUT,
+                    "%s: '%s#%s' is missing or not of shape [%" PRIu64 "]", n, en.c_str(),
+                    kParts[k], want[k][0]);
       }
     }
+    const auto damping = metadata.find(en + "#damping");
+    const auto source = metadata.find(en + "#source");
+    char* end = nullptr;
+    if (damping == metadata.end() || source == metadata.end() ||
+        (e.damping = std::strtod(damping->second.c_str(), &end), end == damping->second.c_str())) {
+      return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: '%s' lacks its #damping or #source metadata", n,
+                  en.c_str());
+    }
+    e.source = source->second;
     out->entries.push_back(std::move(e));
   }
   out->id = basis_id(out->entries);
   out->origin = name;
   if (out->id.lo != h->basis_id()->lo() || out->id.hi != h->basis_id()->hi()) {
-    return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: basis id does not match its contents", name.c_str());
+    return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: basis id does not match its contents", n);
   }
   return GIFT_OK;
 }

@@ -50,6 +50,14 @@ container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols
     c.reason = t->dim != cols ? "basis dimension differs" : "too small";
     return c;
   }
+  // Whitening mixes each row's values, so one NaN or Inf (kept by request) would spread
+  // over its whole row; such tensors stay Euclidean, where it stays one element.
+  for (uint64_t i = 0; i < rows * cols; ++i) {
+    if (!std::isfinite(w[i])) {
+      c.reason = "non-finite values";
+      return c;
+    }
+  }
   c.transform_flops = 8.0 * double(rows) * double(cols) * double(t->rank);
   // Deterministic, evenly spaced rows.
   const uint64_t k = std::min<uint64_t>(rows, o.sample_rows);
@@ -73,19 +81,28 @@ container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols
   return c;
 }
 
-giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, const Basis* basis,
-                              Basis* embedded, const Whitener** out) {
-  const container::TensorEntry& e = r.tensors()[index];
-  if (!basis) {
-    std::vector<uint8_t> scratch;
-    const uint8_t* bytes = nullptr;
-    uint64_t size = 0;
-    if (const giftResult_t rc = r.embedded_basis(&scratch, &bytes, &size)) return rc;
-    if (size) {
-      if (const giftResult_t rc = parse_basis(bytes, size, "embedded basis", embedded)) return rc;
-      basis = embedded;
-    }
+giftResult_t read_embedded_basis(const container::FrameReader& r, Basis* out, bool* found) {
+  std::vector<uint8_t> scratch;
+  const uint8_t* bytes = nullptr;
+  uint64_t size = 0;
+  *found = false;
+  if (const giftResult_t rc = r.embedded_basis(&scratch, &bytes, &size)) return rc;
+  if (!r.header()->basis()) return GIFT_OK;
+  const std::string name = r.name() + ": embedded basis";
+  if (const giftResult_t rc = parse_basis(bytes, size, name, out)) return rc;
+  const fb::BasisId* said = r.header()->basis_id();
+  if (!said || said->lo() != out->id.lo || said->hi() != out->id.hi) {
+    return fail(GIFT_ERROR_FIELD_INVALID, "%s has id %s, the frame's basis_id says %s",
+                name.c_str(), out->id.hex().c_str(),
+                said ? BasisId{said->lo(), said->hi()}.hex().c_str() : "nothing");
   }
+  *found = true;
+  return GIFT_OK;
+}
+
+giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, const Basis* basis,
+                              const Whitener** out) {
+  const container::TensorEntry& e = r.tensors()[index];
   const fb::BasisId* want = e.fb->basis_id();
   const BasisId want_id{want ? want->lo() : 0, want ? want->hi() : 0};
   if (!basis) {
@@ -122,9 +139,8 @@ giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const 
                 r.name().c_str(), e.name.c_str(), (unsigned long long)need,
                 (unsigned long long)dst_bytes);
   }
-  Basis embedded;
   const Whitener* t = nullptr;
-  if (const giftResult_t rc = resolve_whitener(r, index, basis, &embedded, &t)) return rc;
+  if (const giftResult_t rc = resolve_whitener(r, index, basis, &t)) return rc;
   std::vector<float> v(e.elements);
   if (const giftResult_t rc = r.decode(index, v.data(), v.size() * 4, GIFT_DTYPE_F32, true))
     return rc;

@@ -29,15 +29,17 @@ container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols
                                     const BasisId& id, const giftQuantParams& p,
                                     const SelectOptions& o);
 
-// The whitener a GIFT-frame tensor needs: from `basis`, or the frame's embedded basis
-// (parsed into *embedded) when `basis` is null. GIFT_ERROR_BASIS_MISSING with both ids when
-// it is missing or different.
-giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, const Basis* basis,
-                              Basis* embedded, const Whitener** out);
+// The basis a frame carries, parsed into *out and checked to be the one Frame.basis_id
+// names; *found is false (and *out untouched) when the frame carries none.
+giftResult_t read_embedded_basis(const container::FrameReader& r, Basis* out, bool* found);
 
-// Decodes tensor `index` of a frame, applying `basis` to GIFT-frame tensors (the frame's
-// embedded basis is used when `basis` is null). A missing or different basis is
-// GIFT_ERROR_BASIS_MISSING with both ids in the message.
+// The whitener GIFT-frame tensor `index` needs, from `basis` (null: none available).
+// GIFT_ERROR_BASIS_MISSING with both ids when it is missing or different.
+giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, const Basis* basis,
+                              const Whitener** out);
+
+// Decodes tensor `index` of a frame, applying `basis` to GIFT-frame tensors; errors as
+// resolve_whitener's.
 giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const Basis* basis,
                            void* dst, uint64_t dst_bytes, giftDType_t dst_dtype);
 
