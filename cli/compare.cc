@@ -13,7 +13,7 @@ namespace giftc {
 namespace {
 
 struct CompareOptions {
-  std::string reference, decoded, basis;
+  std::string reference, decoded, basis, activations;
   bool json = false;
 };
 
@@ -58,14 +58,24 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   const auto dec = load(o.decoded, b);
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : dec) by_name[name] = &t;
+  // Activation statistics: the d_in x d_in A of each gradient, by name, for the A-norm error.
+  std::map<std::string, std::vector<float>> acts;
+  if (!o.activations.empty()) {
+    gift::io::TensorFile f;
+    check(gift::io::read_tensor_file(o.activations, &f));
+    for (const gift::io::TensorRef& t : f.tensors) acts[t.name] = gift::io::widen_to_float(t);
+  }
   nlohmann::ordered_json doc;
   doc["reference"] = o.reference;
   doc["decoded"] = o.decoded;
   doc["tensors"] = nlohmann::ordered_json::array();
   giftErrorMetrics total{};
   auto row = [](const giftErrorMetrics& m) {
-    return nlohmann::ordered_json{
+    nlohmann::ordered_json j{
         {"rel_l2", m.rel_l2}, {"cosine", m.cosine}, {"max_abs", m.max_abs}, {"bias", m.bias}};
+    j["rel_anorm"] =
+        m.rel_anorm < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(m.rel_anorm);
+    return j;
   };
   // Two single-tensor files (two .npy, say) are compared whatever their names.
   if (ref.size() == 1 && dec.size() == 1) by_name = {{ref[0].first, &dec[0].second}};
@@ -77,8 +87,15 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     giftErrorMetrics m;
     const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
     const uint64_t rows = cols ? r.values.size() / cols : 0;
-    check(giftComputeErrorMetrics(r.values.data(), it->second->values.data(), rows, cols, nullptr,
-                                  &m));
+    const auto a = acts.find(name);
+    if (a != acts.end() && (r.shape.size() != 2 || a->second.size() != cols * cols)) {
+      throw Failure(kBadInput, o.activations + ": tensor '" + name + "' holds " +
+                                   std::to_string(a->second.size()) +
+                                   " values, not the square of the gradient's " +
+                                   std::to_string(cols) + " columns");
+    }
+    check(giftComputeErrorMetrics(r.values.data(), it->second->values.data(), rows, cols,
+                                  a == acts.end() ? nullptr : a->second.data(), &m));
     giftErrorMetricsMerge(&total, &m);
     nlohmann::ordered_json j{{"name", name}, {"elements", r.values.size()}};
     j.update(row(m));
@@ -93,10 +110,15 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     std::printf("%s\n", doc.dump(2).c_str());
     return;
   }
-  std::printf("%-40s %12s %12s %12s %12s\n", "name", "rel_l2", "cosine", "max_abs", "bias");
-  auto print = [](const std::string& name, const nlohmann::ordered_json& j) {
-    std::printf("%-40s %12.4e %12.8f %12.4e %12.4e\n", name.c_str(), j["rel_l2"].get<double>(),
+  const bool anorm = !o.activations.empty();
+  std::printf("%-40s %12s %12s %12s %12s%s\n", "name", "rel_l2", "cosine", "max_abs", "bias",
+              anorm ? "    rel_anorm" : "");
+  auto print = [anorm](const std::string& name, const nlohmann::ordered_json& j) {
+    std::printf("%-40s %12.4e %12.8f %12.4e %12.4e", name.c_str(), j["rel_l2"].get<double>(),
                 j["cosine"].get<double>(), j["max_abs"].get<double>(), j["bias"].get<double>());
+    if (anorm && j["rel_anorm"].is_null()) std::printf(" %12s", "-");
+    if (anorm && !j["rel_anorm"].is_null()) std::printf(" %12.4e", j["rel_anorm"].get<double>());
+    std::printf("\n");
   };
   for (const auto& j : doc["tensors"]) print(j["name"].get<std::string>(), j);
   print("total", doc["total"]);
@@ -113,6 +135,9 @@ void add_compare(CLI::App& app, Verbosity& v) {
                 "Decoded tensors, matched by name (any two single-tensor files match)")
       ->required();
   c->add_option("--basis", o->basis, "Basis (.giftb) for GIFT-frame tensors of .gift inputs");
+  c->add_option("--activations", o->activations,
+                "Activation statistics (the d_in x d_in A of each gradient, by name): adds the "
+                "A-norm error");
   c->add_flag("--json", o->json, "Print a JSON document instead of a table");
   c->callback([o, &v] { run_compare(*o, v); });
 }

@@ -240,6 +240,32 @@ class Giftc(unittest.TestCase):
         self.assertLessEqual(geomean, 1 / 1.3)
         for n in mats:
             self.assertLessEqual(g[n], e[n], n)
+        # The A-norm error against NumPy's, for every tensor that has activation statistics.
+        acts = os.path.join(s, "llama_acts.npz")
+        r = run("compare", grads, self.path("g.gift"), "--basis", basis, "--activations", acts, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(run("decode", self.path("g.gift"), "--basis", basis, "-o", self.path("g.safetensors")).returncode, 0)
+        dec, ref, a = load_file(self.path("g.safetensors")), np.load(grads), np.load(acts)
+        num = den = 0.0
+        for t in doc["tensors"]:
+            n = t["name"]
+            if n not in a.files:
+                self.assertIsNone(t["rel_anorm"], n)
+                continue
+            d = (dec[n] - ref[n]).astype(np.float64)
+            am = a[n].astype(np.float64)
+            tn, td = np.sum((d @ am) * d), np.sum((ref[n] @ am) * ref[n])
+            self.assertAlmostEqual(t["rel_anorm"], math.sqrt(tn / td), delta=1e-4 * math.sqrt(tn / td))
+            num, den = num + tn, den + td
+        self.assertAlmostEqual(doc["total"]["rel_anorm"], math.sqrt(num / den), delta=1e-4 * math.sqrt(num / den))
+        table = run("compare", grads, self.path("g.gift"), "--basis", basis, "--activations", acts).stdout
+        self.assertIn("rel_anorm", table.splitlines()[0])
+        bad = self.path("bad_acts.npz")
+        np.savez(bad, **{"layers.0.q_proj.weight": np.eye(64, dtype=np.float32)})
+        r = run("compare", grads, self.path("g.gift"), "--basis", basis, "--activations", bad)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("tensor 'layers.0.q_proj.weight' holds 4096 values, not the square of the gradient's 128 columns", r.stderr)
 
     def test_help_options_are_all_in_the_man_page(self):
         with open(os.path.join(ROOT, "man", "giftc.1")) as f:

@@ -72,6 +72,38 @@ TEST(Metrics, MergedHalvesEqualTheWhole) {
   EXPECT_EQ(total.count, 600u);
 }
 
+TEST(Metrics, MergedANormCoversThePartsMeasuredWithA) {
+  std::mt19937 gen(10);
+  std::normal_distribution<float> n;
+  const uint32_t rows = 12, cols = 20;
+  std::vector<float> ref(rows * cols), approx(rows * cols), m(cols * cols), a(cols * cols, 0.0f);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ref[i] = n(gen);
+    approx[i] = ref[i] + 0.1f * n(gen);
+  }
+  for (float& x : m) x = n(gen);
+  for (uint32_t i = 0; i < cols; ++i) {  // A = M M^T, positive semi-definite
+    for (uint32_t j = 0; j < cols; ++j) {
+      for (uint32_t k = 0; k < cols; ++k) a[i * cols + j] += m[i * cols + k] * m[j * cols + k];
+    }
+  }
+  giftErrorMetrics whole, top, bottom, plain, total{};
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), rows, cols, a.data(), &whole),
+            GIFT_OK);
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 5, cols, a.data(), &top), GIFT_OK);
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data() + 5 * cols, approx.data() + 5 * cols, 7, cols,
+                                    a.data(), &bottom),
+            GIFT_OK);
+  ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), rows, cols, nullptr, &plain),
+            GIFT_OK);
+  giftErrorMetricsMerge(&total, &plain);
+  EXPECT_EQ(total.rel_anorm, -1.0);  // no part had an A yet
+  giftErrorMetricsMerge(&total, &top);
+  giftErrorMetricsMerge(&total, &bottom);
+  EXPECT_NEAR(total.rel_anorm, whole.rel_anorm, 1e-6 * whole.rel_anorm);
+  EXPECT_NE(total.rel_anorm, top.rel_anorm);
+}
+
 TEST(Metrics, ZeroReferenceIsDefined) {
   const std::vector<float> z = {0, 0, 0};
   giftErrorMetrics m;

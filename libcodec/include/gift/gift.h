@@ -142,6 +142,8 @@ typedef struct {
   /* The sums behind them, so that metrics over several tensors can be combined. */
   double sum_ref_sq, sum_approx_sq, sum_err_sq, sum_dot, sum_err;
   uint64_t count;
+  double sum_ref_asq,
+      sum_err_asq; /* ||ref A^1/2||_F^2, ||(approx - ref) A^1/2||_F^2; 0 without A */
 } giftErrorMetrics;
 
 /* `a` may be NULL; otherwise it is the cols x cols symmetric positive semi-definite matrix
@@ -150,7 +152,7 @@ GIFT_API giftResult_t giftComputeErrorMetrics(const float* ref, const float* app
                                               uint64_t cols, const float* a, giftErrorMetrics* out);
 
 /* Adds `part` into `total` (start from a zeroed struct): the metrics of all tensors seen
- * as one. rel_anorm of the total is -1. */
+ * as one. rel_anorm of the total covers the parts measured with an A (-1 when none was). */
 GIFT_API void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetrics* part);
 
 /* ---- GIFT frames: the wire and file format (format/FORMAT.md, section 2) -------------- */

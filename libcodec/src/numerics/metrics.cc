@@ -50,7 +50,11 @@ extern "C" void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMe
   total->max_abs = std::isnan(total->max_abs) || std::isnan(part->max_abs)
                        ? NAN
                        : std::max(total->max_abs, part->max_abs);
-  total->rel_anorm = -1.0;
+  total->sum_ref_asq += part->sum_ref_asq;
+  total->sum_err_asq += part->sum_err_asq;
+  total->rel_anorm = total->sum_ref_asq > 0
+                         ? std::sqrt(std::max(total->sum_err_asq, 0.0) / total->sum_ref_asq)
+                         : -1.0;
   gift::finish_ratios(total);
 }
 
@@ -89,12 +93,15 @@ extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* a
   out->sum_dot = ra;
   out->sum_err = sum_e;
   out->count = n;
+  out->sum_ref_asq = out->sum_err_asq = 0.0;
   gift::finish_ratios(out);
   if (a && n) try {
       std::vector<float> diff(n);
       for (uint64_t i = 0; i < n; ++i) diff[i] = approx[i] - ref[i];
       const double num = gift::a_quadratic(diff.data(), rows, cols, a);
       const double den = gift::a_quadratic(ref, rows, cols, a);
+      out->sum_err_asq = num;
+      out->sum_ref_asq = den;
       out->rel_anorm = den > 0 ? std::sqrt(std::max(num, 0.0) / den) : (num > 0 ? INFINITY : 0.0);
     } catch (const std::bad_alloc&) {
       return fail(GIFT_ERROR_OUT_OF_MEMORY,
