@@ -142,8 +142,8 @@ typedef struct {
   /* The sums behind them, so that metrics over several tensors can be combined. */
   double sum_ref_sq, sum_approx_sq, sum_err_sq, sum_dot, sum_err;
   uint64_t count;
-  double sum_ref_asq,
-      sum_err_asq; /* ||ref A^1/2||_F^2, ||(approx - ref) A^1/2||_F^2; 0 without A */
+  /* ||ref A^1/2||_F^2 and ||(approx - ref) A^1/2||_F^2; 0 without A. */
+  double sum_ref_asq, sum_err_asq;
 } giftErrorMetrics;
 
 /* `a` may be NULL; otherwise it is the cols x cols symmetric positive semi-definite matrix
