@@ -47,40 +47,24 @@ float load_as_float(const void* src, giftDType_t dtype, uint64_t i) {
 
 bool is_finite_bits(uint32_t abs_bits) { return abs_bits < 0x7F800000u; }
 
-// How a group's codes are computed once its scale is known.
-struct GroupScale {
-  float factor;  // code = RN(x / factor) for fp32 scales, RN(x * factor) for E8M0 (exact)
-  bool divide;
-  bool zero;  // every code is +0 (amax == 0, or the fp32 scale underflowed to 0)
-};
+using num::GroupScale;
 
 // The scale rule of FORMAT.md: stores the scale at index g and returns how to apply it.
 GroupScale make_scale(const giftQuantParams& p, float amax, void* scales, uint64_t g) {
-  const Fp8 kind = static_cast<Fp8>(p.kind);
+  const GroupScale gs =
+      num::group_scale(amax, static_cast<Fp8>(p.kind), p.scale_dtype == GIFT_SCALE_DTYPE_E8M0);
   if (p.scale_dtype == GIFT_SCALE_DTYPE_E8M0) {
-    const uint8_t b = num::scale_e8m0(amax, kind);
-    static_cast<uint8_t*>(scales)[g] = b;
-    return {num::e8m0_reciprocal(b), false, !(amax > 0.0f)};
+    static_cast<uint8_t*>(scales)[g] = static_cast<uint8_t>(gs.stored);
+  } else {
+    static_cast<uint32_t*>(scales)[g] = gs.stored;
   }
-  const float s = num::scale_f32(amax, kind);
-  static_cast<float*>(scales)[g] = s;
-  return {s, true, !(s > 0.0f)};
+  return gs;
 }
 
 template <Fp8 K>
 uint8_t convert_one(const giftQuantParams& p, float x, const GroupScale& gs, uint64_t index) {
-  if (p.nonfinite == GIFT_NONFINITE_KEEP && !is_finite_bits(num::bits_of(x) & 0x7FFFFFFFu)) {
-    if (x != x) return num::kNanCode;
-    if (K == Fp8::kE5M2) return static_cast<uint8_t>(num::kE5M2InfCode | (x < 0 ? 0x80 : 0));
-    return num::kNanCode;
-  }
-  if (gs.zero) return 0;
-  const float v = gs.divide ? x / gs.factor : x * gs.factor;
-  if (p.rounding == GIFT_ROUND_STOCHASTIC) {
-    const uint32_t r = num::sr_uniforms(p.seed, p.tensor_index, index >> 2).v[index & 3];
-    return num::fp8_from_float_sr<K>(v, r);
-  }
-  return num::fp8_from_float_rn<K>(v);
+  return num::encode_element<K>(x, gs, p.nonfinite == GIFT_NONFINITE_KEEP,
+                                p.rounding == GIFT_ROUND_STOCHASTIC, p.seed, p.tensor_index, index);
 }
 
 // Per-element path: stochastic rounding and spans holding NaN/Inf.

@@ -182,6 +182,24 @@ GIFT_HD float e8m0_to_float(uint8_t b) {
 // Exact reciprocal of an E8M0 scale, so that x * inv == x / s bit for bit.
 GIFT_HD float e8m0_reciprocal(uint8_t b) { return e8m0_to_float(static_cast<uint8_t>(254 - b)); }
 
+// How a group's codes are computed once its largest finite magnitude is known
+// (FORMAT.md 1.7, 1.8): the value stored (fp32 bits, or the E8M0 byte) and the factor.
+struct GroupScale {
+  uint32_t stored;
+  float factor;  // code = RN(x / factor) for fp32 scales, RN(x * factor) for E8M0 (exact)
+  bool divide;
+  bool zero;  // every code is +0 (amax == 0, or the fp32 scale underflowed to 0)
+};
+
+GIFT_HD GroupScale group_scale(float amax, Fp8 k, bool e8m0) {
+  if (e8m0) {
+    const uint8_t b = scale_e8m0(amax, k);
+    return {b, e8m0_reciprocal(b), false, !(amax > 0.0f)};
+  }
+  const float s = scale_f32(amax, k);
+  return {bits_of(s), s, true, !(s > 0.0f)};
+}
+
 // ---- Philox4x32-10 (Salmon et al., SC'11), the counter-based generator ------------
 
 struct U32x4 {
@@ -213,6 +231,35 @@ GIFT_HD U32x4 philox4x32_10(U32x4 c, uint32_t k0, uint32_t k1) {
 GIFT_HD U32x4 sr_uniforms(uint64_t seed, uint32_t tensor, uint64_t j) {
   return philox4x32_10(U32x4{{uint32_t(j), uint32_t(j >> 32), tensor, 0u}}, uint32_t(seed),
                        uint32_t(seed >> 32));
+}
+
+// ---- Whole elements -----------------------------------------------------------------
+
+// One element's code (FORMAT.md 1.7-1.9): element `index` (row-major) of a group scaled by
+// gs. NaN/Inf kept by request become NaN codes, or E5M2's Inf codes; otherwise they convert
+// like any value (NaN to 0x7F, Inf saturating), and the caller reports them.
+template <Fp8 K>
+GIFT_HD uint8_t encode_element(float x, const GroupScale& gs, bool keep_nonfinite, bool stochastic,
+                               uint64_t seed, uint32_t tensor, uint64_t index) {
+  if (keep_nonfinite && (bits_of(x) & 0x7FFFFFFFu) >= 0x7F800000u) {
+    if (x != x) return kNanCode;
+    if (K == Fp8::kE5M2) return static_cast<uint8_t>(kE5M2InfCode | (x < 0 ? 0x80 : 0));
+    return kNanCode;
+  }
+  if (gs.zero) return 0;
+  const float v = gs.divide ? div_rn(x, gs.factor) : x * gs.factor;
+  if (stochastic) {
+    return fp8_from_float_sr<K>(v, sr_uniforms(seed, tensor, index >> 2).v[index & 3]);
+  }
+  return fp8_from_float_rn<K>(v);
+}
+
+// One element's value: the code's value times the group's scale; Inf codes stay Inf
+// (FORMAT.md 1.5).
+template <Fp8 K>
+GIFT_HD float decode_element(uint8_t code, float scale) {
+  const float c = fp8_to_float<K>(code);
+  return (bits_of(c) & 0x7FFFFFFFu) == 0x7F800000u ? c : c * scale;
 }
 
 // ---- 16-bit floats ------------------------------------------------------------------

@@ -266,8 +266,7 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
     }
   }
   for (; i < n; ++i) {
-    const float c = num::fp8_to_float<K>(codes[i]);
-    const float v = std::isinf(c) ? c : c * scale;  // Inf codes stay Inf (FORMAT.md 1.5)
+    const float v = num::decode_element<K>(codes[i], scale);
     if (dtype == GIFT_DTYPE_F32) {
       static_cast<float*>(dst)[i] = v;
     } else if (dtype == GIFT_DTYPE_BF16) {
