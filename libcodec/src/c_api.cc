@@ -9,6 +9,26 @@
 
 using gift::fail;
 
+giftResult_t gift::check_codec_buffers(const giftQuantParams* p, const void* data,
+                                       giftDType_t dtype, uint64_t rows, uint64_t cols,
+                                       const void* codes, const void* scales,
+                                       uint64_t scales_bytes) {
+  uint64_t need = 0;
+  if (const giftResult_t r = giftScaleBytes(p, rows, cols, &need)) return r;
+  if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dtype));
+  }
+  if (rows * cols > 0 && (!data || !codes)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "data or codes pointer is NULL");
+  }
+  if (need > 0 && !scales) return fail(GIFT_ERROR_INVALID_ARGUMENT, "scales pointer is NULL");
+  if (scales_bytes < need) {
+    return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
+                "scales buffer holds %" PRIu64 " bytes, %" PRIu64 " needed", scales_bytes, need);
+  }
+  return GIFT_OK;
+}
+
 extern "C" {
 
 void giftQuantParamsInit(giftQuantParams* p) {
@@ -90,30 +110,11 @@ giftResult_t giftScaleBytes(const giftQuantParams* p, uint64_t rows, uint64_t co
   return GIFT_OK;
 }
 
-static giftResult_t check_buffers(const giftQuantParams* p, const void* data, giftDType_t dtype,
-                                  uint64_t rows, uint64_t cols, const void* codes,
-                                  const void* scales, uint64_t scales_bytes) {
-  uint64_t need = 0;
-  if (const giftResult_t r = giftScaleBytes(p, rows, cols, &need)) return r;
-  if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dtype));
-  }
-  if (rows * cols > 0 && (!data || !codes)) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "data or codes pointer is NULL");
-  }
-  if (need > 0 && !scales) return fail(GIFT_ERROR_INVALID_ARGUMENT, "scales pointer is NULL");
-  if (scales_bytes < need) {
-    return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
-                "scales buffer holds %" PRIu64 " bytes, %" PRIu64 " needed", scales_bytes, need);
-  }
-  return GIFT_OK;
-}
-
 giftResult_t giftEncode(const giftQuantParams* p, const void* src, giftDType_t src_dtype,
                         uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
                         uint64_t scales_bytes, giftEncodeStats* stats) {
   if (const giftResult_t r =
-          check_buffers(p, src, src_dtype, rows, cols, codes, scales, scales_bytes)) {
+          gift::check_codec_buffers(p, src, src_dtype, rows, cols, codes, scales, scales_bytes)) {
     return r;
   }
   try {
@@ -127,7 +128,7 @@ giftResult_t giftDecode(const giftQuantParams* p, const uint8_t* codes, const vo
                         uint64_t scales_bytes, uint64_t rows, uint64_t cols, void* dst,
                         giftDType_t dst_dtype) {
   if (const giftResult_t r =
-          check_buffers(p, dst, dst_dtype, rows, cols, codes, scales, scales_bytes)) {
+          gift::check_codec_buffers(p, dst, dst_dtype, rows, cols, codes, scales, scales_bytes)) {
     return r;
   }
   gift::decode_tensor(*p, codes, scales, rows, cols, dst, dst_dtype);

@@ -70,6 +70,8 @@ extern "C" const char* giftGetErrorString(giftResult_t result) {
       return "not found";
     case GIFT_ERROR_BASIS_MISSING:
       return "basis missing";
+    case GIFT_ERROR_DEVICE:
+      return "device error";
   }
   return "unknown error code";
 }

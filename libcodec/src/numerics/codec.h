@@ -18,4 +18,11 @@ void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* s
 
 size_t dtype_size(giftDType_t dtype);
 
+// The argument checks of giftEncode/giftDecode and their device forms: params valid, dtype
+// known, pointers present, the scales buffer large enough (data and codes are `data` and
+// `codes` whichever way the call goes).
+giftResult_t check_codec_buffers(const giftQuantParams* p, const void* data, giftDType_t dtype,
+                                 uint64_t rows, uint64_t cols, const void* codes,
+                                 const void* scales, uint64_t scales_bytes);
+
 }  // namespace gift

@@ -8,11 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define GIFT_HD __host__ __device__ __forceinline__
-#else
-#define GIFT_HD inline
-#endif
+#include "numerics/hd.h"
 
 namespace gift::num {
 

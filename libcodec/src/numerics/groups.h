@@ -6,12 +6,13 @@
 #include <cstdint>
 
 #include "gift/gift.h"
+#include "numerics/hd.h"
 
 namespace gift {
 
 struct Rect {
   uint64_t r0, r1, c0, c1;  // rows [r0, r1), cols [c0, c1)
-  uint64_t count() const { return (r1 - r0) * (c1 - c0); }
+  GIFT_HD uint64_t count() const { return (r1 - r0) * (c1 - c0); }
 };
 
 struct GroupGrid {
@@ -19,20 +20,20 @@ struct GroupGrid {
   uint64_t height, width;  // one group
   uint64_t grid_rows, grid_cols;
 
-  uint64_t count() const { return grid_rows * grid_cols; }
+  GIFT_HD uint64_t count() const { return grid_rows * grid_cols; }
 
-  Rect rect(uint64_t g) const {
+  GIFT_HD Rect rect(uint64_t g) const {
     const uint64_t gr = g / grid_cols, gc = g % grid_cols;
     const uint64_t r0 = gr * height, c0 = gc * width;
     return {r0, r0 + height < rows ? r0 + height : rows, c0, c0 + width < cols ? c0 + width : cols};
   }
 };
 
-inline uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+GIFT_HD uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
 // Assumes validated params. A tensor layout is one group even when the tensor is empty,
 // so every tensor has at least one scale under it.
-inline GroupGrid group_grid(const giftQuantParams& p, uint64_t rows, uint64_t cols) {
+GIFT_HD GroupGrid group_grid(const giftQuantParams& p, uint64_t rows, uint64_t cols) {
   switch (p.layout) {
     case GIFT_SCALE_ROW:
       return {rows, cols, 1, cols, rows, 1};
