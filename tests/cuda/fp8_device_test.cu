@@ -25,67 +25,14 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_test_util.h"
 #include "numerics/elementwise.h"
 
 namespace {
 
 namespace num = gift::num;
+using namespace gift::testing;
 using num::Fp8;
-
-// Fails the current test (and returns from the enclosing void function) when a CUDA call does
-// not return cudaSuccess.
-#define CUDA_CHECK(call)                                                     \
-  do {                                                                       \
-    const cudaError_t cuda_check_err_ = (call);                              \
-    ASSERT_EQ(cuda_check_err_, cudaSuccess)                                  \
-        << #call << " failed: " << cudaGetErrorName(cuda_check_err_) << ": " \
-        << cudaGetErrorString(cuda_check_err_);                              \
-  } while (0)
-
-// After every kernel launch: the launch error, then the execution error.
-#define CUDA_CHECK_LAUNCH()              \
-  do {                                   \
-    CUDA_CHECK(cudaGetLastError());      \
-    CUDA_CHECK(cudaDeviceSynchronize()); \
-  } while (0)
-
-constexpr unsigned kThreads = 256;
-constexpr uint8_t kPoisonByte = 0xAA;
-
-// Blocks for a grid-stride loop over n elements.
-unsigned Blocks(size_t n) {
-  return static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 8192));
-}
-
-// Owns one device allocation; freed on every exit path, ASSERT returns included.
-template <class T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (p_) cudaFree(p_);
-  }
-  cudaError_t Alloc(size_t n) {
-    n_ = n;
-    return cudaMalloc(&p_, n * sizeof(T));
-  }
-  cudaError_t Poison() { return cudaMemset(p_, kPoisonByte, n_ * sizeof(T)); }
-  cudaError_t Upload(const std::vector<T>& h) {
-    return cudaMemcpy(p_, h.data(), std::min(h.size(), n_) * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  cudaError_t Download(std::vector<T>* h) const {
-    h->resize(n_);
-    return cudaMemcpy(h->data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
 
 bool IsNanBits(uint64_t w) { return w <= 0xFFFFFFFFu && (w & 0x7FFFFFFFu) > 0x7F800000u; }
 
@@ -118,33 +65,6 @@ void ExpectSameWords(const std::vector<uint64_t>& host, const std::vector<uint64
   }
   EXPECT_EQ(bad, 0u) << bad << " of " << host.size() << " results differ:" << first.str();
 }
-
-// Skips the test without a usable CUDA device, or fails it when GIFT_REQUIRE_CUDA_DEVICE is
-// set to anything but 0.
-template <class Base>
-class WithCudaDevice : public Base {
- protected:
-  void SetUp() override {
-    const char* req = std::getenv("GIFT_REQUIRE_CUDA_DEVICE");
-    const bool required = req && *req && std::strcmp(req, "0") != 0;
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-      const std::string why = err != cudaSuccess
-                                  ? std::string("cudaGetDeviceCount failed: ") +
-                                        cudaGetErrorName(err) + ": " + cudaGetErrorString(err)
-                                  : std::string("cudaGetDeviceCount found 0 devices");
-      cudaGetLastError();  // clear it, so that it cannot leak into a later check
-      if (required) GTEST_FAIL() << "no CUDA device: " << why << " (GIFT_REQUIRE_CUDA_DEVICE set)";
-      GTEST_SKIP() << "no CUDA device: " << why;
-    }
-    CUDA_CHECK(cudaSetDevice(0));
-    CUDA_CHECK(cudaGetDeviceProperties(&prop_, 0));
-    CUDA_CHECK(cudaFree(nullptr));  // creates the context, so that a broken driver shows here
-  }
-
-  cudaDeviceProp prop_{};
-};
 
 using CudaDevice = WithCudaDevice<::testing::Test>;
 
