@@ -9,6 +9,7 @@
 #include <random>
 
 #include "commands.h"
+#include "device.h"
 #include "numerics/simd.h"
 
 namespace giftc {
@@ -19,6 +20,7 @@ struct BenchOptions {
   std::string fp8 = "e4m3", scale = "block:128", scale_dtype = "f32", dtype = "f32";
   int threads = 0;
   bool json = false;
+  std::string device = "cpu";
 };
 
 // Best of several runs, each a full pass, until about half a second has passed.
@@ -36,6 +38,40 @@ double best_seconds(F&& f) {
   return best;
 }
 
+// The device run's figures, as the CPU run prints its own.
+void report_device(const BenchOptions& o, const giftQuantParams& p, giftDType_t dt,
+                   const DeviceTimes& t, uint64_t in_bytes, uint64_t rows, uint64_t cols) {
+  uint64_t scale_bytes = 0;
+  check(giftScaleBytes(&p, rows, cols, &scale_bytes));
+  const uint64_t codes = rows * cols, out = rows * cols * 4;
+  const double copy_bw = 2.0 * double(in_bytes) / t.copy;
+  const double enc_bw = double(in_bytes + codes + scale_bytes) / t.encode;
+  const double dec_bw = double(codes + scale_bytes + out) / t.decode;
+  nlohmann::ordered_json doc = {{"bytes", in_bytes},
+                                {"dtype", dtype_name(dt)},
+                                {"fp8", fp8_name(p.kind)},
+                                {"scale", scale_name(p)},
+                                {"scale_dtype", scale_dtype_name(p.scale_dtype)},
+                                {"device", t.device},
+                                {"copy_gbps", copy_bw / 1e9},
+                                {"encode_gbps", enc_bw / 1e9},
+                                {"decode_gbps", dec_bw / 1e9},
+                                {"encode_ratio", enc_bw / copy_bw},
+                                {"decode_ratio", dec_bw / copy_bw}};
+  if (o.json) {
+    std::printf("%s\n", doc.dump(2).c_str());
+    return;
+  }
+  std::printf("%s input, %s, %s %s scales, %s\n", human_bytes(in_bytes).c_str(),
+              dtype_name(dt).c_str(), fp8_name(p.kind).c_str(),
+              (scale_name(p) + " " + scale_dtype_name(p.scale_dtype)).c_str(), t.device.c_str());
+  std::printf("effective bandwidth (bytes read + written per second):\n");
+  std::printf(
+      "  copy    %8.2f GB/s (device to device)\n  encode  %8.2f GB/s  %.3f of copy\n  decode  "
+      "%8.2f GB/s  %.3f of copy\n",
+      copy_bw / 1e9, enc_bw / 1e9, enc_bw / copy_bw, dec_bw / 1e9, dec_bw / copy_bw);
+}
+
 void run_bench(const BenchOptions& o, const Verbosity&) {
   giftQuantParams p;
   giftQuantParamsInit(&p);
@@ -50,6 +86,10 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   if (n < 1024) throw Failure(kUsage, "--size: at least 4 KiB");
   const uint64_t cols = 4096, rows = n / cols;
   const uint64_t elems = rows * cols;
+  if (parse_device(o.device) == Device::kCuda) {
+    report_device(o, p, dt, time_on_device(p, dt, rows, cols), elems * width, rows, cols);
+    return;
+  }
   std::vector<uint8_t> src(elems * width), copy(elems * width), codes(elems);
   uint64_t scale_bytes = 0;
   check(giftScaleBytes(&p, rows, cols, &scale_bytes));
@@ -128,6 +168,9 @@ void add_bench(CLI::App& app, Verbosity& v) {
       ->capture_default_str();
   c->add_option("--scale-dtype", o->scale_dtype, "Scale type: f32 or e8m0")->capture_default_str();
   c->add_option("--threads", o->threads, "Threads (default: all)");
+  c->add_option("--device", o->device,
+                "cpu, or cuda: the device's kernels against a device-to-device copy")
+      ->capture_default_str();
   c->add_flag("--json", o->json, "Print a JSON document");
   c->callback([o, &v] { run_bench(*o, v); });
 }

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "container/reader.h"
+#include "device.h"
 #include "frame/select.h"
 #include "gift_generated.h"
 #include "io/tensor_file.h"
@@ -12,7 +13,7 @@ namespace giftc {
 namespace {
 
 struct DecodeOptions {
-  std::string input, output, dtype, basis;
+  std::string input, output, dtype, basis, device = "cpu";
   bool force = false;
 };
 
@@ -44,12 +45,14 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     throw Failure(kUsage, out + ": output must be .safetensors or .npy");
   }
   check_output(out, o.force);
+  const Device device = parse_device(o.device);
   gift::frame::Basis basis;
   if (!o.basis.empty()) read_basis(o.basis, &basis);
   std::unique_ptr<gift::container::ByteSource> src;
   check(gift::container::map_file(o.input, &src));
   std::unique_ptr<gift::container::FrameReader> f;
   check(gift::container::FrameReader::open(std::move(src), o.input, &f));
+  f->set_decoder(decoder_for(device));
   const uint64_t n = f->tensors().size();
   if (kind == gift::io::FileKind::kNpy && n != 1) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
@@ -94,6 +97,10 @@ void add_decode(CLI::App& app, Verbosity& v) {
                 "Output element type: f32, bf16 or f16 (default: each tensor's own)");
   c->add_option("--basis", o->basis,
                 "Basis (.giftb) for GIFT-frame tensors (default: the embedded one)");
+  c->add_option("--device", o->device,
+                "Where to decode: cpu or cuda (the same values; the inverse whitening of "
+                "GIFT-frame tensors stays on the CPU)")
+      ->capture_default_str();
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
   c->callback([o, &v] { run_decode(*o, v); });
 }

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "commands.h"
+#include "device.h"
 #include "frame/select.h"
 #include "io/tensor_file.h"
 
@@ -24,6 +25,7 @@ struct EncodeOptions {
   bool embed_basis = false;
   double margin = 0.05, budget = 0;
   uint32_t min_dim = 16;
+  std::string device = "cpu";
 };
 
 void run_encode(const EncodeOptions& o, const Verbosity& v) {
@@ -35,6 +37,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   p.rounding = parse_rounding(o.rounding);
   p.seed = o.seed;
   p.threads = o.threads;
+  const Device device = parse_device(o.device);
   p.nonfinite = o.keep_nonfinite ? GIFT_NONFINITE_KEEP : GIFT_NONFINITE_ERROR;
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
   std::regex include, exclude;
@@ -70,6 +73,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   gift::io::TensorFile in;
   check(gift::io::read_tensor_file(o.input, &in));
   gift::container::FrameWriter w;
+  w.set_encoder(encoder_for(device));
   w.set_compression(o.zstd);
   for (const auto& [k, val] : in.metadata) {
     if (w.add_metadata(k, val) != GIFT_OK)
@@ -160,6 +164,10 @@ void add_encode(CLI::App& app, Verbosity& v) {
   c->add_option("--include", o->include, "Quantize only tensors whose name matches this regex");
   c->add_option("--exclude", o->exclude, "Store tensors whose name matches this regex losslessly");
   c->add_option("--threads", o->threads, "Threads (default: all)");
+  c->add_option("--device", o->device,
+                "Where to encode: cpu or cuda (the same bytes; GIFT-frame selection and "
+                "whitening stay on the CPU)")
+      ->capture_default_str();
   c->add_option("--basis", o->basis, "Basis (.giftb) for the GIFT frame");
   c->add_option(
       "--frame", o->frame,

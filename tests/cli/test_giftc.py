@@ -288,6 +288,35 @@ class Giftc(unittest.TestCase):
             self.assertGreater(doc[k], 0)
         self.assertAlmostEqual(doc["encode_ratio"], doc["encode_gbps"] / doc["memcpy_gbps"], places=6)
 
+    def test_device_cuda_gives_the_cpus_bytes_or_a_clear_error(self):
+        rng = np.random.default_rng(5)
+        src = self.path("d.safetensors")
+        save_file({"w": (rng.standard_normal((37, 300)) * 1e-2).astype(np.float32),
+                   "h": rng.standard_normal((9, 129)).astype(np.float16),
+                   "b": rng.standard_normal(300).astype(np.float32)}, src)
+        cpu, gpu = self.path("cpu.gift"), self.path("gpu.gift")
+        self.assertEqual(run("encode", src, "-o", cpu, "-q", "--scale", "tile:4x64").returncode, 0)
+        r = run("encode", src, "-o", gpu, "-q", "--scale", "tile:4x64", "--device", "cuda")
+        if os.environ.get("GIFT_REQUIRE_CUDA_DEVICE", "0") != "0":  # a GPU run must not refuse
+            self.assertEqual(r.returncode, 0, r.stderr)
+        if r.returncode != 0:  # no GPU here: a precise refusal, and no output
+            self.assertIn(r.returncode, (1, 3), r.stderr)
+            self.assertRegex(r.stderr, r"--device cuda: (no usable CUDA device|this giftc was built without CUDA)")
+            self.assertFalse(os.path.exists(gpu))
+            r = run("bench", "--device", "cuda", "--size", "65536")
+            self.assertIn(r.returncode, (1, 3), r.stderr)
+            return
+        with open(cpu, "rb") as a, open(gpu, "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        for device in ("cpu", "cuda"):
+            self.assertEqual(run("decode", cpu, "-o", self.path(device + ".safetensors"), "--device", device).returncode, 0)
+        a, b = load_file(self.path("cpu.safetensors")), load_file(self.path("cuda.safetensors"))
+        for k in a:
+            self.assertEqual(a[k].tobytes(), b[k].tobytes(), k)
+        r = run("bench", "--device", "cuda", "--size", str(1 << 24), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertGreater(json.loads(r.stdout)["encode_ratio"], 0)
+
     def test_exit_codes(self):
         a = self.path("a.npy")
         np.save(a, np.ones((4, 32), np.float32))

@@ -148,6 +148,18 @@ else
   add_row "bench_cuda (binary $gpu_bench missing)" failed
 fi
 
+# giftc --device cuda end to end: the same frame bytes and decoded values as on the CPU.
+echo "==== giftc --device cuda ===="
+rc=0
+GIFT_REQUIRE_CUDA_DEVICE=1 timeout --signal=TERM --kill-after=10 "$device_timeout" python3 tests/cli/test_giftc.py \
+  "$build/cli/giftc" "$root" Giftc.test_device_cuda_gives_the_cpus_bytes_or_a_clear_error 2>&1 |
+  tee "$logdir/giftc_device.log" || rc=$?
+if [ "$rc" -eq 0 ]; then
+  add_row "giftc --device cuda (frame bytes equal to the CPU's)" passed
+else
+  add_row "giftc --device cuda (exit code $rc)" failed
+fi
+
 # CPU-only steps (CI runs them anyway): only with GIFT_GPU_CPU_STEPS=1, to spend the lent
 # device's time on what needs it.
 if [ "${GIFT_GPU_CPU_STEPS:-0}" = 1 ]; then

@@ -466,7 +466,7 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, gi
   if (e.elements == 0) return GIFT_OK;
   std::vector<uint8_t> aligned;
   scales = aligned_scales(e, scales, &aligned);
-  return giftDecode(&e.params, codes, scales, scale_bytes, e.rows, e.cols, dst, dst_dtype);
+  return decoder_(&e.params, codes, scales, scale_bytes, e.rows, e.cols, dst, dst_dtype);
 }
 
 giftResult_t FrameReader::verify_all() const {

@@ -64,6 +64,10 @@ class FrameReader {
                               uint64_t* size) const;
   giftResult_t verify_all() const;
 
+  // The codec decode() runs: giftDecode, or one with its contract on other hardware
+  // (giftc --device cuda). verify_all() always decodes on the CPU.
+  void set_decoder(decltype(&giftDecode) decoder) { decoder_ = decoder; }
+
  private:
   giftResult_t verify_structure();
   giftResult_t verify_strings() const;
@@ -77,6 +81,7 @@ class FrameReader {
   std::vector<uint8_t> header_bytes_;
   const fb::Frame* header_ = nullptr;
   std::vector<TensorEntry> tensors_;
+  decltype(&giftDecode) decoder_ = &giftDecode;
 };
 
 }  // namespace gift::container

@@ -121,8 +121,8 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
       return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
     }
     std::vector<uint8_t> codes(shape.elements), scales(scale_bytes);
-    if (const giftResult_t r = giftEncode(params, data, data_dtype, shape.rows, shape.cols,
-                                          codes.data(), scales.data(), scale_bytes, &t.stats)) {
+    if (const giftResult_t r = encoder_(params, data, data_dtype, shape.rows, shape.cols,
+                                        codes.data(), scales.data(), scale_bytes, &t.stats)) {
       return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
     }
     t.params.threads = 0;

@@ -33,6 +33,9 @@ struct Coordinates {
 class FrameWriter {
  public:
   void set_compression(int zstd_level) { zstd_level_ = zstd_level; }
+  // The codec add_tensor runs: giftEncode, or one with its contract on other hardware
+  // (giftc --device cuda).
+  void set_encoder(decltype(&giftEncode) encoder) { encoder_ = encoder; }
   // A frame of kind Basis whose own id is (lo, hi).
   void set_basis_kind(uint64_t lo, uint64_t hi) {
     basis_kind_ = true;
@@ -70,6 +73,7 @@ class FrameWriter {
   uint64_t basis_lo_ = 0, basis_hi_ = 0;
   StoredSection embedded_;
   int zstd_level_ = 0;
+  decltype(&giftEncode) encoder_ = &giftEncode;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Pending> tensors_;
 };

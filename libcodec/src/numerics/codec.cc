@@ -270,15 +270,18 @@ giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_
     stats->nonfinite_count = total.nonfinite;
     stats->first_nonfinite = total.first_nonfinite;
   }
-  if (total.nonfinite > 0 && p.nonfinite == GIFT_NONFINITE_ERROR) {
-    const uint64_t i = total.first_nonfinite;
-    return fail(GIFT_ERROR_NONFINITE_INPUT,
-                "%" PRIu64 " non-finite value%s in the input, the first at index %" PRIu64
-                " (row %" PRIu64 ", column %" PRIu64 ")",
-                total.nonfinite, total.nonfinite == 1 ? "" : "s", i, cols ? i / cols : 0,
-                cols ? i % cols : 0);
-  }
-  return GIFT_OK;
+  const giftEncodeStats seen{total.finite_amax, total.nonfinite, total.first_nonfinite};
+  return nonfinite_result(p, seen, cols);
+}
+
+giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s, uint64_t cols) {
+  if (s.nonfinite_count == 0 || p.nonfinite != GIFT_NONFINITE_ERROR) return GIFT_OK;
+  const uint64_t i = s.first_nonfinite;
+  return fail(GIFT_ERROR_NONFINITE_INPUT,
+              "%" PRIu64 " non-finite value%s in the input, the first at index %" PRIu64
+              " (row %" PRIu64 ", column %" PRIu64 ")",
+              s.nonfinite_count, s.nonfinite_count == 1 ? "" : "s", i, cols ? i / cols : 0,
+              cols ? i % cols : 0);
 }
 
 void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* scales,

@@ -13,6 +13,10 @@ giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_
                            uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
                            giftEncodeStats* stats);
 
+// What an encode that saw `s` returns under p's non-finite policy: GIFT_OK, or
+// GIFT_ERROR_NONFINITE_INPUT naming the count and the first element (for every encoder).
+giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s, uint64_t cols);
+
 void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* scales,
                    uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype);
 

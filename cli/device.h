@@ -1,0 +1,31 @@
+// giftc's --device: where encode and decode run. The CPU runs libgift's giftEncode and
+// giftDecode; a CUDA device runs the kernels of gift_cuda.h behind the same contract (host
+// buffers in and out: each call uploads the input, runs on the device and downloads the
+// result), so the frame writer and reader take either.
+#pragma once
+
+#include <string>
+
+#include "gift/gift.h"
+
+namespace giftc {
+
+enum class Device { kCpu, kCuda };
+
+// "cpu" or "cuda". cuda is a usage error (exit 1) in a build without CUDA, and an I/O error
+// (exit 3) when no CUDA device is usable.
+Device parse_device(const std::string& s);
+
+decltype(&giftEncode) encoder_for(Device d);
+decltype(&giftDecode) decoder_for(Device d);
+
+// One run of `giftc bench --device cuda`: seconds of a device-to-device copy of the input,
+// of encoding it and of decoding it to fp32, each the best of several, on device buffers.
+struct DeviceTimes {
+  std::string device;
+  double copy, encode, decode;
+};
+DeviceTimes time_on_device(const giftQuantParams& p, giftDType_t dtype, uint64_t rows,
+                           uint64_t cols);
+
+}  // namespace giftc
