@@ -100,25 +100,30 @@ giftResult_t cuda_decode(const giftQuantParams* p, const uint8_t* codes, const v
   return copy(dst, d_dst.p, n * width(dtype), cudaMemcpyDeviceToHost);
 }
 
+// Throws the failure of a CUDA call made by the benchmark (exit status 3).
+void must(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) check(cuda_failed(e, what));
+}
+
 // Best of several timed runs of f on the default stream, after a warm-up.
 template <typename F>
 double best_device_seconds(F&& f) {
   cudaEvent_t a = nullptr, b = nullptr;
-  if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess)
-    throw Failure(kIoError, "CUDA: cannot create events");
+  must(cudaEventCreate(&a), "cudaEventCreate");
+  must(cudaEventCreate(&b), "cudaEventCreate");
   f();
   double best = 1e30;
   for (int i = 0; i < 10; ++i) {
-    cudaEventRecord(a);
+    must(cudaEventRecord(a), "cudaEventRecord");
     f();
-    cudaEventRecord(b);
+    must(cudaEventRecord(b), "cudaEventRecord");
+    must(cudaEventSynchronize(b), "cudaEventSynchronize");
     float ms = 0;
-    if (cudaEventSynchronize(b) != cudaSuccess || cudaEventElapsedTime(&ms, a, b) != cudaSuccess)
-      throw Failure(kIoError, "CUDA: a timed run failed");
+    must(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
     best = std::min(best, double(ms) * 1e-3);
   }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  must(cudaEventDestroy(a), "cudaEventDestroy");
+  must(cudaEventDestroy(b), "cudaEventDestroy");
   return best;
 }
 
@@ -180,12 +185,11 @@ DeviceTimes time_on_device(const giftQuantParams& p, giftDType_t dtype, uint64_t
   check(ws.alloc(wsb));
   check(copy(src.p, host.data(), host.size(), cudaMemcpyHostToDevice));
   cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
+  must(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   DeviceTimes t;
   t.device = prop.name;
   t.copy = best_device_seconds([&] {
-    const cudaError_t e = cudaMemcpyAsync(dst.p, src.p, host.size(), cudaMemcpyDeviceToDevice);
-    if (e != cudaSuccess) check(cuda_failed(e, "cudaMemcpyAsync"));
+    must(cudaMemcpyAsync(dst.p, src.p, host.size(), cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
   });
   t.encode = best_device_seconds([&] {
     check(giftEncodeDevice(&p, src.p, dtype, rows, cols, codes.get(), scales.p, sb, nullptr, ws.p,

@@ -360,13 +360,16 @@ struct Items {
   }
 };
 
+// Items are cut from the part of a group that lies in the tensor: a tile larger than the
+// tensor would otherwise make (almost all empty) items without bound.
 Items make_items(const GroupGrid& grid) {
+  const uint64_t h = std::max<uint64_t>(1, std::min(grid.height, grid.rows));
+  const uint64_t w = std::max<uint64_t>(1, std::min(grid.width, grid.cols));
   Items it{grid, 1, 1, 1, 1};
-  it.item_cols = uint32_t(std::min<uint64_t>(std::max<uint64_t>(grid.width, 1), kItemCols));
-  it.item_rows =
-      uint32_t(std::max<uint64_t>(1, std::min<uint64_t>(grid.height, kItemElems / it.item_cols)));
-  it.per_group_rows = ceil_div(std::max<uint64_t>(grid.height, 1), it.item_rows);
-  it.per_group_cols = ceil_div(std::max<uint64_t>(grid.width, 1), it.item_cols);
+  it.item_cols = uint32_t(std::min<uint64_t>(w, kItemCols));
+  it.item_rows = uint32_t(std::max<uint64_t>(1, std::min<uint64_t>(h, kItemElems / it.item_cols)));
+  it.per_group_rows = ceil_div(h, it.item_rows);
+  it.per_group_cols = ceil_div(w, it.item_cols);
   return it;
 }
 
@@ -498,6 +501,21 @@ giftResult_t launch_encode(const giftQuantParams& p, const GroupGrid& grid, Enco
   });
 }
 
+// Elements and fp32 scales are accessed as what they are: a misaligned pointer would be a
+// sticky error that breaks the caller's CUDA context, so it is refused up front.
+giftResult_t check_alignment(const giftQuantParams& p, const void* data, giftDType_t dtype,
+                             const void* scales) {
+  const uintptr_t d = reinterpret_cast<uintptr_t>(data), s = reinterpret_cast<uintptr_t>(scales);
+  if (d % (dtype == GIFT_DTYPE_F32 ? 4 : 2) != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "device data pointer is not aligned to its element size");
+  }
+  if (p.scale_dtype == GIFT_SCALE_DTYPE_F32 && s % 4 != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "device fp32 scales pointer is not 4-byte aligned");
+  }
+  return GIFT_OK;
+}
+
 }  // namespace
 }  // namespace gift::kernels
 
@@ -533,6 +551,7 @@ giftResult_t giftEncodeDevice(const giftQuantParams* p, const void* src, giftDTy
   if (const giftResult_t r =
           gift::check_codec_buffers(p, src, src_dtype, rows, cols, codes, scales, scales_bytes))
     return r;
+  if (const giftResult_t r = check_alignment(*p, src, src_dtype, scales)) return r;
   const gift::GroupGrid grid = gift::group_grid(*p, rows, cols);
   const uint64_t need = workspace_bytes(*p, grid);
   if (workspace && workspace_bytes_given < need) {
@@ -591,6 +610,7 @@ giftResult_t giftDecodeDevice(const giftQuantParams* p, const uint8_t* codes, co
   if (const giftResult_t r =
           gift::check_codec_buffers(p, dst, dst_dtype, rows, cols, codes, scales, scales_bytes))
     return r;
+  if (const giftResult_t r = check_alignment(*p, dst, dst_dtype, scales)) return r;
   if (rows * cols == 0) return GIFT_OK;
   const gift::GroupGrid grid = gift::group_grid(*p, rows, cols);
   const bool e8m0 = p->scale_dtype == GIFT_SCALE_DTYPE_E8M0;

@@ -38,6 +38,10 @@ DeviceWhitener::~DeviceWhitener() {
 }
 
 giftResult_t DeviceWhitener::upload(const frame::Whitener& t) {
+  for (float** p : {&v_, &v_c_, &v_c_inv_, &d_rsqrt_, &d_sqrt_}) {
+    cudaFree(*p);
+    *p = nullptr;
+  }
   dim_ = t.dim;
   rank_ = t.rank;
   if (const giftResult_t r = upload_floats(t.v, &v_)) return r;
@@ -62,10 +66,6 @@ giftResult_t DeviceWhitener::scale_columns(float* w, uint64_t rows, const float*
 giftResult_t DeviceWhitener::low_rank_update(float* w, uint64_t rows, const float* v_scaled,
                                              cublasHandle_t h) const {
   if (!rank_ || !rows) return GIFT_OK;
-  if (rows > uint64_t(INT_MAX) || dim_ > uint32_t(INT_MAX)) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: %llu rows exceed cuBLAS's int sizes",
-                (unsigned long long)rows);
-  }
   cudaStream_t s = nullptr;
   GIFT_CUBLAS_TRY(cublasGetStream(h, &s));
   float* p = nullptr;
@@ -83,7 +83,17 @@ giftResult_t DeviceWhitener::low_rank_update(float* w, uint64_t rows, const floa
   return GIFT_OK;
 }
 
+// Checked before either transform touches the data, so a refusal leaves it as it was.
+giftResult_t DeviceWhitener::check_size(uint64_t rows) const {
+  if (rows > uint64_t(INT_MAX) || dim_ > uint32_t(INT_MAX)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: %llu rows exceed cuBLAS's int sizes",
+                (unsigned long long)rows);
+  }
+  return GIFT_OK;
+}
+
 giftResult_t DeviceWhitener::whiten(float* w, uint64_t rows, cublasHandle_t h) const {
+  if (const giftResult_t r = check_size(rows)) return r;
   cudaStream_t s = nullptr;
   GIFT_CUBLAS_TRY(cublasGetStream(h, &s));
   if (const giftResult_t r = scale_columns(w, rows, d_rsqrt_, s)) return r;
@@ -91,6 +101,7 @@ giftResult_t DeviceWhitener::whiten(float* w, uint64_t rows, cublasHandle_t h) c
 }
 
 giftResult_t DeviceWhitener::unwhiten(float* w, uint64_t rows, cublasHandle_t h) const {
+  if (const giftResult_t r = check_size(rows)) return r;
   cudaStream_t s = nullptr;
   GIFT_CUBLAS_TRY(cublasGetStream(h, &s));
   if (const giftResult_t r = low_rank_update(w, rows, v_c_inv_, h)) return r;

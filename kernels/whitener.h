@@ -21,6 +21,7 @@ class DeviceWhitener {
   DeviceWhitener& operator=(const DeviceWhitener&) = delete;
   ~DeviceWhitener();
 
+  // Replaces what an earlier upload held.
   giftResult_t upload(const frame::Whitener& t);
 
   // W~ = W T and W = W~ T^-1, in place, for rows x dim row-major fp32 at device pointer w,
@@ -32,6 +33,7 @@ class DeviceWhitener {
   uint32_t rank() const { return rank_; }
 
  private:
+  giftResult_t check_size(uint64_t rows) const;
   giftResult_t low_rank_update(float* w, uint64_t rows, const float* v_scaled,
                                cublasHandle_t h) const;
   giftResult_t scale_columns(float* w, uint64_t rows, const float* d, cudaStream_t s) const;

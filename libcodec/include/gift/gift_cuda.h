@@ -24,14 +24,15 @@ extern "C" {
 GIFT_API giftResult_t giftEncodeDeviceWorkspaceSize(const giftQuantParams* params, uint64_t rows,
                                                     uint64_t cols, uint64_t* bytes);
 
-/* Encodes rows*cols elements at device pointer `src` into device `codes` and `scales`.
+/* Encodes rows*cols elements at device pointer `src` into device `codes` and `scales`
+ * (`src` aligned to its element size, fp32 scales to 4 bytes; codes at any address).
  * `workspace` (device memory, 256-byte aligned, of giftEncodeDeviceWorkspaceSize bytes) may
  * be NULL: the library then allocates it on the stream (cudaMallocAsync) and frees it after
  * use. `stats` is a device pointer or NULL; when given, it holds the tensor's finite amax,
  * non-finite count and first non-finite index once the stream has run the encode. With
  * params->nonfinite ERROR, a non-zero count there is the caller's GIFT_ERROR_NONFINITE_INPUT
- * (the codes are those the CPU writes before it reports that error). params->threads is
- * ignored. */
+ * (the codes are those the CPU writes before it reports that error); with `stats` NULL
+ * non-finite input goes unreported. params->threads is ignored. */
 GIFT_API giftResult_t giftEncodeDevice(const giftQuantParams* params, const void* src,
                                        giftDType_t src_dtype, uint64_t rows, uint64_t cols,
                                        uint8_t* codes, void* scales, uint64_t scales_bytes,

@@ -145,6 +145,9 @@ giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, 
     // GIFT-frame tensors use the frame's embedded basis.
     const gift::frame::Basis* basis = nullptr;
     if (gift_frame_tensor(frame, index)) {
+      // The caller's buffer first, as for every tensor, then the basis.
+      if (const giftResult_t r = frame->reader->check_output(index, dst, dst_bytes, dst_dtype))
+        return r;
       if (const giftResult_t r = frame_basis(frame, &basis)) return r;
     }
     return gift::frame::decode_tensor(*frame->reader, size_t(index), basis, dst, dst_bytes,

@@ -421,8 +421,8 @@ giftResult_t FrameReader::embedded_basis(std::vector<uint8_t>* scratch, const ui
   return section_bytes(s, "embedded basis section", scratch, bytes);
 }
 
-giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
-                                 bool coded_values) const {
+giftResult_t FrameReader::check_output(size_t index, const void* dst, uint64_t dst_bytes,
+                                       giftDType_t dst_dtype) const {
   if (index >= tensors_.size()) {
     return fail(GIFT_ERROR_NOT_FOUND, "%s: no tensor %zu (the frame has %zu)", name_.c_str(), index,
                 tensors_.size());
@@ -438,9 +438,17 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, gi
                 "%s: tensor '%s' needs %" PRIu64 " bytes, %" PRIu64 " given", name_.c_str(),
                 e.name.c_str(), need, dst_bytes);
   }
+  return GIFT_OK;
+}
+
+giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
+                                 bool coded_values) const {
+  if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype)) return r;
+  const TensorEntry& e = tensors_[index];
+  const uint64_t need = e.elements * dtype_size(dst_dtype);
   if (e.fb->frame() == fb::CoordFrame::Gift && !coded_values) {
     return fail(GIFT_ERROR_BASIS_MISSING,
-                "%s: tensor '%s' is encoded in a GIFT basis, which this build cannot apply yet",
+                "%s: tensor '%s' is encoded in a GIFT basis; it decodes only with that basis",
                 name_.c_str(), e.name.c_str());
   }
   std::vector<uint8_t> codes_scratch, scales_scratch;

@@ -54,6 +54,11 @@ class FrameReader {
   giftResult_t section_bytes(const fb::Section* s, const std::string& what,
                              std::vector<uint8_t>* scratch, const uint8_t** bytes) const;
 
+  // The checks every decode makes first, before anything else can fail: the tensor exists,
+  // the output type is known, the caller's buffer is there and large enough.
+  giftResult_t check_output(size_t index, const void* dst, uint64_t dst_bytes,
+                            giftDType_t dst_dtype) const;
+
   // A GIFT-frame tensor needs its basis (frame/select.h applies it); with
   // `coded_values` its codes are decoded as they are, in the basis' coordinates.
   giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,

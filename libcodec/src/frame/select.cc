@@ -131,14 +131,7 @@ giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const 
     return r.decode(index, dst, dst_bytes, dst_dtype);
   }
   const container::TensorEntry& e = r.tensors()[index];
-  // The caller's buffer is checked first, as for every tensor.
-  const uint64_t need = e.elements * (dst_dtype == GIFT_DTYPE_F32 ? 4 : 2);
-  if (need && !dst) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: dst is NULL");
-  if (dst_bytes < need) {
-    return fail(GIFT_ERROR_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, %llu given",
-                r.name().c_str(), e.name.c_str(), (unsigned long long)need,
-                (unsigned long long)dst_bytes);
-  }
+  if (const giftResult_t rc = r.check_output(index, dst, dst_bytes, dst_dtype)) return rc;
   const Whitener* t = nullptr;
   if (const giftResult_t rc = resolve_whitener(r, index, basis, &t)) return rc;
   std::vector<float> v(e.elements);

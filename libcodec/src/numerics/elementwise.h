@@ -250,12 +250,15 @@ GIFT_HD uint8_t encode_element(float x, const GroupScale& gs, bool keep_nonfinit
   return fp8_from_float_rn<K>(v);
 }
 
-// One element's value: the code's value times the group's scale; Inf codes stay Inf
-// (FORMAT.md 1.5).
+// One element's value: the code's value times the group's scale; NaN and Inf codes stay
+// as they are, and a NaN product is the canonical 0x7FC00000 (FORMAT.md 1.5): CPUs return
+// the quieted NaN operand, GPUs 0x7FFFFFFF.
 template <Fp8 K>
 GIFT_HD float decode_element(uint8_t code, float scale) {
   const float c = fp8_to_float<K>(code);
-  return (bits_of(c) & 0x7FFFFFFFu) == 0x7F800000u ? c : c * scale;
+  if ((bits_of(c) & 0x7FFFFFFFu) >= 0x7F800000u) return c;
+  const float v = c * scale;
+  return v != v ? float_of(0x7FC00000u) : v;
 }
 
 // ---- 16-bit floats ------------------------------------------------------------------
