@@ -29,6 +29,18 @@ std::string hex128(const fb::BasisId* id) {
 uint64_t stored(const fb::Section* s) { return s ? s->stored_length() : 0; }
 uint64_t raw(const fb::Section* s) { return s ? s->raw_length() : 0; }
 
+// A selection estimate, null when the encoder did not make it.
+nlohmann::ordered_json estimate(float e) {
+  return std::isnan(e) ? nlohmann::ordered_json() : nlohmann::ordered_json(e);
+}
+
+std::string estimate_text(const nlohmann::ordered_json& e) {
+  if (e.is_null()) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", e.get<double>());
+  return buf;
+}
+
 void run_inspect(const InspectOptions& o, const Verbosity& v) {
   std::unique_ptr<gift::container::ByteSource> src;
   check(gift::container::map_file(o.input, &src));
@@ -78,13 +90,11 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     j["frame"] = t->frame() == fb::CoordFrame::Gift ? "gift" : "euclidean";
     if (t->frame() == fb::CoordFrame::Gift) j["basis_id"] = hex128(t->basis_id());
     if (const fb::Selection* s = t->selection()) {
-      j["selection"] = {
-          {"chosen", s->chosen() == fb::CoordFrame::Gift ? "gift" : "euclidean"},
-          {"euclidean_error", s->euclidean_error()},
-          {"gift_error", std::isnan(s->gift_error()) ? nlohmann::ordered_json()
-                                                     : nlohmann::ordered_json(s->gift_error())},
-          {"transform_flops", s->transform_flops()},
-          {"reason", s->reason() ? s->reason()->str() : ""}};
+      j["selection"] = {{"chosen", s->chosen() == fb::CoordFrame::Gift ? "gift" : "euclidean"},
+                        {"euclidean_error", estimate(s->euclidean_error())},
+                        {"gift_error", estimate(s->gift_error())},
+                        {"transform_flops", s->transform_flops()},
+                        {"reason", s->reason() ? s->reason()->str() : ""}};
     }
     if (const fb::Stats* s = t->stats()) {
       j["stats"] = {{"amax", s->amax()}, {"rms", s->rms()}, {"nonfinite", s->nonfinite_count()}};
@@ -133,11 +143,10 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
         human_bytes(st).c_str(), st ? double(orig) / double(st) : 0.0);
     if (j.contains("selection")) {
       const auto& s = j["selection"];
-      std::printf(
-          "%-32s   selection: %s (euclidean %.4g, gift %s) %s\n", "",
-          s["chosen"].get<std::string>().c_str(), s["euclidean_error"].get<double>(),
-          s["gift_error"].is_null() ? "-" : std::to_string(s["gift_error"].get<double>()).c_str(),
-          s["reason"].get<std::string>().c_str());
+      std::printf("%-32s   selection: %s (euclidean %s, gift %s) %s\n", "",
+                  s["chosen"].get<std::string>().c_str(),
+                  estimate_text(s["euclidean_error"]).c_str(),
+                  estimate_text(s["gift_error"]).c_str(), s["reason"].get<std::string>().c_str());
     }
   }
   std::printf("%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n", "total", "", "", "", "",

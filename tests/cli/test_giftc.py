@@ -162,9 +162,12 @@ class Giftc(unittest.TestCase):
         dumps = []
         for k in range(2):
             path = self.path(f"g{k}.safetensors")
-            save_file({"mlp.down.weight": (structure + 0.01 * rms * rng.standard_normal(structure.shape)).astype(np.float32),
+            tensors = {"mlp.down.weight": (structure + 0.01 * rms * rng.standard_normal(structure.shape)).astype(np.float32),
                        "iso.weight": rng.standard_normal((128, 256)).astype(np.float32),
-                       "bias": rng.standard_normal(512).astype(np.float32)}, path)
+                       "bias": rng.standard_normal(512).astype(np.float32)}
+            if k == 1:  # a layer the basis has never seen
+                tensors["new.weight"] = rng.standard_normal((32, 64)).astype(np.float32)
+            save_file(tensors, path)
             dumps.append(path)
         fit_on, src = dumps
         basis = self.path("b.giftb")
@@ -178,6 +181,11 @@ class Giftc(unittest.TestCase):
         sel = info["mlp.down.weight"]["selection"]
         self.assertLess(sel["gift_error"], 0.95 * sel["euclidean_error"])
         self.assertEqual(info["iso.weight"]["frame"], "euclidean")  # isotropic noise: no gain
+        sel = info["new.weight"]["selection"]  # nothing to estimate with: no numbers made up
+        self.assertEqual((sel["chosen"], sel["reason"], sel["euclidean_error"], sel["gift_error"]),
+                         ("euclidean", "no whitener in the basis", None, None))
+        table = run("inspect", frame).stdout
+        self.assertIn("selection: euclidean (euclidean -, gift -) no whitener in the basis", table)
         # Measured: GIFT's error on the whitened tensor is at most 0.4x Euclidean's.
         errs = {t["name"]: t["rel_l2"] for t in json.loads(run("compare", src, frame, "--basis", basis, "--json").stdout)["tensors"]}
         self.assertEqual(run("encode", src, "-o", self.path("e.gift"), "-q").returncode, 0)

@@ -1,6 +1,7 @@
 // Builds a frame: tensors are encoded as they are added, the layout is fixed at finish.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -25,7 +26,8 @@ struct Coordinates {
   bool gift = false;
   uint64_t basis_lo = 0, basis_hi = 0;
   bool has_selection = false;
-  float euclidean_error = 0, gift_error = 0;  // estimated relative L2 round-trip errors
+  // Estimated relative L2 round-trip errors; NaN where not estimated.
+  float euclidean_error = NAN, gift_error = NAN;
   double transform_flops = 0;
   std::string reason;
 };
