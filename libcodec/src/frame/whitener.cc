@@ -122,6 +122,7 @@ giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector
     for (uint32_t j = i + 1; j < dim; ++j) a[uint64_t(i) * dim + j] = 0.0;
   out->dim = dim;
   out->l = std::move(a);
+  out->l32.assign(out->l.begin(), out->l.end());
   return GIFT_OK;
 }
 
@@ -134,6 +135,16 @@ void whiten_dense(const DenseWhitener& t, double* w, uint64_t rows) {
 void unwhiten_dense(const DenseWhitener& t, double* w, uint64_t rows) {
   cblas_dtrmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
               int(t.dim), 1.0, t.l.data(), int(t.dim), w, int(t.dim));
+}
+
+void whiten_dense(const DenseWhitener& t, float* w, uint64_t rows) {
+  cblas_strsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
+              int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
+}
+
+void unwhiten_dense(const DenseWhitener& t, float* w, uint64_t rows) {
+  cblas_strmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
+              int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
 }
 
 }  // namespace gift::frame

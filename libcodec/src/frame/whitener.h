@@ -33,15 +33,19 @@ void whiten(const Whitener& t, float* w, uint64_t rows);
 void unwhiten(const Whitener& t, float* w, uint64_t rows);
 
 // The paper's reference: the dense Cholesky factor L of A^ (L L^T = A^), applied as
-// W~ = W L^-T (a triangular solve) and W = W~ L^T, in double precision. For comparisons.
+// W~ = W L^-T (a triangular solve) and W = W~ L^T. For comparisons: in double precision for
+// accuracy, in single precision to time it on equal terms with the fp32 low-rank form.
 struct DenseWhitener {
   uint32_t dim = 0;
-  std::vector<double> l;  // dim x dim, lower triangular, row-major
+  std::vector<double> l;   // dim x dim, lower triangular, row-major
+  std::vector<float> l32;  // the same, rounded to fp32
 };
 
 giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector<double>& l,
                                  const std::vector<double>& diag, uint32_t dim, DenseWhitener* out);
 void whiten_dense(const DenseWhitener& t, double* w, uint64_t rows);
 void unwhiten_dense(const DenseWhitener& t, double* w, uint64_t rows);
+void whiten_dense(const DenseWhitener& t, float* w, uint64_t rows);
+void unwhiten_dense(const DenseWhitener& t, float* w, uint64_t rows);
 
 }  // namespace gift::frame
