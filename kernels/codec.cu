@@ -516,6 +516,14 @@ giftResult_t check_alignment(const giftQuantParams& p, const void* data, giftDTy
   return GIFT_OK;
 }
 
+giftResult_t check_stats_alignment(const giftEncodeStats* stats) {
+  if (reinterpret_cast<uintptr_t>(stats) % alignof(giftEncodeStats) != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "device stats pointer is not %zu-byte aligned",
+                alignof(giftEncodeStats));
+  }
+  return GIFT_OK;
+}
+
 }  // namespace
 }  // namespace gift::kernels
 
@@ -552,6 +560,7 @@ giftResult_t giftEncodeDevice(const giftQuantParams* p, const void* src, giftDTy
           gift::check_codec_buffers(p, src, src_dtype, rows, cols, codes, scales, scales_bytes))
     return r;
   if (const giftResult_t r = check_alignment(*p, src, src_dtype, scales)) return r;
+  if (const giftResult_t r = check_stats_alignment(stats)) return r;
   const gift::GroupGrid grid = gift::group_grid(*p, rows, cols);
   const uint64_t need = workspace_bytes(*p, grid);
   if (workspace && workspace_bytes_given < need) {

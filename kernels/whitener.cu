@@ -42,15 +42,19 @@ giftResult_t DeviceWhitener::upload(const frame::Whitener& t) {
     cudaFree(*p);
     *p = nullptr;
   }
-  dim_ = t.dim;
-  rank_ = t.rank;
+  // The sizes are set last: after a failed upload the whitener is empty (a no-op), never
+  // half there with null pointers behind non-zero sizes.
+  dim_ = rank_ = 0;
   if (const giftResult_t r = upload_floats(t.v, &v_)) return r;
   if (const giftResult_t r = upload_floats(scaled_columns(t.v, t.c, t.dim, t.rank), &v_c_))
     return r;
   if (const giftResult_t r = upload_floats(scaled_columns(t.v, t.c_inv, t.dim, t.rank), &v_c_inv_))
     return r;
   if (const giftResult_t r = upload_floats(t.d_rsqrt, &d_rsqrt_)) return r;
-  return upload_floats(t.d_sqrt, &d_sqrt_);
+  if (const giftResult_t r = upload_floats(t.d_sqrt, &d_sqrt_)) return r;
+  dim_ = t.dim;
+  rank_ = t.rank;
+  return GIFT_OK;
 }
 
 giftResult_t DeviceWhitener::scale_columns(float* w, uint64_t rows, const float* d,

@@ -5,7 +5,9 @@
  * returns. Like NCCL's calls, these enqueue work on `stream` and return once it is enqueued:
  * argument errors and CUDA launch errors come back at once as a giftResult_t; what the data
  * holds (non-finite values) comes back in the device-side giftEncodeStats when the stream
- * reaches it. Nothing here synchronizes the stream or copies to the host.
+ * reaches it. Nothing here synchronizes the stream or copies to the host. Launch errors
+ * are read with cudaGetLastError, so an error left pending by the caller's earlier work on
+ * this thread is reported (as GIFT_ERROR_DEVICE, naming it) and cleared there too.
  *
  * Only present in builds with CUDA (GIFT_HAVE_CUDA defined by the build). */
 #ifndef GIFT_GIFT_CUDA_H
@@ -25,7 +27,8 @@ GIFT_API giftResult_t giftEncodeDeviceWorkspaceSize(const giftQuantParams* param
                                                     uint64_t cols, uint64_t* bytes);
 
 /* Encodes rows*cols elements at device pointer `src` into device `codes` and `scales`
- * (`src` aligned to its element size, fp32 scales to 4 bytes; codes at any address).
+ * (`src` aligned to its element size, fp32 scales to 4 bytes, `stats` to 8; codes at any
+ * address).
  * `workspace` (device memory, 256-byte aligned, of giftEncodeDeviceWorkspaceSize bytes) may
  * be NULL: the library then allocates it on the stream (cudaMallocAsync) and frees it after
  * use. `stats` is a device pointer or NULL; when given, it holds the tensor's finite amax,
