@@ -14,10 +14,16 @@ function(gift_require_or_note opt found what)
   endif()
 endfunction()
 
-# Our own targets: warnings are errors, and no floating-point contraction, because an FMA
+# Our own targets: warnings are errors (OFF only for builds on machines whose newer
+# compiler may warn where CI's does not), and no floating-point contraction, because an FMA
 # that fuses the scale multiply with the rounding add would change FP8 codes.
-set(GIFT_CXX_FLAGS -Wall -Wextra -Werror -ffp-contract=off)
-set(GIFT_CUDA_FLAGS --fmad=false -Werror=all-warnings -Xcompiler=-Wall,-Wextra)
+option(GIFT_WARNINGS_AS_ERRORS "Treat warnings in the project's own code as errors" ON)
+set(GIFT_CXX_FLAGS -Wall -Wextra -ffp-contract=off)
+set(GIFT_CUDA_FLAGS --fmad=false -Xcompiler=-Wall,-Wextra)
+if(GIFT_WARNINGS_AS_ERRORS)
+  list(APPEND GIFT_CXX_FLAGS -Werror)
+  list(APPEND GIFT_CUDA_FLAGS -Werror=all-warnings)
+endif()
 
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_program(FLATC flatc REQUIRED)
