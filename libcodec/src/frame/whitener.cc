@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "frame/low_rank_update.h"
 
 namespace gift::frame {
 
@@ -71,36 +72,12 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
   return GIFT_OK;
 }
 
-namespace {
-
-// X <- X + (X V) diag(c) V^T, for rows x dim X: the two thin GEMMs.
-void low_rank_update(const Whitener& t, const std::vector<float>& c, float* x, uint64_t rows) {
-  if (!t.rank || !rows) return;
-  std::vector<float> p(rows * t.rank);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(t.rank), int(t.dim), 1.0f,
-              x, int(t.dim), t.v.data(), int(t.rank), 0.0f, p.data(), int(t.rank));
-  for (uint64_t i = 0; i < rows; ++i)
-    for (uint32_t j = 0; j < t.rank; ++j) p[i * t.rank + j] *= c[j];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(t.dim), int(t.rank), 1.0f,
-              p.data(), int(t.rank), t.v.data(), int(t.rank), 1.0f, x, int(t.dim));
-}
-
-void scale_columns(const std::vector<float>& s, float* x, uint64_t rows) {
-  const size_t d = s.size();
-  for (uint64_t i = 0; i < rows; ++i)
-    for (size_t j = 0; j < d; ++j) x[i * d + j] *= s[j];
-}
-
-}  // namespace
-
 void whiten(const Whitener& t, float* w, uint64_t rows) {
-  scale_columns(t.d_rsqrt, w, rows);
-  low_rank_update(t, t.c, w, rows);
+  low_rank_update(t.v.data(), t.c.data(), t.dim, t.rank, t.d_rsqrt.data(), nullptr, w, rows);
 }
 
 void unwhiten(const Whitener& t, float* w, uint64_t rows) {
-  low_rank_update(t, t.c_inv, w, rows);
-  scale_columns(t.d_sqrt, w, rows);
+  low_rank_update(t.v.data(), t.c_inv.data(), t.dim, t.rank, nullptr, t.d_sqrt.data(), w, rows);
 }
 
 giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector<double>& l,

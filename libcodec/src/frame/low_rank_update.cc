@@ -1,0 +1,127 @@
+#include "frame/low_rank_update.h"
+
+#include <cstddef>
+#include <vector>
+
+// A band's accumulators live in arrays of vectors, which scalable vectors (SVE, RVV) cannot
+// form; those targets are left out and such machines take their fixed-width target.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "frame/low_rank_update.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace gift::frame {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+struct Operands {
+  const float* vp;    // dim x rp: V, its rows padded with zeros to whole vectors
+  const float* vt;    // rank x dim: V^T
+  const float* c;     // rank
+  const float* pre;   // dim, or null
+  const float* post;  // dim, or null
+  size_t dim, rank, rp;
+};
+
+// kRows consecutive rows at x; p is kRows x rp scratch. The accumulators of kRows rows are
+// independent, so a band keeps the FMA units busy and reads each vector of V once per band.
+template <size_t kRows>
+void Rows(const Operands& o, float* x, float* p) {
+  const DF d;
+  const size_t n = hn::Lanes(d), dim = o.dim;
+  if (o.pre) {
+    for (size_t r = 0; r < kRows; ++r) {
+      float* xr = x + r * dim;
+      size_t i = 0;
+      for (; i + n <= dim; i += n)
+        hn::StoreU(hn::Mul(hn::LoadU(d, xr + i), hn::LoadU(d, o.pre + i)), d, xr + i);
+      for (; i < dim; ++i) xr[i] *= o.pre[i];
+    }
+  }
+  // P = X V, a vector of V's columns at a time.
+  for (size_t k = 0; k < o.rp; k += n) {
+    hn::Vec<DF> acc[kRows];
+    for (size_t r = 0; r < kRows; ++r) acc[r] = hn::Zero(d);
+    for (size_t i = 0; i < dim; ++i) {
+      const hn::Vec<DF> vk = hn::LoadU(d, o.vp + i * o.rp + k);
+      for (size_t r = 0; r < kRows; ++r)
+        acc[r] = hn::MulAdd(hn::Set(d, x[r * dim + i]), vk, acc[r]);
+    }
+    for (size_t r = 0; r < kRows; ++r) hn::StoreU(acc[r], d, p + r * o.rp + k);
+  }
+  for (size_t r = 0; r < kRows; ++r)
+    for (size_t j = 0; j < o.rank; ++j) p[r * o.rp + j] *= o.c[j];
+  // X += P diag(c) V^T, then the post scaling, a vector of columns at a time.
+  size_t i = 0;
+  for (; i + n <= dim; i += n) {
+    hn::Vec<DF> out[kRows];
+    for (size_t r = 0; r < kRows; ++r) out[r] = hn::LoadU(d, x + r * dim + i);
+    for (size_t j = 0; j < o.rank; ++j) {
+      const hn::Vec<DF> vt = hn::LoadU(d, o.vt + j * dim + i);
+      for (size_t r = 0; r < kRows; ++r)
+        out[r] = hn::MulAdd(hn::Set(d, p[r * o.rp + j]), vt, out[r]);
+    }
+    if (o.post) {
+      const hn::Vec<DF> s = hn::LoadU(d, o.post + i);
+      for (size_t r = 0; r < kRows; ++r) out[r] = hn::Mul(out[r], s);
+    }
+    for (size_t r = 0; r < kRows; ++r) hn::StoreU(out[r], d, x + r * dim + i);
+  }
+  for (; i < dim; ++i) {
+    for (size_t r = 0; r < kRows; ++r) {
+      float s = x[r * dim + i];
+      for (size_t j = 0; j < o.rank; ++j) s += p[r * o.rp + j] * o.vt[j * dim + i];
+      x[r * dim + i] = o.post ? s * o.post[i] : s;
+    }
+  }
+}
+
+void LowRankUpdate(const float* v, const float* c, uint32_t dim, uint32_t rank, const float* pre,
+                   const float* post, float* x, uint64_t rows) {
+  const DF d;
+  const size_t n = hn::Lanes(d);
+  const size_t rp = (rank + n - 1) / n * n;
+  std::vector<float> vp(size_t(dim) * rp, 0.0f), vt(size_t(rank) * dim);
+  for (size_t i = 0; i < dim; ++i) {
+    for (size_t j = 0; j < rank; ++j) {
+      vp[i * rp + j] = v[i * rank + j];
+      vt[j * dim + i] = v[i * rank + j];
+    }
+  }
+  const Operands o{vp.data(), vt.data(), c, pre, post, dim, rank, rp};
+  constexpr size_t kBand = 8;
+  const int64_t bands = int64_t(rows / kBand), total = int64_t(rows);
+#pragma omp parallel if (rows * dim >= (uint64_t(1) << 16))
+  {
+    std::vector<float> p(kBand * rp);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < bands; ++b) Rows<kBand>(o, x + uint64_t(b) * kBand * dim, p.data());
+#pragma omp for schedule(static)
+    for (int64_t r = bands * int64_t(kBand); r < total; ++r) {
+      Rows<1>(o, x + uint64_t(r) * dim, p.data());
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace gift::frame
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace gift::frame {
+
+HWY_EXPORT(LowRankUpdate);
+
+void low_rank_update(const float* v, const float* c, uint32_t dim, uint32_t rank, const float* pre,
+                     const float* post, float* x, uint64_t rows) {
+  HWY_DYNAMIC_DISPATCH(LowRankUpdate)(v, c, dim, rank, pre, post, x, rows);
+}
+
+}  // namespace gift::frame
+#endif

@@ -1,0 +1,19 @@
+// The whitener's hot loop (whitener.h): for a rows x dim row-major x, V (dim x rank,
+// row-major) and diagonal c,
+//     x <- ((x diag(pre)) + (x diag(pre)) V diag(c) V^T) diag(post)
+// with pre or post null for no scaling. BLAS would take a column scaling and two thin GEMMs,
+// streaming the gradient through memory five times; here each band of rows is scaled, then
+// multiplied by V and by V^T while it stays in cache, so x crosses memory once each way.
+// Vectorized with Highway (run-time dispatch), rows split over OpenMP threads. The sums run
+// in fp32 in a fixed order for a given machine target; like any GEMM, not bit-identical
+// across targets.
+#pragma once
+
+#include <cstdint>
+
+namespace gift::frame {
+
+void low_rank_update(const float* v, const float* c, uint32_t dim, uint32_t rank, const float* pre,
+                     const float* post, float* x, uint64_t rows);
+
+}  // namespace gift::frame
