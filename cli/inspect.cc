@@ -29,13 +29,17 @@ std::string hex128(const fb::BasisId* id) {
 uint64_t stored(const fb::Section* s) { return s ? s->stored_length() : 0; }
 uint64_t raw(const fb::Section* s) { return s ? s->raw_length() : 0; }
 
-// A selection estimate, null when the encoder did not make it.
+// A selection estimate: null when the encoder did not make it, "inf" when the trial encode
+// failed (JSON has no infinity).
 nlohmann::ordered_json estimate(float e) {
-  return std::isnan(e) ? nlohmann::ordered_json() : nlohmann::ordered_json(e);
+  if (std::isnan(e)) return nlohmann::ordered_json();
+  if (std::isinf(e)) return "inf";
+  return e;
 }
 
 std::string estimate_text(const nlohmann::ordered_json& e) {
   if (e.is_null()) return "-";
+  if (e.is_string()) return e.get<std::string>();
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", e.get<double>());
   return buf;

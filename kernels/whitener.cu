@@ -42,8 +42,9 @@ giftResult_t DeviceWhitener::upload(const frame::Whitener& t) {
     cudaFree(*p);
     *p = nullptr;
   }
-  // The sizes are set last: after a failed upload the whitener is empty (a no-op), never
-  // half there with null pointers behind non-zero sizes.
+  // Ready and sized last: after a failed upload the transforms refuse to run, rather than
+  // use null pointers or pass the data through untransformed.
+  ready_ = false;
   dim_ = rank_ = 0;
   if (const giftResult_t r = upload_floats(t.v, &v_)) return r;
   if (const giftResult_t r = upload_floats(scaled_columns(t.v, t.c, t.dim, t.rank), &v_c_))
@@ -54,6 +55,7 @@ giftResult_t DeviceWhitener::upload(const frame::Whitener& t) {
   if (const giftResult_t r = upload_floats(t.d_sqrt, &d_sqrt_)) return r;
   dim_ = t.dim;
   rank_ = t.rank;
+  ready_ = true;
   return GIFT_OK;
 }
 
@@ -89,6 +91,9 @@ giftResult_t DeviceWhitener::low_rank_update(float* w, uint64_t rows, const floa
 
 // Checked before either transform touches the data, so a refusal leaves it as it was.
 giftResult_t DeviceWhitener::check_size(uint64_t rows) const {
+  if (!ready_) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: no whitener was uploaded successfully");
+  }
   if (rows > uint64_t(INT_MAX) || dim_ > uint32_t(INT_MAX)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: %llu rows exceed cuBLAS's int sizes",
                 (unsigned long long)rows);

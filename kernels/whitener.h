@@ -21,7 +21,8 @@ class DeviceWhitener {
   DeviceWhitener& operator=(const DeviceWhitener&) = delete;
   ~DeviceWhitener();
 
-  // Replaces what an earlier upload held.
+  // Replaces what an earlier upload held. The transforms refuse to run (INVALID_ARGUMENT)
+  // until an upload has succeeded.
   giftResult_t upload(const frame::Whitener& t);
 
   // W~ = W T and W = W~ T^-1, in place, for rows x dim row-major fp32 at device pointer w,
@@ -38,6 +39,7 @@ class DeviceWhitener {
                                cublasHandle_t h) const;
   giftResult_t scale_columns(float* w, uint64_t rows, const float* d, cudaStream_t s) const;
 
+  bool ready_ = false;
   uint32_t dim_ = 0, rank_ = 0;
   float *v_ = nullptr, *v_c_ = nullptr, *v_c_inv_ = nullptr, *d_rsqrt_ = nullptr,
         *d_sqrt_ = nullptr;

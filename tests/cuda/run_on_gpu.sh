@@ -3,7 +3,9 @@
 # needed): dependencies, a CUDA build of its own (build-gpu, sm_90), the device tests, the GPU
 # benchmark and giftc --device cuda, then a table of results with the GPU figures. Run it
 # from anywhere in the repository, after tests/cuda/fetch_gpu_deps.sh on a machine with
-# network when the GPU machine has none (carry .gpu-deps/ along):
+# network when the GPU machine has none. .gpu-deps/ is ignored by git: name it among the
+# paths carried to the GPU machine, or the script falls back to scripts/setup.sh, which needs
+# network:
 #
 #   bash tests/cuda/run_on_gpu.sh
 #
@@ -110,7 +112,11 @@ export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 cmake_deps=()
 if compgen -G "$root/.gpu-deps/*.deb" >/dev/null; then
   echo "==== dependencies (.gpu-deps) ===="
-  prefix=${TMPDIR:-/tmp}/gift-gpu-deps
+  if [ "$(uname -m)" != x86_64 ]; then
+    add_row "dependencies (.gpu-deps holds amd64 packages; this is $(uname -m))" failed
+  fi
+  # Inside the build folder, so the paths CMake caches stay valid from one call to the next.
+  prefix="$root/$build/deps"
   rm -rf "$prefix"
   mkdir -p "$prefix"
   ok=1
@@ -129,12 +135,27 @@ if compgen -G "$root/.gpu-deps/*.deb" >/dev/null; then
     [ -e "$prefix$target" ] && ln -sfn "$prefix$target" "$link"
   done < <(find "$prefix" -type l -lname '/*')
   lib="$prefix/usr/lib/x86_64-linux-gnu"
+  blas="$lib/openblas-pthread"  # Debian's alternatives links are not made by unpacking
+  # At run time, only the libraries a machine like this lacks are put first (zlib and zstd
+  # stay the system's: the compiler uses them too).
+  runtime="$prefix/runtime"
+  mkdir -p "$runtime"
+  for so in "$blas"/libopenblas.so.0 "$blas"/libblas.so.3 "$blas"/liblapack.so.3 \
+    "$lib"/liblapacke.so.3 "$lib"/libtmglib.so.3 "$lib"/libgfortran.so.5 \
+    "$lib"/libquadmath.so.0 "$lib"/libhwy.so.1 "$lib"/libxxhash.so.0 \
+    "$lib"/libbenchmark.so.1debian "$lib"/libflatbuffers.so.2 "$lib"/libpkgconf.so.3; do
+    if [ -e "$so" ]; then ln -sf "$so" "$runtime/"; else
+      echo "missing in .gpu-deps: $so"
+      ok=0
+    fi
+  done
   export PATH="$prefix/usr/bin:$PATH"
-  export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # Only the prefix's .pc files, their /usr paths moved under the prefix.
   export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$prefix/usr/share/pkgconfig"
   export PKG_CONFIG_SYSROOT_DIR="$prefix"
-  cmake_deps=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf")
+  cmake_deps=(-DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_LIBRARY_PATH="$blas"
+    -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf")
   if [ "$ok" -eq 1 ]; then add_row "dependencies (.gpu-deps unpacked into $prefix)" passed; else
     add_row "dependencies (unpacking .gpu-deps)" failed
   fi

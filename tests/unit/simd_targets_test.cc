@@ -157,7 +157,8 @@ TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
 // The whitener's fused kernel against the same product in double precision, on shapes with
 // ragged edges everywhere: rows not a multiple of its band, dim and rank not of any vector
 // width, no rank at all, each scaling present or not. (Being a GEMM, it is compared within
-// fp32 rounding, not bit for bit.)
+// fp32 rounding, not bit for bit; but the FMA targets give each other's bits, whatever
+// their vector width.)
 TEST_P(ForEachTarget, LowRankUpdateMatchesDoublePrecision) {
   struct Case {
     uint32_t rows, dim, rank;
@@ -165,7 +166,8 @@ TEST_P(ForEachTarget, LowRankUpdateMatchesDoublePrecision) {
   std::mt19937 gen(7);
   std::normal_distribution<float> nd;
   for (const Case k : {Case{1, 1, 1}, Case{7, 13, 3}, Case{9, 33, 17}, Case{17, 100, 32},
-                       Case{8, 64, 0}, Case{25, 200, 40}, Case{16, 48, 16}}) {
+                       Case{8, 64, 0}, Case{25, 200, 40}, Case{16, 48, 16},
+                       Case{300, 257, 33}}) {  // the last large enough for threads
     std::vector<float> v(size_t(k.dim) * k.rank), c(k.rank), pre(k.dim), post(k.dim),
         x0(size_t(k.rows) * k.dim);
     for (float& e : v) e = nd(gen) * 0.3f;
@@ -197,6 +199,35 @@ TEST_P(ForEachTarget, LowRankUpdateMatchesDoublePrecision) {
               << " at " << r << "," << i;
         }
       }
+    }
+  }
+}
+
+// Values of the whitener reach FP8 codes, so machines of different vector widths must agree:
+// every FMA target gives the bits of the widest (vector columns and scalar tail both fuse).
+TEST(LowRankUpdate, FmaTargetsAgreeBitForBit) {
+  const uint32_t rows = 21, dim = 77, rank = 19;  // tails at every width
+  std::mt19937 gen(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(dim * rank), c(rank), pre(dim), x0(rows * dim);
+  for (auto* a : {&v, &c, &pre, &x0})
+    for (float& e : *a) e = nd(gen);
+  std::vector<std::vector<float>> results;
+  std::vector<std::string> names;
+  for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    if (!(t & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL))) continue;
+    hwy::SetSupportedTargetsForTest(t);
+    std::vector<float> x = x0;
+    frame::low_rank_update(v.data(), c.data(), dim, rank, pre.data(), nullptr, x.data(), rows);
+    results.push_back(std::move(x));
+    names.push_back(hwy::TargetName(t));
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  if (results.size() < 2) GTEST_SKIP() << "fewer than two FMA targets on this machine";
+  for (size_t k = 1; k < results.size(); ++k) {
+    for (size_t i = 0; i < x0.size(); ++i) {
+      ASSERT_EQ(num::bits_of(results[k][i]), num::bits_of(results[0][i]))
+          << names[k] << " vs " << names[0] << " at " << i;
     }
   }
 }

@@ -1,11 +1,17 @@
 #include "frame/low_rank_update.h"
 
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
 // A band's accumulators live in arrays of vectors, which scalable vectors (SVE, RVV) cannot
 // form; those targets are left out and such machines take their fixed-width target.
-#ifndef HWY_DISABLED_TARGETS
+// (foreach_target.h includes this file again once per target; the check runs once.)
+#ifndef GIFT_LOW_RANK_UPDATE_TARGETS
+#define GIFT_LOW_RANK_UPDATE_TARGETS
+#ifdef HWY_DISABLED_TARGETS
+#error "low_rank_update.cc sets HWY_DISABLED_TARGETS itself (no scalable targets)"
+#endif
 #define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
 #endif
 #undef HWY_TARGET_INCLUDE
@@ -76,7 +82,9 @@ void Rows(const Operands& o, float* x, float* p) {
   for (; i < dim; ++i) {
     for (size_t r = 0; r < kRows; ++r) {
       float s = x[r * dim + i];
-      for (size_t j = 0; j < o.rank; ++j) s += p[r * o.rp + j] * o.vt[j * dim + i];
+      // Fused like the vector columns' MulAdd, so that which columns fall in this tail (it
+      // depends on the vector width) does not change the values on FMA machines.
+      for (size_t j = 0; j < o.rank; ++j) s = std::fma(p[r * o.rp + j], o.vt[j * dim + i], s);
       x[r * dim + i] = o.post ? s * o.post[i] : s;
     }
   }

@@ -5,8 +5,8 @@
 // streaming the gradient through memory five times; here each band of rows is scaled, then
 // multiplied by V and by V^T while it stays in cache, so x crosses memory once each way.
 // Vectorized with Highway (run-time dispatch), rows split over OpenMP threads. The sums run
-// in fp32 in a fixed order for a given machine target; like any GEMM, not bit-identical
-// across targets.
+// in fp32 in a fixed order with fused multiply-adds: the same values on every target with
+// FMA (AVX2, AVX-512), others within fp32 rounding of them, as for any GEMM.
 #pragma once
 
 #include <cstdint>
