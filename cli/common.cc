@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "container/writer.h"
-#include "frame/select.h"
+#include "coords/select.h"
 
 namespace giftc {
 
@@ -33,16 +33,16 @@ void check(giftResult_t r, const std::string& context) {
   throw Failure(exit_code_for(r), context.empty() ? msg : context + ": " + msg);
 }
 
-void read_basis(const std::string& path, gift::frame::Basis* out) {
-  check(gift::frame::read_basis_file(path, out));
+void read_basis(const std::string& path, gift::coords::Basis* out) {
+  check(gift::coords::read_basis_file(path, out));
 }
 
-const gift::frame::Basis* decoding_basis(const gift::container::FrameReader& r,
-                                         const gift::frame::Basis* given,
-                                         gift::frame::Basis* embedded) {
+const gift::coords::Basis* decoding_basis(const gift::container::FrameReader& r,
+                                          const gift::coords::Basis* given,
+                                          gift::coords::Basis* embedded) {
   if (given) return given;
   bool found = false;
-  check(gift::frame::read_embedded_basis(r, embedded, &found));
+  check(gift::coords::read_embedded_basis(r, embedded, &found));
   return found ? embedded : nullptr;
 }
 

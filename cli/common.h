@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "container/reader.h"
-#include "frame/basis.h"
+#include "coords/basis.h"
 #include "gift/gift.h"
 
 namespace giftc {
@@ -47,13 +47,13 @@ std::string shape_string(const uint64_t* shape, uint32_t ndim);
 std::string human_bytes(uint64_t bytes);
 
 // The basis file given with --basis (exit 3 when unreadable, 2 when damaged).
-void read_basis(const std::string& path, gift::frame::Basis* out);
+void read_basis(const std::string& path, gift::coords::Basis* out);
 
-// What the GIFT-frame tensors of `r` decode with: `given` (--basis) when not null, else the
-// basis the frame carries, parsed into *embedded; null when there is neither.
-const gift::frame::Basis* decoding_basis(const gift::container::FrameReader& r,
-                                         const gift::frame::Basis* given,
-                                         gift::frame::Basis* embedded);
+// What the tensors in GIFT coordinates of `r` decode with: `given` (--basis) when not null, else
+// the basis the frame carries, parsed into *embedded; null when there is neither.
+const gift::coords::Basis* decoding_basis(const gift::container::FrameReader& r,
+                                          const gift::coords::Basis* given,
+                                          gift::coords::Basis* embedded);
 
 bool file_exists(const std::string& path);
 

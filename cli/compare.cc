@@ -6,7 +6,7 @@
 
 #include "commands.h"
 #include "container/reader.h"
-#include "frame/select.h"
+#include "coords/select.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -22,23 +22,23 @@ struct Tensor {
   std::vector<float> values;
 };
 
-// Every tensor of a file as fp32: frames are decoded (with `basis` for GIFT-frame tensors),
-// tensor files widened exactly.
+// Every tensor of a file as fp32: frames are decoded (with `basis` for tensors in GIFT
+// coordinates), tensor files widened exactly.
 std::vector<std::pair<std::string, Tensor>> load(const std::string& path,
-                                                 const gift::frame::Basis* basis) {
+                                                 const gift::coords::Basis* basis) {
   std::vector<std::pair<std::string, Tensor>> out;
   if (gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
     std::unique_ptr<gift::container::ByteSource> src;
     check(gift::container::map_file(path, &src));
     std::unique_ptr<gift::container::FrameReader> r;
     check(gift::container::FrameReader::open(std::move(src), path, &r));
-    gift::frame::Basis embedded;
-    const gift::frame::Basis* with = decoding_basis(*r, basis, &embedded);
+    gift::coords::Basis embedded;
+    const gift::coords::Basis* with = decoding_basis(*r, basis, &embedded);
     for (size_t i = 0; i < r->tensors().size(); ++i) {
       const gift::container::TensorEntry& e = r->tensors()[i];
       Tensor t{e.shape, std::vector<float>(e.elements)};
-      check(gift::frame::decode_tensor(*r, i, with, t.values.data(), t.values.size() * 4,
-                                       GIFT_DTYPE_F32));
+      check(gift::coords::decode_tensor(*r, i, with, t.values.data(), t.values.size() * 4,
+                                        GIFT_DTYPE_F32));
       out.emplace_back(e.name, std::move(t));
     }
     return out;
@@ -51,9 +51,9 @@ std::vector<std::pair<std::string, Tensor>> load(const std::string& path,
 }
 
 void run_compare(const CompareOptions& o, const Verbosity&) {
-  gift::frame::Basis basis;
+  gift::coords::Basis basis;
   if (!o.basis.empty()) read_basis(o.basis, &basis);
-  const gift::frame::Basis* b = o.basis.empty() ? nullptr : &basis;
+  const gift::coords::Basis* b = o.basis.empty() ? nullptr : &basis;
   const auto ref = load(o.reference, b);
   const auto dec = load(o.decoded, b);
   std::map<std::string, const Tensor*> by_name;
@@ -134,7 +134,8 @@ void add_compare(CLI::App& app, Verbosity& v) {
   c->add_option("DECODED", o->decoded,
                 "Decoded tensors, matched by name (any two single-tensor files match)")
       ->required();
-  c->add_option("--basis", o->basis, "Basis (.giftb) for GIFT-frame tensors of .gift inputs");
+  c->add_option("--basis", o->basis,
+                "Basis (.giftb) for tensors in GIFT coordinates of .gift inputs");
   c->add_option("--activations", o->activations,
                 "Activation statistics (the d_in x d_in A of each gradient, by name): adds the "
                 "A-norm error");

@@ -4,8 +4,8 @@
 
 #include "commands.h"
 #include "container/reader.h"
+#include "coords/select.h"
 #include "device.h"
-#include "frame/select.h"
 #include "gift_generated.h"
 #include "io/tensor_file.h"
 
@@ -46,7 +46,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   }
   check_output(out, o.force);
   const Device device = parse_device(o.device);
-  gift::frame::Basis basis;
+  gift::coords::Basis basis;
   if (!o.basis.empty()) read_basis(o.basis, &basis);
   std::unique_ptr<gift::container::ByteSource> src;
   check(gift::container::map_file(o.input, &src));
@@ -58,8 +58,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
                               " tensors; a .npy file holds one (decode to .safetensors)");
   }
-  gift::frame::Basis embedded;
-  const gift::frame::Basis* with =
+  gift::coords::Basis embedded;
+  const gift::coords::Basis* with =
       decoding_basis(*f, o.basis.empty() ? nullptr : &basis, &embedded);
   std::vector<gift::io::OwnedTensor> tensors;
   Progress progress("decode", n, v);
@@ -71,7 +71,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     }
     gift::io::OwnedTensor t{e.name, e.shape, dt, {}};
     t.data.resize(e.elements * (dt == GIFT_DTYPE_F32 ? 4 : 2));
-    check(gift::frame::decode_tensor(*f, i, with, t.data.data(), t.data.size(), dt));
+    check(gift::coords::decode_tensor(*f, i, with, t.data.data(), t.data.size(), dt));
     tensors.push_back(std::move(t));
     progress.step(i + 1);
   }
@@ -96,10 +96,10 @@ void add_decode(CLI::App& app, Verbosity& v) {
   c->add_option("--dtype", o->dtype,
                 "Output element type: f32, bf16 or f16 (default: each tensor's own)");
   c->add_option("--basis", o->basis,
-                "Basis (.giftb) for GIFT-frame tensors (default: the embedded one)");
+                "Basis (.giftb) for tensors in GIFT coordinates (default: the embedded one)");
   c->add_option("--device", o->device,
                 "Where to decode: cpu or cuda (the same values; the inverse whitening of "
-                "GIFT-frame tensors stays on the CPU)")
+                "tensors in GIFT coordinates stays on the CPU)")
       ->capture_default_str();
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
   c->callback([o, &v] { run_decode(*o, v); });

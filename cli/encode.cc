@@ -6,8 +6,8 @@
 #include <regex>
 
 #include "commands.h"
+#include "coords/select.h"
 #include "device.h"
-#include "frame/select.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -21,7 +21,8 @@ struct EncodeOptions {
   std::string include, exclude;
   int threads = 0;
   bool keep_nonfinite = false, force = false;
-  std::string basis, frame;
+  std::string basis, coords;
+  std::string frame;  // the deprecated spelling of --coords, kept for one release
   bool embed_basis = false;
   double margin = 0.05, budget = 0;
   uint32_t min_dim = 16;
@@ -50,21 +51,27 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   const std::string out = o.output.empty() ? o.input + ".gift" : o.output;
   check_output(out, o.force);
 
-  gift::frame::SelectOptions select;
+  gift::coords::SelectOptions select;
   if (!(o.margin >= 0 && o.margin < 1)) throw Failure(kUsage, "--margin must be in [0, 1)");
   if (!(o.budget >= 0)) throw Failure(kUsage, "--flops-budget must not be negative");
   select.margin = o.margin;
   select.flops_budget = o.budget;
   select.min_dim = o.min_dim;
-  gift::frame::Basis basis;
-  const std::string mode = o.frame.empty() ? (o.basis.empty() ? "euclidean" : "auto") : o.frame;
+  gift::coords::Basis basis;
+  if (!o.frame.empty()) {
+    if (!o.coords.empty()) throw Failure(kUsage, "--frame is the old name of --coords: give one");
+    std::fprintf(stderr, "giftc: warning: --frame is deprecated; use --coords\n");
+  }
+  const std::string given = o.coords.empty() ? o.frame : o.coords;
+  const std::string mode = given.empty() ? (o.basis.empty() ? "euclidean" : "auto") : given;
   if (mode == "euclidean") {
-    select.mode = gift::frame::FrameMode::kEuclidean;
+    select.mode = gift::coords::CoordsMode::kEuclidean;
   } else if (mode == "gift" || mode == "auto") {
-    select.mode = mode == "gift" ? gift::frame::FrameMode::kGift : gift::frame::FrameMode::kAuto;
-    if (o.basis.empty()) throw Failure(kUsage, "--frame " + mode + " needs --basis FILE.giftb");
+    select.mode =
+        mode == "gift" ? gift::coords::CoordsMode::kGift : gift::coords::CoordsMode::kAuto;
+    if (o.basis.empty()) throw Failure(kUsage, "--coords " + mode + " needs --basis FILE.giftb");
   } else {
-    throw Failure(kUsage, "--frame: '" + mode + "' is not euclidean, gift or auto");
+    throw Failure(kUsage, "--coords: '" + mode + "' is not euclidean, gift or auto");
   }
   if (o.embed_basis && o.basis.empty())
     throw Failure(kUsage, "--embed-basis needs --basis FILE.giftb");
@@ -81,7 +88,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   }
   if (o.embed_basis) {
     std::vector<uint8_t> bytes;
-    check(gift::frame::serialize_basis(basis, o.zstd, &bytes));
+    check(gift::coords::serialize_basis(basis, o.zstd, &bytes));
     w.embed_basis(std::move(bytes), basis.id.lo, basis.id.hi);
   }
 
@@ -98,13 +105,13 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     tp.tensor_index = uint32_t(i);
     gift::container::TensorShape shape;
     check(gift::container::make_shape(t.shape.data(), uint32_t(t.shape.size()), &shape));
-    gift::container::Coordinates coords;
-    std::vector<float> values;  // fp32 copy, whitened, for GIFT-frame tensors
-    if (fp8 && select.mode != gift::frame::FrameMode::kEuclidean) {
+    gift::container::CoordsChoice coords;
+    std::vector<float> values;  // fp32 copy, whitened, for tensors in GIFT coordinates
+    if (fp8 && select.mode != gift::coords::CoordsMode::kEuclidean) {
       values = gift::io::widen_to_float(t);
-      coords = gift::frame::choose_frame(values.data(), shape.rows, shape.cols, basis.find(t.name),
-                                         basis.id, tp, select);
-      if (coords.gift) gift::frame::whiten(*basis.find(t.name), values.data(), shape.rows);
+      coords = gift::coords::choose_coords(values.data(), shape.rows, shape.cols,
+                                           basis.find(t.name), basis.id, tp, select);
+      if (coords.gift) gift::coords::whiten(*basis.find(t.name), values.data(), shape.rows);
     }
     const giftResult_t r =
         coords.gift
@@ -135,7 +142,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
       return ::stat(out.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
     }();
     std::fprintf(stderr,
-                 "%s: %zu tensors (%llu FP8 of which %llu in the GIFT frame, %llu raw), %s -> %s "
+                 "%s: %zu tensors (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> %s "
                  "(%.2fx) -> %s\n",
                  o.input.c_str(), in.tensors.size(), (unsigned long long)quantized,
                  (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
@@ -165,21 +172,22 @@ void add_encode(CLI::App& app, Verbosity& v) {
   c->add_option("--exclude", o->exclude, "Store tensors whose name matches this regex losslessly");
   c->add_option("--threads", o->threads, "Threads (default: all)");
   c->add_option("--device", o->device,
-                "Where to encode: cpu or cuda (the same bytes; GIFT-frame selection and "
+                "Where to encode: cpu or cuda (the same bytes; the choice of coordinates and the "
                 "whitening stay on the CPU)")
       ->capture_default_str();
-  c->add_option("--basis", o->basis, "Basis (.giftb) for the GIFT frame");
+  c->add_option("--basis", o->basis, "Basis (.giftb) for GIFT coordinates");
   c->add_option(
-      "--frame", o->frame,
+      "--coords", o->coords,
       "Coordinates: euclidean, gift or auto (default: auto with --basis, else euclidean)");
+  c->add_option("--frame", o->frame, "Deprecated: the old name of --coords");
   c->add_flag("--embed-basis", o->embed_basis, "Carry the basis inside the frame");
   c->add_option("--margin", o->margin,
-                "--frame auto: GIFT must lower the estimated error by this fraction")
+                "--coords auto: GIFT must lower the estimated error by this fraction")
       ->capture_default_str();
-  c->add_option("--min-dim", o->min_dim, "--frame auto/gift: both dimensions at least this")
+  c->add_option("--min-dim", o->min_dim, "--coords auto/gift: both dimensions at least this")
       ->capture_default_str();
   c->add_option("--flops-budget", o->budget,
-                "--frame auto: largest transform cost per tensor in FLOPs (0: none)")
+                "--coords auto: largest transform cost per tensor in FLOPs (0: none)")
       ->capture_default_str();
   c->add_flag("--keep-nonfinite", o->keep_nonfinite,
               "Store NaN/Inf codes instead of failing on them");

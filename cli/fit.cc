@@ -1,5 +1,5 @@
 // giftc fit: a basis (.giftb) from gradient dumps, or from activation statistics.
-#include "frame/fit.h"
+#include "coords/fit.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -7,8 +7,8 @@
 #include <set>
 
 #include "commands.h"
-#include "frame/basis.h"
-#include "frame/select.h"
+#include "coords/basis.h"
+#include "coords/select.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -69,7 +69,7 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
     if (!t || !eligible(*t)) continue;
     const std::vector<float> w = gift::io::widen_to_float(*t);
     std::vector<double> ak =
-        gift::frame::gradient_second_moment(w.data(), t->shape[0], uint32_t(t->shape[1]));
+        gift::coords::gradient_second_moment(w.data(), t->shape[0], uint32_t(t->shape[1]));
     if (a.empty()) {
       a = std::move(ak);
       *dim = uint32_t(t->shape[1]);
@@ -114,13 +114,13 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     throw Failure(kBadInput, "no 2-D tensor of at least 16 x 16 (and at most " +
                                  std::to_string(kMaxFitDim) + " columns) to fit a whitener for");
   }
-  gift::frame::FitOptions fo;
+  gift::coords::FitOptions fo;
   fo.rank = o.rank;
   fo.damping = dampings[0];
   fo.damping_relative = !o.damping_absolute;
   giftQuantParams measure;  // the encoder's defaults
   giftQuantParamsInit(&measure);
-  gift::frame::Basis basis;
+  gift::coords::Basis basis;
   Progress progress("fit", names.size(), v);
   size_t done = 0;
   for (const std::string& name : names) {
@@ -138,23 +138,24 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     }
     std::vector<float> w;
     if (dampings.size() > 1 && last && last->shape.size() == 2) w = gift::io::widen_to_float(*last);
-    gift::frame::LowRankPlusDiagonal fit;
-    check(gift::frame::fit_low_rank(a, dim, fo, &fit), what);
-    gift::frame::BasisEntry best;
+    gift::coords::LowRankPlusDiagonal fit;
+    check(gift::coords::fit_low_rank(a, dim, fo, &fit), what);
+    gift::coords::BasisEntry best;
     double best_error = INFINITY;
     for (double d : dampings) {
-      check(gift::frame::redamp(a, d, fo.damping_relative, &fit), what);
-      gift::frame::BasisEntry e;
+      check(gift::coords::redamp(a, d, fo.damping_relative, &fit), what);
+      gift::coords::BasisEntry e;
       e.name = name;
       e.damping = d;
       e.source = source;
-      check(gift::frame::make_whitener(fit.u, fit.l, fit.diag, dim, &e.whitener), what);
+      check(gift::coords::make_whitener(fit.u, fit.l, fit.diag, dim, &e.whitener), what);
       double err = 0;
       if (!w.empty()) {
-        gift::frame::SelectOptions so;
+        gift::coords::SelectOptions so;
         so.min_dim = 1;
-        err = gift::frame::choose_frame(w.data(), last->shape[0], dim, &e.whitener, {}, measure, so)
-                  .gift_error;
+        err =
+            gift::coords::choose_coords(w.data(), last->shape[0], dim, &e.whitener, {}, measure, so)
+                .gift_error;
       }
       if (err < best_error || best.name.empty()) {
         best_error = err;
@@ -165,9 +166,9 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     basis.entries.push_back(std::move(best));
     progress.step(++done);
   }
-  gift::frame::finish_basis(&basis);
+  gift::coords::finish_basis(&basis);
   std::vector<uint8_t> bytes;
-  check(gift::frame::serialize_basis(basis, o.zstd, &bytes));
+  check(gift::coords::serialize_basis(basis, o.zstd, &bytes));
   write_output(o.output, bytes);
   if (!v.quiet) {
     std::fprintf(stderr, "%s: %zu whiteners (rank %u, %s damping %s, from %s), basis %s\n",

@@ -53,7 +53,7 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   check(gift::container::FrameReader::open(std::move(src), o.input, &r));
   if (o.verify) {
     check(r->verify_all());
-    gift::frame::Basis embedded;  // its contents must match its id and Frame.basis_id
+    gift::coords::Basis embedded;  // its contents must match its id and Frame.basis_id
     decoding_basis(*r, nullptr, &embedded);
   }
   const fb::Frame* h = r->header();
@@ -91,10 +91,10 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
         j["tensor_index"] = e.params.tensor_index;
       }
     }
-    j["frame"] = t->frame() == fb::CoordFrame::Gift ? "gift" : "euclidean";
-    if (t->frame() == fb::CoordFrame::Gift) j["basis_id"] = hex128(t->basis_id());
+    j["coords"] = t->coords() == fb::Coords::Gift ? "gift" : "euclidean";
+    if (t->coords() == fb::Coords::Gift) j["basis_id"] = hex128(t->basis_id());
     if (const fb::Selection* s = t->selection()) {
-      j["selection"] = {{"chosen", s->chosen() == fb::CoordFrame::Gift ? "gift" : "euclidean"},
+      j["selection"] = {{"chosen", s->chosen() == fb::Coords::Gift ? "gift" : "euclidean"},
                         {"euclidean_error", estimate(s->euclidean_error())},
                         {"gift_error", estimate(s->gift_error())},
                         {"transform_flops", s->transform_flops()},
@@ -128,7 +128,7 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   for (const auto& [k, val] : doc["metadata"].items())
     std::printf("  %s = %s\n", k.c_str(), val.get<std::string>().c_str());
   std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape", "dtype",
-              "fp8", "scales", "frame", "rounding", "original", "stored", "ratio");
+              "fp8", "scales", "coords", "rounding", "original", "stored", "ratio");
   for (const auto& j : doc["tensors"]) {
     const bool fp8 = j["encoding"] == "fp8";
     std::string shape = "[";
@@ -142,7 +142,7 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
         fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
         fp8 ? (j["scale"].get<std::string>() + " " + j["scale_dtype"].get<std::string>()).c_str()
             : "-",
-        j["frame"] == "gift" ? "gift" : "eucl",
+        j["coords"] == "gift" ? "gift" : "eucl",
         fp8 ? j["rounding"].get<std::string>().c_str() : "-", human_bytes(orig).c_str(),
         human_bytes(st).c_str(), st ? double(orig) / double(st) : 0.0);
     if (j.contains("selection")) {

@@ -1,4 +1,4 @@
-// The whitener in its low-rank form (frame/whitener.h) with cuBLAS, row-major data seen as
+// The whitener in its low-rank form (coords/whitener.h) with cuBLAS, row-major data seen as
 // cuBLAS's column-major: a rows x dim row-major W is the dim x rows column-major W^T.
 #include <climits>
 #include <vector>
@@ -37,7 +37,7 @@ DeviceWhitener::~DeviceWhitener() {
   for (float* p : {v_, v_c_, v_c_inv_, d_rsqrt_, d_sqrt_}) cudaFree(p);
 }
 
-giftResult_t DeviceWhitener::upload(const frame::Whitener& t) {
+giftResult_t DeviceWhitener::upload(const coords::Whitener& t) {
   for (float** p : {&v_, &v_c_, &v_c_inv_, &d_rsqrt_, &d_sqrt_}) {
     cudaFree(*p);
     *p = nullptr;

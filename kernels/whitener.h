@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "frame/whitener.h"
+#include "coords/whitener.h"
 #include "gift/gift.h"
 
 namespace gift::kernels {
@@ -23,7 +23,7 @@ class DeviceWhitener {
 
   // Replaces what an earlier upload held. The transforms refuse to run (INVALID_ARGUMENT)
   // until an upload has succeeded.
-  giftResult_t upload(const frame::Whitener& t);
+  giftResult_t upload(const coords::Whitener& t);
 
   // W~ = W T and W = W~ T^-1, in place, for rows x dim row-major fp32 at device pointer w,
   // on the handle's stream. Uses rows x rank floats of scratch, allocated on that stream.

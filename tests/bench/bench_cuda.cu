@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "frame/whitener.h"
+#include "coords/whitener.h"
 #include "gift/gift.h"
 #include "gift/gift_cuda.h"
 #include "kernels/whitener.h"
@@ -136,14 +136,14 @@ int main(int argc, char** argv) {
   rows.push_back({"decode e4m3 block:128 -> bf16", decode(GIFT_DTYPE_BF16), fp8 + bf16});
 
   // The whitener of one transformed layer against the encode of the same tensor.
-  gift::frame::Whitener t;
+  gift::coords::Whitener t;
   {
     std::vector<double> u(uint64_t(wc) * rank, 0.0), l(rank), diag(wc, 0.05);
     for (uint32_t j = 0; j < rank; ++j) {
       u[uint64_t(j) * rank + j] = 1.0;  // orthonormal columns: unit vectors
       l[j] = 10.0 / (j + 1);
     }
-    CHECK_GIFT(gift::frame::make_whitener(u, l, diag, wc, &t));
+    CHECK_GIFT(gift::coords::make_whitener(u, l, diag, wc, &t));
   }
   gift::kernels::DeviceWhitener dt;
   CHECK_GIFT(dt.upload(t));

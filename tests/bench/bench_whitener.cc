@@ -6,19 +6,19 @@
 // The dense form runs in fp32 (like for like) and in fp64 (the precision of the accuracy
 // reference in the tests). Per direction the low-rank form does 4 n d r flops and the
 // dense one n d^2, a ratio of d / 4r = 27 here: the ceiling of the speed-up. The low-rank
-// form reaches about 80% of it because it is fused (frame/low_rank_update.h): done as a
+// form reaches about 80% of it because it is fused (coords/low_rank_update.h): done as a
 // column scaling and two BLAS GEMMs, it streamed the gradient five times and reached 60%.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
-#include "frame/fit.h"
-#include "frame/whitener.h"
+#include "coords/fit.h"
+#include "coords/whitener.h"
 
 namespace {
 
-using namespace gift::frame;
+using namespace gift::coords;
 
 constexpr uint32_t kOut = 1280, kIn = 3456, kRank = 32;
 

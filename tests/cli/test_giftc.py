@@ -176,11 +176,11 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("encode", src, "--basis", basis, "-q").returncode, 0)
         frame = src + ".gift"
         info = {t["name"]: t for t in json.loads(run("inspect", frame, "--json").stdout)["tensors"]}
-        self.assertEqual(info["mlp.down.weight"]["frame"], "gift")
+        self.assertEqual(info["mlp.down.weight"]["coords"], "gift")
         self.assertRegex(info["mlp.down.weight"]["basis_id"], r"^[0-9a-f]{32}$")
         sel = info["mlp.down.weight"]["selection"]
         self.assertLess(sel["gift_error"], 0.95 * sel["euclidean_error"])
-        self.assertEqual(info["iso.weight"]["frame"], "euclidean")  # isotropic noise: no gain
+        self.assertEqual(info["iso.weight"]["coords"], "euclidean")  # isotropic noise: no gain
         sel = info["new.weight"]["selection"]  # nothing to estimate with: no numbers made up
         self.assertEqual((sel["chosen"], sel["reason"], sel["euclidean_error"], sel["gift_error"]),
                          ("euclidean", "no whitener in the basis", None, None))
@@ -208,15 +208,15 @@ class Giftc(unittest.TestCase):
         a, b = load_file(self.path("d.safetensors")), load_file(self.path("d2.safetensors"))
         for k in a:
             self.assertTrue(np.array_equal(a[k], b[k]), k)
-        # A kept NaN would spread over its row in the GIFT frame: such tensors stay Euclidean.
+        # A kept NaN would spread over its row in GIFT coordinates: such tensors stay Euclidean.
         t = load_file(src)
         t["mlp.down.weight"][3, 7] = np.nan
         nan_src = self.path("nan.safetensors")
         save_file(t, nan_src)
-        r = run("encode", nan_src, "--basis", basis, "--frame", "gift", "--keep-nonfinite", "-q")
+        r = run("encode", nan_src, "--basis", basis, "--coords", "gift", "--keep-nonfinite", "-q")
         self.assertEqual(r.returncode, 0, r.stderr)
         info = {t["name"]: t for t in json.loads(run("inspect", nan_src + ".gift", "--json").stdout)["tensors"]}
-        self.assertEqual(info["mlp.down.weight"]["frame"], "euclidean")
+        self.assertEqual(info["mlp.down.weight"]["coords"], "euclidean")
         self.assertEqual(info["mlp.down.weight"]["selection"]["reason"], "non-finite values")
         self.assertEqual(run("decode", nan_src + ".gift", "--basis", basis, "-o", self.path("n.safetensors")).returncode, 0)
         self.assertEqual(int(np.isnan(load_file(self.path("n.safetensors"))["mlp.down.weight"]).sum()), 1)
@@ -231,7 +231,7 @@ class Giftc(unittest.TestCase):
 
     def test_real_dump_gift_frame_target(self):
         # Issue target: with a basis from same-step activation statistics and default
-        # settings, --frame auto lowers the geomean relative L2 error over all 2-D tensors by
+        # settings, --coords auto lowers the geomean relative L2 error over all 2-D tensors by
         # at least 1.3x against Euclidean, and loses on no tensor.
         s = os.path.join(ROOT, "samples")
         grads = os.path.join(s, "llama_grads.npz")
@@ -374,7 +374,7 @@ class Giftc(unittest.TestCase):
         r = run("decode", a + ".gift", "-o", self.path("no/such/dir/x.safetensors"))
         self.assertEqual(r.returncode, 3)
         # 4: a tensor encoded in a GIFT basis this frame does not carry
-        r = run("decode", self.gift_frame_tensor(frame), "-o", self.path("g.safetensors"))
+        r = run("decode", self.in_gift_coords(frame), "-o", self.path("g.safetensors"))
         self.assertEqual(r.returncode, 4, r.stderr)
         self.assertIn("encoded in basis 00000000000000020000000000000001, and no basis is given", r.stderr)
 
@@ -424,7 +424,7 @@ class Giftc(unittest.TestCase):
         self.assertIn("twice.npz: tensor 'a' appears twice", r.stderr)
         self.assertFalse(any(f.endswith(".gift") for f in os.listdir(self.dir)), os.listdir(self.dir))
 
-    def gift_frame_tensor(self, frame: bytes) -> str:
+    def in_gift_coords(self, frame: bytes) -> str:
         """The frame with its tensor marked as encoded in a GIFT basis, rebuilt with flatc."""
         _, _, _, hlen, _, _ = struct.unpack_from("<8sHHIQQ", frame, 0)
         tmp = self.path("h")
@@ -438,7 +438,7 @@ class Giftc(unittest.TestCase):
             h = json.load(f)
         old_start = (32 + hlen + 63) // 64 * 64
         data = frame[old_start:]
-        h["tensors"][0]["frame"] = "Gift"
+        h["tensors"][0]["coords"] = "Gift"
         h["tensors"][0]["basis_id"] = {"lo": 1, "hi": 2}
         for _ in range(2):  # the second pass sees the final header length
             with open(os.path.join(tmp, "h.json"), "w") as f:

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "container/writer.h"
-#include "frame/basis.h"
-#include "frame/fit.h"
-#include "frame/select.h"
+#include "coords/basis.h"
+#include "coords/fit.h"
+#include "coords/select.h"
 #include "gift/gift.h"
 #include "numerics/elementwise.h"
 
@@ -130,10 +130,10 @@ void write_frame(const std::string& dir, const std::string& stem, const std::vec
   giftFrameClose(fr);
 }
 
-// A tensor in the GIFT frame with its basis embedded: fitted on the tensor itself (rank 8),
+// A tensor in GIFT coordinates with its basis embedded: fitted on the tensor itself (rank 8),
 // whitened, then encoded like any other. Added to v1.0 with the basis format.
-void write_gift_frame(const std::string& dir) {
-  const std::string stem = "gift_frame_embedded_basis";
+void write_gift_coords(const std::string& dir) {
+  const std::string stem = "gift_coords_embedded_basis";
   if (exists(dir + "/" + stem + ".gift")) return;  // written once, never regenerated
   const uint64_t rows = 48, cols = 96;
   Lcg g{99};
@@ -146,32 +146,32 @@ void write_gift_frame(const std::string& dir) {
       for (int k = 0; k < 4; ++k) v += float(8 >> k) * dirs[k * cols + c] * g.next() * 0.1f;
       w[r * cols + c] = v;
     }
-  gift::frame::FitOptions fo;
+  gift::coords::FitOptions fo;
   fo.rank = 8;
-  gift::frame::LowRankPlusDiagonal fit;
-  check(
-      gift::frame::fit_low_rank(gift::frame::gradient_second_moment(w.data(), rows, uint32_t(cols)),
-                                uint32_t(cols), fo, &fit));
-  gift::frame::Basis basis;
-  gift::frame::BasisEntry e;
+  gift::coords::LowRankPlusDiagonal fit;
+  check(gift::coords::fit_low_rank(
+      gift::coords::gradient_second_moment(w.data(), rows, uint32_t(cols)), uint32_t(cols), fo,
+      &fit));
+  gift::coords::Basis basis;
+  gift::coords::BasisEntry e;
   e.name = "mlp.down_proj.weight";
   e.damping = fo.damping;
   e.source = "gradients";
-  check(gift::frame::make_whitener(fit.u, fit.l, fit.diag, uint32_t(cols), &e.whitener));
+  check(gift::coords::make_whitener(fit.u, fit.l, fit.diag, uint32_t(cols), &e.whitener));
   basis.entries.push_back(e);
-  gift::frame::finish_basis(&basis);
+  gift::coords::finish_basis(&basis);
   std::vector<uint8_t> basis_bytes;
-  check(gift::frame::serialize_basis(basis, 0, &basis_bytes));
+  check(gift::coords::serialize_basis(basis, 0, &basis_bytes));
   gift::container::FrameWriter fw;
   fw.add_metadata("purpose", "golden frame of format 1.0");
   fw.embed_basis(basis_bytes, basis.id.lo, basis.id.hi);
   giftQuantParams p = q(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 32);
-  gift::frame::SelectOptions so;
-  so.mode = gift::frame::FrameMode::kGift;
-  gift::container::Coordinates coords =
-      gift::frame::choose_frame(w.data(), rows, cols, &basis.entries[0].whitener, basis.id, p, so);
+  gift::coords::SelectOptions so;
+  so.mode = gift::coords::CoordsMode::kGift;
+  gift::container::CoordsChoice coords = gift::coords::choose_coords(
+      w.data(), rows, cols, &basis.entries[0].whitener, basis.id, p, so);
   std::vector<float> white = w;
-  gift::frame::whiten(basis.entries[0].whitener, white.data(), rows);
+  gift::coords::whiten(basis.entries[0].whitener, white.data(), rows);
   gift::container::TensorShape shape;
   const uint64_t dims[2] = {rows, cols};
   check(gift::container::make_shape(dims, 2, &shape));
@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
         {{5, NAN}, {41, INFINITY}, {99, -INFINITY}}},
        {"all_zero", {2, 64}, GIFT_DTYPE_F32, false, q(E4, GIFT_SCALE_BLOCK, E8, 32), 0.0f, {}}},
       0);
-  write_gift_frame(dir);
+  write_gift_coords(dir);
   std::printf("golden frames written to %s\n", dir.c_str());
   return 0;
 }

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "coords/fit.h"
+#include "coords/whitener.h"
 #include "cuda/device_test_util.h"
-#include "frame/fit.h"
-#include "frame/whitener.h"
 #include "gift/gift.h"
 #include "gift/gift_cuda.h"
 #include "kernels/whitener.h"
@@ -364,7 +364,7 @@ TEST_F(CudaCodec, CallerWorkspaceStreamsAndArgumentErrors) {
 
 // ---- The whitener ---------------------------------------------------------------------------
 
-gift::frame::Whitener random_whitener(uint32_t dim, uint32_t rank, uint32_t seed) {
+gift::coords::Whitener random_whitener(uint32_t dim, uint32_t rank, uint32_t seed) {
   std::mt19937_64 gen(seed);
   std::normal_distribution<double> nd;
   std::vector<double> u(uint64_t(dim) * rank), l(rank), diag(dim);
@@ -381,8 +381,8 @@ gift::frame::Whitener random_whitener(uint32_t dim, uint32_t rank, uint32_t seed
     l[j] = 100.0 / (j + 1);
   }
   for (double& d : diag) d = 0.01 + std::fabs(nd(gen)) * 0.1;
-  gift::frame::Whitener w;
-  EXPECT_EQ(gift::frame::make_whitener(u, l, diag, dim, &w), GIFT_OK);
+  gift::coords::Whitener w;
+  EXPECT_EQ(gift::coords::make_whitener(u, l, diag, dim, &w), GIFT_OK);
   return w;
 }
 
@@ -401,7 +401,7 @@ TEST_F(CudaCodec, WhitenerAndInverseMatchTheCpuWithinFp32Tolerance) {
   ASSERT_EQ(gift::kernels::set_math_mode(h, false), GIFT_OK);
   for (const Shape& s : {Shape{50, 96}, Shape{1, 300}, Shape{257, 130}}) {
     const uint32_t dim = uint32_t(s.cols), rank = 8;
-    const gift::frame::Whitener t = random_whitener(dim, rank, dim);
+    const gift::coords::Whitener t = random_whitener(dim, rank, dim);
     gift::kernels::DeviceWhitener dt;
     ASSERT_EQ(dt.upload(t), GIFT_OK) << giftGetLastErrorMessage();
     std::mt19937 gen(1);
@@ -409,7 +409,7 @@ TEST_F(CudaCodec, WhitenerAndInverseMatchTheCpuWithinFp32Tolerance) {
     std::vector<float> w(s.rows * s.cols);
     for (float& x : w) x = n(gen);
     std::vector<float> cpu = w, dev;
-    gift::frame::whiten(t, cpu.data(), s.rows);
+    gift::coords::whiten(t, cpu.data(), s.rows);
     DeviceBuffer<float> d;
     CUDA_CHECK(d.Alloc(w.size()));
     CUDA_CHECK(d.Upload(w));
@@ -434,7 +434,7 @@ TEST_F(CudaCodec, SecondMomentMatchesTheCpu) {
   std::normal_distribution<float> n;
   std::vector<float> w(rows * dim);
   for (float& x : w) x = n(gen);
-  const std::vector<double> cpu = gift::frame::gradient_second_moment(w.data(), rows, dim);
+  const std::vector<double> cpu = gift::coords::gradient_second_moment(w.data(), rows, dim);
   DeviceBuffer<float> dw, da;
   CUDA_CHECK(dw.Alloc(w.size()));
   CUDA_CHECK(dw.Upload(w));

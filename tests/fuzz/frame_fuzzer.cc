@@ -136,7 +136,7 @@ void exercise(const uint8_t* data, size_t size) {
   if (basis && basis->raw_length() > kMaxDecodeBytes) verifiable = false;
   if (verifiable) {
     const giftResult_t v = giftFrameVerify(frame);
-    // Verify fails exactly when a decode fails (a GIFT-frame tensor without its basis
+    // Verify fails exactly when a decode fails (a tensor in GIFT coordinates without its basis
     // included), except that it also reads an embedded basis section no tensor may use.
     if (decode_failed) {
       check(v != GIFT_OK, "verify fails when a decode failed");

@@ -134,8 +134,8 @@ class IndependentDecoder(unittest.TestCase):
                 want = np.load(f"{path[:-5]}.{i}.npy")
                 got = decode_tensor(frame, t, 32 + hlen, self)
                 self.assertEqual(got.shape, want.shape, t["name"])
-                if t["frame"] == "Gift":
-                    self.assertIsNotNone(basis, "a GIFT-frame tensor needs the embedded basis")
+                if t["coords"] == "Gift":
+                    self.assertIsNotNone(basis, "a tensor in GIFT coordinates needs the embedded basis")
                     got = unwhiten(got.reshape(t["shape"]), basis, t["name"]).reshape(-1)
                     err = np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64))
                     self.assertLess(err, 1e-5, t["name"])

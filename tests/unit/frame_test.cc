@@ -306,7 +306,7 @@ TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
       {"bad block", [](fb::FrameT& f) { f.tensors[0]->block = 100; }, GIFT_ERROR_FIELD_INVALID,
        "block size 100 is not a power of two"},
       {"bad dtype", [](fb::FrameT& f) { f.tensors[1]->dtype = static_cast<fb::DType>(3); },
-       GIFT_ERROR_FIELD_INVALID, "unknown dtype, encoding or frame"},
+       GIFT_ERROR_FIELD_INVALID, "unknown dtype, encoding or coordinates"},
       {"shape overflow",
        [](fb::FrameT& f) {
          f.tensors[0]->shape = {uint64_t(1) << 32, uint64_t(1) << 32};
@@ -362,7 +362,7 @@ TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
          f.tensors[0]->codes->offset += 8;
          f.tensors[1]->dtype = static_cast<fb::DType>(7);
        },
-       GIFT_ERROR_FIELD_INVALID, "unknown dtype, encoding or frame"},
+       GIFT_ERROR_FIELD_INVALID, "unknown dtype, encoding or coordinates"},
       {"zstd ratio + 1",
        [](fb::FrameT& f) {
          f.tensors[1]->shape = {65536 * 1200 / 4 + 1};
@@ -380,7 +380,7 @@ TEST(Frame, HostileHeadersFailWithTheirOwnCodeAndAPreciseMessage) {
 
 TEST(Frame, AZstdSectionMustBeExactlyOneZstdFrame) {
   // One raw all-zero tensor: its zstd section is the frame's last; 64 zero bytes appended
-  // leave room to extend it by a skippable zstd frame (magic 0x184D2A50, empty).
+  // leave room to extend it by a skippable zstd block of data (magic 0x184D2A50, empty).
   giftFrameWriter* w = nullptr;
   giftFrameWriterCreate(&w);
   giftFrameWriterSetCompression(w, 3);
@@ -412,7 +412,7 @@ TEST(Frame, AZstdSectionMustBeExactlyOneZstdFrame) {
   std::vector<float> out(4096);
   EXPECT_EQ(giftFrameDecodeTensor(f, 0, out.data(), out.size() * 4, GIFT_DTYPE_F32),
             GIFT_ERROR_DECOMPRESSION);
-  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("not exactly one zstd frame"),
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("not exactly one zstd stream"),
             std::string::npos)
       << giftGetLastErrorMessage();
   EXPECT_EQ(giftFrameVerify(f), GIFT_ERROR_DECOMPRESSION);

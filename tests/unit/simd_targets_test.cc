@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "frame/low_rank_update.h"
+#include "coords/low_rank_update.h"
 #include "numerics/elementwise.h"
 #include "numerics/simd.h"
 
@@ -179,7 +179,7 @@ TEST_P(ForEachTarget, LowRankUpdateMatchesDoublePrecision) {
       const float* a = mode & 1 ? pre.data() : nullptr;
       const float* b = mode & 2 ? post.data() : nullptr;
       std::vector<float> x = x0;
-      frame::low_rank_update(v.data(), c.data(), k.dim, k.rank, a, b, x.data(), k.rows);
+      coords::low_rank_update(v.data(), c.data(), k.dim, k.rank, a, b, x.data(), k.rows);
       for (uint32_t r = 0; r < k.rows; ++r) {
         std::vector<double> y(k.dim), p(k.rank, 0.0);
         double norm = 0;
@@ -218,7 +218,7 @@ TEST(LowRankUpdate, FmaTargetsAgreeBitForBit) {
     if (!(t & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL))) continue;
     hwy::SetSupportedTargetsForTest(t);
     std::vector<float> x = x0;
-    frame::low_rank_update(v.data(), c.data(), dim, rank, pre.data(), nullptr, x.data(), rows);
+    coords::low_rank_update(v.data(), c.data(), dim, rank, pre.data(), nullptr, x.data(), rows);
     results.push_back(std::move(x));
     names.push_back(hwy::TargetName(t));
   }

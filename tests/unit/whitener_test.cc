@@ -1,6 +1,6 @@
-// The GIFT frame's whitener: exact identities, linearity across ranks, and the synthetic
+// The whitener of GIFT coordinates: exact identities, linearity across ranks, and the synthetic
 // cases of issue 5 where the frame must win.
-#include "frame/whitener.h"
+#include "coords/whitener.h"
 
 #include <gtest/gtest.h>
 #include <lapacke.h>
@@ -11,13 +11,13 @@
 
 #include "container/reader.h"
 #include "container/writer.h"
-#include "frame/basis.h"
-#include "frame/fit.h"
-#include "frame/select.h"
+#include "coords/basis.h"
+#include "coords/fit.h"
+#include "coords/select.h"
 #include "gift/gift.h"
 #include "unit/edited.h"
 
-namespace gift::frame {
+namespace gift::coords {
 namespace {
 
 struct Model {
@@ -272,7 +272,7 @@ TEST(Whitener, SyntheticGradientsWithActivationStatistics) {
     }
 }
 
-// The selection bound documented in man/giftc.1: the chosen frame's full error exceeds the
+// The selection bound documented in man/giftc.1: the chosen coordinates' full error exceeds the
 // other's only by the estimates' sampling error (3 cv / sqrt(k), per-row squared errors).
 TEST(Select, ChosenFrameIsNeverWorseBeyondTheSamplingError) {
   const uint32_t dim = 256;
@@ -291,9 +291,9 @@ TEST(Select, ChosenFrameIsNeverWorseBeyondTheSamplingError) {
                 GIFT_OK);
       Whitener t;
       ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
-      const container::Coordinates c =
-          choose_frame(w.data(), rows, dim, &t, {}, p, SelectOptions{});
-      // Full errors, and the per-row squared errors of both frames.
+      const container::CoordsChoice c =
+          choose_coords(w.data(), rows, dim, &t, {}, p, SelectOptions{});
+      // Full errors, and the per-row squared errors in both coordinates.
       std::vector<float> e = round_trip(w, rows, dim, p), g = w;
       whiten(t, g.data(), rows);
       g = round_trip(g, rows, dim, p);
@@ -465,4 +465,4 @@ TEST(Basis, EmbeddedBasisMustMatchTheFramesBasisId) {
 }
 
 }  // namespace
-}  // namespace gift::frame
+}  // namespace gift::coords

@@ -77,6 +77,10 @@ typedef enum {
 
 typedef enum { GIFT_ROUND_NEAREST = 0, GIFT_ROUND_STOCHASTIC = 1 } giftRounding_t;
 
+/* The coordinates a tensor's values are encoded in: plain (Euclidean), or the GIFT
+ * coordinates of a basis (the input side of a matrix whitened; FORMAT.md 2.4). */
+typedef enum { GIFT_COORDS_EUCLIDEAN = 0, GIFT_COORDS_GIFT = 1 } giftCoords_t;
+
 typedef enum {
   GIFT_NONFINITE_ERROR = 0, /* NaN/Inf input fails the encode (the default) */
   GIFT_NONFINITE_KEEP = 1   /* store NaN codes (Inf codes in E5M2); scales from finite values */
@@ -189,7 +193,7 @@ typedef struct {
   uint64_t elements;
   giftDType_t dtype;      /* of the original tensor */
   int raw;                /* 1: stored losslessly as its original bytes; params unused */
-  int gift_frame;         /* 1: encoded in the GIFT frame of a basis (see decode) */
+  giftCoords_t coords;    /* GIFT: encoded in the GIFT coordinates of a basis (see decode) */
   giftQuantParams params; /* how it was encoded (threads = 0) */
   uint64_t stored_bytes;  /* codes + scales as stored in the frame */
   uint64_t raw_bytes;     /* codes + scales after decompression */
@@ -201,7 +205,7 @@ GIFT_API giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* na
                                           uint64_t* index);
 
 /* Decodes tensor `index` into dst (elements * size of dst_dtype bytes). A raw tensor comes
- * back bit-identical when dst_dtype is its own dtype. A tensor encoded in the GIFT frame is
+ * back bit-identical when dst_dtype is its own dtype. A tensor encoded in GIFT coordinates is
  * mapped back with the frame's embedded basis (GIFT_ERROR_BASIS_MISSING without one). */
 GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst,
                                             uint64_t dst_bytes, giftDType_t dst_dtype);

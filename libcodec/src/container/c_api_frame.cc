@@ -6,16 +6,16 @@
 #include "common/error.h"
 #include "container/reader.h"
 #include "container/writer.h"
-#include "frame/select.h"
+#include "coords/select.h"
 #include "gift_generated.h"
 
 using gift::fail;
 
 struct giftFrame {
   std::unique_ptr<gift::container::FrameReader> reader;
-  // The embedded basis, parsed on first use by a GIFT-frame tensor and kept.
+  // The embedded basis, parsed on first use by a tensor in GIFT coordinates and kept.
   bool basis_read = false, has_basis = false;
-  gift::frame::Basis basis;
+  gift::coords::Basis basis;
 };
 
 struct giftFrameWriter {
@@ -32,11 +32,11 @@ giftResult_t open_source(std::unique_ptr<gift::container::ByteSource> src, const
   return *frame ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
 }
 
-// What GIFT-frame tensors of `frame` decode with: its embedded basis, or none.
-giftResult_t frame_basis(giftFrame* frame, const gift::frame::Basis** out) {
+// What tensors in GIFT coordinates of `frame` decode with: its embedded basis, or none.
+giftResult_t frame_basis(giftFrame* frame, const gift::coords::Basis** out) {
   if (!frame->basis_read) {
     if (const giftResult_t r =
-            gift::frame::read_embedded_basis(*frame->reader, &frame->basis, &frame->has_basis))
+            gift::coords::read_embedded_basis(*frame->reader, &frame->basis, &frame->has_basis))
       return r;
     frame->basis_read = true;
   }
@@ -44,9 +44,9 @@ giftResult_t frame_basis(giftFrame* frame, const gift::frame::Basis** out) {
   return GIFT_OK;
 }
 
-bool gift_frame_tensor(const giftFrame* frame, uint64_t index) {
+bool in_gift_coords(const giftFrame* frame, uint64_t index) {
   const auto& ts = frame->reader->tensors();
-  return index < ts.size() && ts[index].fb->frame() == gift::fb::CoordFrame::Gift;
+  return index < ts.size() && ts[index].fb->coords() == gift::fb::Coords::Gift;
 }
 
 }  // namespace
@@ -113,7 +113,8 @@ giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTen
   info->elements = e.elements;
   info->dtype = e.dtype;
   info->raw = e.raw;
-  info->gift_frame = e.fb->frame() == gift::fb::CoordFrame::Gift;
+  info->coords =
+      e.fb->coords() == gift::fb::Coords::Gift ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
   info->params = e.params;
   for (const gift::fb::Section* s : {e.fb->codes(), e.fb->scales()}) {
     if (!s) continue;
@@ -142,16 +143,16 @@ giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, 
   gift::clear_error();
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
   try {
-    // GIFT-frame tensors use the frame's embedded basis.
-    const gift::frame::Basis* basis = nullptr;
-    if (gift_frame_tensor(frame, index)) {
+    // tensors in GIFT coordinates use the frame's embedded basis.
+    const gift::coords::Basis* basis = nullptr;
+    if (in_gift_coords(frame, index)) {
       // The caller's buffer first, as for every tensor, then the basis.
       if (const giftResult_t r = frame->reader->check_output(index, dst, dst_bytes, dst_dtype))
         return r;
       if (const giftResult_t r = frame_basis(frame, &basis)) return r;
     }
-    return gift::frame::decode_tensor(*frame->reader, size_t(index), basis, dst, dst_bytes,
-                                      dst_dtype);
+    return gift::coords::decode_tensor(*frame->reader, size_t(index), basis, dst, dst_bytes,
+                                       dst_dtype);
   } catch (const std::bad_alloc&) {
     return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
   }
@@ -199,13 +200,14 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
   try {
     if (const giftResult_t r = frame->reader->verify_all()) return r;
-    // The embedded basis is verified too, and GIFT-frame tensors need it, as decoding does.
-    const gift::frame::Basis* basis = nullptr;
+    // The embedded basis is verified too, and tensors in GIFT coordinates need it, as decoding
+    // does.
+    const gift::coords::Basis* basis = nullptr;
     if (const giftResult_t r = frame_basis(frame, &basis)) return r;
     for (size_t i = 0; i < frame->reader->tensors().size(); ++i) {
-      const gift::frame::Whitener* t = nullptr;
-      if (!gift_frame_tensor(frame, i)) continue;
-      if (const giftResult_t r = gift::frame::resolve_whitener(*frame->reader, i, basis, &t))
+      const gift::coords::Whitener* t = nullptr;
+      if (!in_gift_coords(frame, i)) continue;
+      if (const giftResult_t r = gift::coords::resolve_whitener(*frame->reader, i, basis, &t))
         return r;
     }
     return GIFT_OK;

@@ -218,9 +218,9 @@ giftResult_t FrameReader::verify_structure() {
     for (uint32_t d = 0; d + 1 < ndim; ++d) e.rows *= e.shape[d];
     if (uint8_t(t->dtype()) > uint8_t(fb::DType::MAX) ||
         uint8_t(t->encoding()) > uint8_t(fb::Encoding::MAX) ||
-        uint8_t(t->frame()) > uint8_t(fb::CoordFrame::MAX)) {
-      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': unknown dtype, encoding or frame", n,
-                  tn);
+        uint8_t(t->coords()) > uint8_t(fb::Coords::MAX)) {
+      return fail(GIFT_ERROR_FIELD_INVALID,
+                  "%s: tensor '%s': unknown dtype, encoding or coordinates", n, tn);
     }
     e.dtype = static_cast<giftDType_t>(t->dtype());
     e.raw = t->encoding() == fb::Encoding::Raw;
@@ -446,7 +446,7 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, gi
   if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype)) return r;
   const TensorEntry& e = tensors_[index];
   const uint64_t need = e.elements * dtype_size(dst_dtype);
-  if (e.fb->frame() == fb::CoordFrame::Gift && !coded_values) {
+  if (e.fb->coords() == fb::Coords::Gift && !coded_values) {
     return fail(GIFT_ERROR_BASIS_MISSING,
                 "%s: tensor '%s' is encoded in a GIFT basis; it decodes only with that basis",
                 name_.c_str(), e.name.c_str());
@@ -497,7 +497,7 @@ giftResult_t FrameReader::verify_all() const {
       }
     }
     // Raw data is checked by its checksum.
-    if (e.raw || e.elements == 0) continue;  // GIFT-frame tensors: their codes, as coded
+    if (e.raw || e.elements == 0) continue;  // tensors in GIFT coordinates: their codes, as coded
     std::vector<uint8_t> aligned;
     scales = aligned_scales(e, scales, &aligned);
     // Rows whose scales are their own: one row (row, block), a band of tile rows, or all.

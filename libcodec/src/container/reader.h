@@ -59,7 +59,7 @@ class FrameReader {
   giftResult_t check_output(size_t index, const void* dst, uint64_t dst_bytes,
                             giftDType_t dst_dtype) const;
 
-  // A GIFT-frame tensor needs its basis (frame/select.h applies it); with
+  // A tensor in GIFT coordinates needs its basis (coords/select.h applies it); with
   // `coded_values` its codes are decoded as they are, in the basis' coordinates.
   giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
                       bool coded_values = false) const;

@@ -32,10 +32,10 @@ StoredSection store_section(std::vector<uint8_t> raw, int level) {
 
 giftResult_t decompress_section(const uint8_t* stored, uint64_t stored_length, uint64_t raw_length,
                                 std::vector<uint8_t>* out, const char* what) {
-  // Exactly one zstd frame, filling the section: nothing appended, skippable or not.
+  // Exactly one zstd stream, filling the section: nothing appended, skippable or not.
   const size_t frame_size = ZSTD_findFrameCompressedSize(stored, stored_length);
   if (ZSTD_isError(frame_size) || frame_size != stored_length) {
-    return fail(GIFT_ERROR_DECOMPRESSION, "%s: the section is not exactly one zstd frame", what);
+    return fail(GIFT_ERROR_DECOMPRESSION, "%s: the section is not exactly one zstd stream", what);
   }
   const unsigned long long declared = ZSTD_getFrameContentSize(stored, stored_length);
   if (declared != raw_length) {

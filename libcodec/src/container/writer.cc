@@ -77,7 +77,7 @@ giftResult_t FrameWriter::add_metadata(std::string key, std::string value) {
 
 giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
                                      giftDType_t dtype, const void* data,
-                                     const giftQuantParams* params, const Coordinates* coords,
+                                     const giftQuantParams* params, const CoordsChoice* coords,
                                      int data_dtype_arg) {
   const giftDType_t data_dtype =
       data_dtype_arg < 0 ? dtype : static_cast<giftDType_t>(data_dtype_arg);
@@ -100,13 +100,13 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   }
   if (coords && coords->gift && (params == nullptr || data_dtype != GIFT_DTYPE_F32)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "tensor '%s': GIFT-frame data must be FP8-encoded fp32", name.c_str());
+                "tensor '%s': data in GIFT coordinates must be FP8-encoded fp32", name.c_str());
   }
   Pending t{name,  shape,
             dtype, params == nullptr,
             {},    {},
             0.0f,  {},
-            {},    coords ? *coords : Coordinates{}};
+            {},    coords ? *coords : CoordsChoice{}};
   giftQuantParamsInit(&t.params);
   t.stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
   t.rms = finite_rms(data, data_dtype, shape.elements);
@@ -165,10 +165,9 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
       const auto stats = fb::CreateStats(b, t.stats.amax, t.rms, t.stats.nonfinite_count);
       flatbuffers::Offset<fb::Selection> selection;
       if (t.coords.has_selection) {
-        selection =
-            fb::CreateSelection(b, t.coords.gift ? fb::CoordFrame::Gift : fb::CoordFrame::Euclidean,
-                                t.coords.euclidean_error, t.coords.gift_error,
-                                t.coords.transform_flops, b.CreateString(t.coords.reason));
+        selection = fb::CreateSelection(b, t.coords.gift ? fb::Coords::Gift : fb::Coords::Euclidean,
+                                        t.coords.euclidean_error, t.coords.gift_error,
+                                        t.coords.transform_flops, b.CreateString(t.coords.reason));
       }
       fb::TensorBuilder tb(b);
       tb.add_name(name);
@@ -184,7 +183,7 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
       tb.add_rounding(static_cast<fb::Rounding>(t.params.rounding));
       tb.add_seed(t.params.seed);
       tb.add_tensor_index(t.params.tensor_index);
-      tb.add_frame(t.coords.gift ? fb::CoordFrame::Gift : fb::CoordFrame::Euclidean);
+      tb.add_coords(t.coords.gift ? fb::Coords::Gift : fb::Coords::Euclidean);
       if (t.coords.gift) {
         const fb::BasisId id(t.coords.basis_lo, t.coords.basis_hi);
         tb.add_basis_id(&id);

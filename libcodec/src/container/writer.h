@@ -22,7 +22,7 @@ struct TensorShape {
 giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out);
 
 // How a tensor's codes relate to its values (Euclidean, or a GIFT basis), and why.
-struct Coordinates {
+struct CoordsChoice {
   bool gift = false;
   uint64_t basis_lo = 0, basis_hi = 0;
   bool has_selection = false;
@@ -56,7 +56,7 @@ class FrameWriter {
   // of `data` (fp32 for values already moved into a GIFT frame).
   giftResult_t add_tensor(const std::string& name, const TensorShape& shape, giftDType_t dtype,
                           const void* data, const giftQuantParams* params,
-                          const Coordinates* coords = nullptr, int data_dtype = -1);
+                          const CoordsChoice* coords = nullptr, int data_dtype = -1);
   giftResult_t finish(std::vector<uint8_t>* out) const;
 
  private:
@@ -69,7 +69,7 @@ class FrameWriter {
     giftEncodeStats stats;
     float rms;  // over the finite values
     StoredSection codes, scales;
-    Coordinates coords;
+    CoordsChoice coords;
   };
   bool basis_kind_ = false, has_embedded_ = false;
   uint64_t basis_lo_ = 0, basis_hi_ = 0;

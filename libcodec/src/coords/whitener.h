@@ -1,4 +1,4 @@
-// The GIFT frame's whitener (DESIGN.md "The GIFT frame"): for the input-side second moment
+// The whitener of GIFT coordinates (DESIGN.md "GIFT coordinates"): for the input-side second moment
 // approximated as A^ = U diag(l) U^T + D (rank r, D diagonal and positive), the transform T
 // with T^T A^ T = I, in the low-rank form
 //     T    = D^-1/2 (I + V C  V^T),      T^-1 = (I + V C' V^T) D^1/2,
@@ -11,7 +11,7 @@
 
 #include "gift/gift.h"
 
-namespace gift::frame {
+namespace gift::coords {
 
 struct Whitener {
   uint32_t dim = 0;            // d_in
@@ -48,4 +48,4 @@ void unwhiten_dense(const DenseWhitener& t, double* w, uint64_t rows);
 void whiten_dense(const DenseWhitener& t, float* w, uint64_t rows);
 void unwhiten_dense(const DenseWhitener& t, float* w, uint64_t rows);
 
-}  // namespace gift::frame
+}  // namespace gift::coords

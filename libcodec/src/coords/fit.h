@@ -7,7 +7,7 @@
 
 #include "gift/gift.h"
 
-namespace gift::frame {
+namespace gift::coords {
 
 struct FitOptions {
   uint32_t rank = 32;
@@ -40,4 +40,4 @@ giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
 // A_g = W^T W / rows for a rows x dim gradient (the case without activation statistics).
 std::vector<double> gradient_second_moment(const float* w, uint64_t rows, uint32_t dim);
 
-}  // namespace gift::frame
+}  // namespace gift::coords

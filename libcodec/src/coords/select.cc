@@ -1,4 +1,4 @@
-#include "frame/select.h"
+#include "coords/select.h"
 
 #include <cinttypes>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "gift_generated.h"
 #include "numerics/elementwise.h"
 
-namespace gift::frame {
+namespace gift::coords {
 namespace {
 
 double round_trip_error(const std::vector<float>& x, uint64_t rows, uint64_t cols,
@@ -34,11 +34,11 @@ double round_trip_error(const std::vector<float>& x, uint64_t rows, uint64_t col
 
 }  // namespace
 
-container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols, const Whitener* t,
-                                    const BasisId& id, const giftQuantParams& p,
-                                    const SelectOptions& o) {
-  container::Coordinates c;
-  if (o.mode == FrameMode::kEuclidean) return c;
+container::CoordsChoice choose_coords(const float* w, uint64_t rows, uint64_t cols,
+                                      const Whitener* t, const BasisId& id,
+                                      const giftQuantParams& p, const SelectOptions& o) {
+  container::CoordsChoice c;
+  if (o.mode == CoordsMode::kEuclidean) return c;
   c.has_selection = true;
   c.basis_lo = id.lo;
   c.basis_hi = id.hi;
@@ -67,9 +67,9 @@ container::Coordinates choose_frame(const float* w, uint64_t rows, uint64_t cols
   }
   c.euclidean_error = float(round_trip_error(sample, k, cols, p, nullptr));
   c.gift_error = float(round_trip_error(sample, k, cols, p, t));
-  if (o.mode == FrameMode::kGift) {
+  if (o.mode == CoordsMode::kGift) {
     c.gift = true;
-    c.reason = "forced (--frame gift)";
+    c.reason = "forced (--coords gift)";
   } else if (o.flops_budget > 0 && c.transform_flops > o.flops_budget) {
     c.reason = "transform over the cost budget";
   } else if (c.gift_error < (1.0 - o.margin) * c.euclidean_error) {
@@ -127,7 +127,7 @@ giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, con
 
 giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const Basis* basis,
                            void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
-  if (index >= r.tensors().size() || r.tensors()[index].fb->frame() != fb::CoordFrame::Gift) {
+  if (index >= r.tensors().size() || r.tensors()[index].fb->coords() != fb::Coords::Gift) {
     return r.decode(index, dst, dst_bytes, dst_dtype);
   }
   const container::TensorEntry& e = r.tensors()[index];
@@ -149,4 +149,4 @@ giftResult_t decode_tensor(const container::FrameReader& r, size_t index, const 
   return GIFT_OK;
 }
 
-}  // namespace gift::frame
+}  // namespace gift::coords

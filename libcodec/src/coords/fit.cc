@@ -1,4 +1,4 @@
-#include "frame/fit.h"
+#include "coords/fit.h"
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 
-namespace gift::frame {
+namespace gift::coords {
 namespace {
 
 // Top `rank` eigen-pairs of the symmetric k x k matrix m (row-major), descending.
@@ -111,4 +111,4 @@ std::vector<double> gradient_second_moment(const float* w, uint64_t rows, uint32
   return a;
 }
 
-}  // namespace gift::frame
+}  // namespace gift::coords

@@ -1,4 +1,4 @@
-// A basis: per tensor name, the whitener of the GIFT frame it was fitted for. Stored as a
+// A basis: per tensor name, the whitener of the GIFT coordinates it was fitted for. Stored as a
 // frame of kind Basis (.giftb): for tensor NAME, raw tensors "NAME#v" (d x r), "NAME#c",
 // "NAME#c_inv" (r) and "NAME#d_rsqrt", "NAME#d_sqrt" (d), and metadata "NAME#damping" and
 // "NAME#source". Its id is XXH3-128 of the canonical bytes (see basis_id).
@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "frame/whitener.h"
+#include "coords/whitener.h"
 #include "gift/gift.h"
 
-namespace gift::frame {
+namespace gift::coords {
 
 struct BasisEntry {
   std::string name;
@@ -46,4 +46,4 @@ giftResult_t serialize_basis(const Basis& b, int zstd_level, std::vector<uint8_t
 giftResult_t parse_basis(const uint8_t* bytes, uint64_t size, const std::string& name, Basis* out);
 giftResult_t read_basis_file(const std::string& path, Basis* out);
 
-}  // namespace gift::frame
+}  // namespace gift::coords

@@ -1,4 +1,4 @@
-#include "frame/basis.h"
+#include "coords/basis.h"
 
 #include <xxhash.h>
 
@@ -16,7 +16,7 @@
 #include "container/writer.h"
 #include "gift_generated.h"
 
-namespace gift::frame {
+namespace gift::coords {
 namespace {
 
 void append_u32(std::vector<uint8_t>* out, uint32_t v) {
@@ -184,4 +184,4 @@ giftResult_t read_basis_file(const std::string& path, Basis* out) {
   return parse_basis(src->data(), src->size(), path, out);
 }
 
-}  // namespace gift::frame
+}  // namespace gift::coords

@@ -1,4 +1,4 @@
-#include "frame/low_rank_update.h"
+#include "coords/low_rank_update.h"
 
 #include <cmath>
 #include <cstddef>
@@ -15,12 +15,12 @@
 #define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
 #endif
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "frame/low_rank_update.cc"
+#define HWY_TARGET_INCLUDE "coords/low_rank_update.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
-namespace gift::frame {
+namespace gift::coords {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -118,11 +118,11 @@ void LowRankUpdate(const float* v, const float* c, uint32_t dim, uint32_t rank, 
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace gift::frame
+}  // namespace gift::coords
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace gift::frame {
+namespace gift::coords {
 
 HWY_EXPORT(LowRankUpdate);
 
@@ -131,5 +131,5 @@ void low_rank_update(const float* v, const float* c, uint32_t dim, uint32_t rank
   HWY_DYNAMIC_DISPATCH(LowRankUpdate)(v, c, dim, rank, pre, post, x, rows);
 }
 
-}  // namespace gift::frame
+}  // namespace gift::coords
 #endif

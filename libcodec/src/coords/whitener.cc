@@ -1,4 +1,4 @@
-#include "frame/whitener.h"
+#include "coords/whitener.h"
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -7,9 +7,9 @@
 #include <cmath>
 
 #include "common/error.h"
-#include "frame/low_rank_update.h"
+#include "coords/low_rank_update.h"
 
-namespace gift::frame {
+namespace gift::coords {
 
 giftResult_t make_whitener(const std::vector<double>& u, const std::vector<double>& l,
                            const std::vector<double>& diag, uint32_t dim, Whitener* out) {
@@ -124,4 +124,4 @@ void unwhiten_dense(const DenseWhitener& t, float* w, uint64_t rows) {
               int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
 }
 
-}  // namespace gift::frame
+}  // namespace gift::coords

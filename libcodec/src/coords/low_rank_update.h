@@ -11,9 +11,9 @@
 
 #include <cstdint>
 
-namespace gift::frame {
+namespace gift::coords {
 
 void low_rank_update(const float* v, const float* c, uint32_t dim, uint32_t rank, const float* pre,
                      const float* post, float* x, uint64_t rows);
 
-}  // namespace gift::frame
+}  // namespace gift::coords
