@@ -10,7 +10,6 @@
 
 #include "commands.h"
 #include "device.h"
-#include "numerics/simd.h"
 
 namespace giftc {
 namespace {
@@ -90,7 +89,11 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   p.kind = parse_fp8(o.fp8);
   parse_scale(o.scale, &p);
   p.scale_dtype = parse_scale_dtype(o.scale_dtype);
-  p.threads = o.threads;
+  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
+  giftCtx* raw_ctx = nullptr;
+  check(giftCtxCreate(&raw_ctx));
+  const std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx(raw_ctx, giftCtxFree);
+  check(giftCtxSetThreads(ctx.get(), o.threads));
   const giftDType_t dt = parse_dtype(o.dtype);
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   const uint64_t width = dt == GIFT_DTYPE_F32 ? 4 : 2;
@@ -131,15 +134,15 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
     }
   });
   const double t_enc = best_seconds([&] {
-    check(giftEncode(&p, src.data(), dt, rows, cols, codes.data(), scales.data(), scale_bytes,
-                     nullptr));
+    check(giftEncode(ctx.get(), &p, src.data(), dt, rows, cols, codes.data(), scales.data(),
+                     scale_bytes, nullptr));
   });
   const double t_dec = best_seconds([&] {
-    check(giftDecode(&p, codes.data(), scales.data(), scale_bytes, rows, cols, out.data(),
-                     GIFT_DTYPE_F32));
+    check(giftDecode(ctx.get(), &p, codes.data(), scales.data(), scale_bytes, rows, cols,
+                     out.data(), GIFT_DTYPE_F32));
   });
   report(o, p, dt, rows, cols,
-         {t_copy, t_enc, t_dec, std::to_string(threads) + " threads, " + gift::simd::target_name(),
+         {t_copy, t_enc, t_dec, std::to_string(threads) + " threads, " + giftCpuTargetName(),
           "memcpy"});
 }
 

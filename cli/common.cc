@@ -6,9 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "container/writer.h"
-#include "coords/select.h"
-
 namespace giftc {
 
 // Options are checked where they are parsed (usage errors, exit 1), so what the library
@@ -33,17 +30,41 @@ void check(giftResult_t r, const std::string& context) {
   throw Failure(exit_code_for(r), context.empty() ? msg : context + ": " + msg);
 }
 
-void read_basis(const std::string& path, gift::coords::Basis* out) {
-  check(gift::coords::read_basis_file(path, out));
+BasisPtr read_basis(const std::string& path) {
+  giftBasis* b = nullptr;
+  if (!path.empty()) check(giftBasisLoad(path.c_str(), &b));
+  return BasisPtr(b, giftBasisFree);
 }
 
-const gift::coords::Basis* decoding_basis(const gift::container::FrameReader& r,
-                                          const gift::coords::Basis* given,
-                                          gift::coords::Basis* embedded) {
-  if (given) return given;
-  bool found = false;
-  check(gift::coords::read_embedded_basis(r, embedded, &found));
-  return found ? embedded : nullptr;
+FramePtr open_frame(const std::string& path) {
+  giftFrame* f = nullptr;
+  check(giftFrameOpenFile(path.c_str(), &f));
+  return FramePtr(f, giftFrameClose);
+}
+
+WriterPtr new_writer() {
+  giftFrameWriter* w = nullptr;
+  check(giftFrameWriterCreate(&w));
+  return WriterPtr(w, giftFrameWriterFree);
+}
+
+std::string basis_id_hex(giftBasisId id) {
+  char hex[33];
+  giftBasisIdFormat(id, hex);
+  return hex;
+}
+
+giftTensorInfo tensor_info(const giftFrame* f, uint64_t index) {
+  giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+  check(giftFrameTensorInfo(f, index, &info));
+  return info;
+}
+
+std::vector<std::pair<std::string, std::string>> frame_metadata(const giftFrame* f) {
+  std::vector<std::pair<std::string, std::string>> md;
+  const char *k, *v;
+  for (uint64_t i = 0; giftFrameMetadata(f, i, &k, &v) == GIFT_OK; ++i) md.emplace_back(k, v);
+  return md;
 }
 
 giftFp8Kind_t parse_fp8(const std::string& s) {
@@ -160,7 +181,11 @@ void check_output(const std::string& path, bool force) {
 }
 
 void write_output(const std::string& path, const std::vector<uint8_t>& bytes) {
-  check(gift::container::write_file_atomically(path, bytes));
+  write_output(path, bytes.data(), bytes.size());
+}
+
+void write_output(const std::string& path, const void* data, uint64_t size) {
+  check(giftWriteFile(path.c_str(), data, size));
 }
 
 Progress::Progress(const char* label, uint64_t total, const Verbosity& v)

@@ -3,13 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "container/reader.h"
-#include "coords/basis.h"
 #include "gift/gift.h"
+#include "gift/gift_basis.h"
 
 namespace giftc {
 
@@ -46,14 +46,24 @@ std::string dtype_name(giftDType_t d);
 std::string shape_string(const uint64_t* shape, uint32_t ndim);
 std::string human_bytes(uint64_t bytes);
 
-// The basis file given with --basis (exit 3 when unreadable, 2 when damaged).
-void read_basis(const std::string& path, gift::coords::Basis* out);
+// The library's handles, freed on every path.
+using BasisPtr = std::unique_ptr<giftBasis, decltype(&giftBasisFree)>;
+using FramePtr = std::unique_ptr<giftFrame, decltype(&giftFrameClose)>;
+using WriterPtr = std::unique_ptr<giftFrameWriter, decltype(&giftFrameWriterFree)>;
 
-// What the tensors in GIFT coordinates of `r` decode with: `given` (--basis) when not null, else
-// the basis the frame carries, parsed into *embedded; null when there is neither.
-const gift::coords::Basis* decoding_basis(const gift::container::FrameReader& r,
-                                          const gift::coords::Basis* given,
-                                          gift::coords::Basis* embedded);
+// The basis file given with --basis (exit 3 when unreadable, 2 when damaged); null for "".
+BasisPtr read_basis(const std::string& path);
+
+// A frame file, verified as giftFrameOpenFile does.
+FramePtr open_frame(const std::string& path);
+
+WriterPtr new_writer();
+
+std::string basis_id_hex(giftBasisId id);
+
+// Tensor `index` of a frame, its metadata entries.
+giftTensorInfo tensor_info(const giftFrame* f, uint64_t index);
+std::vector<std::pair<std::string, std::string>> frame_metadata(const giftFrame* f);
 
 bool file_exists(const std::string& path);
 
@@ -62,6 +72,7 @@ void check_output(const std::string& path, bool force);
 
 // Writes through a temporary name and a rename.
 void write_output(const std::string& path, const std::vector<uint8_t>& bytes);
+void write_output(const std::string& path, const void* data, uint64_t size);
 
 // "label: i/n" on standard error while it is a terminal and not quiet.
 class Progress {

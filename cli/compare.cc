@@ -5,8 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "container/reader.h"
-#include "coords/select.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -24,21 +22,15 @@ struct Tensor {
 
 // Every tensor of a file as fp32: frames are decoded (with `basis` for tensors in GIFT
 // coordinates), tensor files widened exactly.
-std::vector<std::pair<std::string, Tensor>> load(const std::string& path,
-                                                 const gift::coords::Basis* basis) {
+std::vector<std::pair<std::string, Tensor>> load(const std::string& path, const giftBasis* basis) {
   std::vector<std::pair<std::string, Tensor>> out;
   if (gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
-    std::unique_ptr<gift::container::ByteSource> src;
-    check(gift::container::map_file(path, &src));
-    std::unique_ptr<gift::container::FrameReader> r;
-    check(gift::container::FrameReader::open(std::move(src), path, &r));
-    gift::coords::Basis embedded;
-    const gift::coords::Basis* with = decoding_basis(*r, basis, &embedded);
-    for (size_t i = 0; i < r->tensors().size(); ++i) {
-      const gift::container::TensorEntry& e = r->tensors()[i];
-      Tensor t{e.shape, std::vector<float>(e.elements)};
-      check(gift::coords::decode_tensor(*r, i, with, t.values.data(), t.values.size() * 4,
-                                        GIFT_DTYPE_F32));
+    const FramePtr f = open_frame(path);
+    for (uint64_t i = 0; i < giftFrameTensorCount(f.get()); ++i) {
+      const giftTensorInfo e = tensor_info(f.get(), i);
+      Tensor t{std::vector<uint64_t>(e.shape, e.shape + e.ndim), std::vector<float>(e.elements)};
+      check(giftFrameDecodeTensorWithBasis(f.get(), i, basis, t.values.data(), t.values.size() * 4,
+                                           GIFT_DTYPE_F32));
       out.emplace_back(e.name, std::move(t));
     }
     return out;
@@ -51,11 +43,9 @@ std::vector<std::pair<std::string, Tensor>> load(const std::string& path,
 }
 
 void run_compare(const CompareOptions& o, const Verbosity&) {
-  gift::coords::Basis basis;
-  if (!o.basis.empty()) read_basis(o.basis, &basis);
-  const gift::coords::Basis* b = o.basis.empty() ? nullptr : &basis;
-  const auto ref = load(o.reference, b);
-  const auto dec = load(o.decoded, b);
+  const BasisPtr basis = read_basis(o.basis);
+  const auto ref = load(o.reference, basis.get());
+  const auto dec = load(o.decoded, basis.get());
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : dec) by_name[name] = &t;
   // Activation statistics: the d_in x d_in A of each gradient, by name, for the A-norm error.
@@ -69,7 +59,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   doc["reference"] = o.reference;
   doc["decoded"] = o.decoded;
   doc["tensors"] = nlohmann::ordered_json::array();
-  giftErrorMetrics total{};
+  giftErrorMetrics total = GIFT_ERROR_METRICS_INIT;
   auto row = [](const giftErrorMetrics& m) {
     nlohmann::ordered_json j{
         {"rel_l2", m.rel_l2}, {"cosine", m.cosine}, {"max_abs", m.max_abs}, {"bias", m.bias}};
@@ -84,7 +74,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     if (it == by_name.end()) throw Failure(kBadInput, o.decoded + ": has no tensor '" + name + "'");
     if (it->second->shape != r.shape)
       throw Failure(kBadInput, "tensor '" + name + "': shapes differ between the files");
-    giftErrorMetrics m;
+    giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
     const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
     const uint64_t rows = cols ? r.values.size() / cols : 0;
     const auto a = acts.find(name);
@@ -96,7 +86,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     }
     check(giftComputeErrorMetrics(r.values.data(), it->second->values.data(), rows, cols,
                                   a == acts.end() ? nullptr : a->second.data(), &m));
-    giftErrorMetricsMerge(&total, &m);
+    check(giftErrorMetricsMerge(&total, &m));
     nlohmann::ordered_json j{{"name", name}, {"elements", r.values.size()}};
     j.update(row(m));
     doc["tensors"].push_back(j);

@@ -3,10 +3,7 @@
 #include <memory>
 
 #include "commands.h"
-#include "container/reader.h"
-#include "coords/select.h"
 #include "device.h"
-#include "gift_generated.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -29,12 +26,9 @@ std::string default_output(const std::string& in) {
   return base;
 }
 
-std::map<std::string, std::string> frame_metadata(const gift::container::FrameReader& f) {
+std::map<std::string, std::string> metadata_map(const giftFrame* f) {
   std::map<std::string, std::string> md;
-  if (const auto* kv = f.header()->metadata()) {
-    for (const gift::fb::KeyValue* e : *kv)
-      md[e->key()->str()] = e->value() ? e->value()->str() : "";
-  }
+  for (auto& [k, v] : frame_metadata(f)) md[k] = v;
   return md;
 }
 
@@ -46,39 +40,33 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   }
   check_output(out, o.force);
   const Device device = parse_device(o.device);
-  gift::coords::Basis basis;
-  if (!o.basis.empty()) read_basis(o.basis, &basis);
-  std::unique_ptr<gift::container::ByteSource> src;
-  check(gift::container::map_file(o.input, &src));
-  std::unique_ptr<gift::container::FrameReader> f;
-  check(gift::container::FrameReader::open(std::move(src), o.input, &f));
-  f->set_decoder(decoder_for(device));
-  const uint64_t n = f->tensors().size();
+  const BasisPtr basis = read_basis(o.basis);
+  const FramePtr f = open_frame(o.input);
+  use_device(f.get(), device);
+  const uint64_t n = giftFrameTensorCount(f.get());
   if (kind == gift::io::FileKind::kNpy && n != 1) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
                               " tensors; a .npy file holds one (decode to .safetensors)");
   }
-  gift::coords::Basis embedded;
-  const gift::coords::Basis* with =
-      decoding_basis(*f, o.basis.empty() ? nullptr : &basis, &embedded);
   std::vector<gift::io::OwnedTensor> tensors;
   Progress progress("decode", n, v);
   for (uint64_t i = 0; i < n; ++i) {
-    const gift::container::TensorEntry& e = f->tensors()[i];
+    const giftTensorInfo e = tensor_info(f.get(), i);
     const giftDType_t dt = o.dtype.empty() ? e.dtype : parse_dtype(o.dtype);
     if (kind == gift::io::FileKind::kNpy && dt == GIFT_DTYPE_BF16) {
       throw Failure(kUsage, "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
     }
-    gift::io::OwnedTensor t{e.name, e.shape, dt, {}};
+    gift::io::OwnedTensor t{e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt, {}};
     t.data.resize(e.elements * (dt == GIFT_DTYPE_F32 ? 4 : 2));
-    check(gift::coords::decode_tensor(*f, i, with, t.data.data(), t.data.size(), dt));
+    check(
+        giftFrameDecodeTensorWithBasis(f.get(), i, basis.get(), t.data.data(), t.data.size(), dt));
     tensors.push_back(std::move(t));
     progress.step(i + 1);
   }
   if (kind == gift::io::FileKind::kNpy) {
     write_output(out, gift::io::serialize_npy(tensors[0]));
   } else {
-    write_output(out, gift::io::serialize_safetensors(tensors, frame_metadata(*f)));
+    write_output(out, gift::io::serialize_safetensors(tensors, metadata_map(f.get())));
   }
   if (!v.quiet)
     std::fprintf(stderr, "%s: %llu tensors -> %s\n", o.input.c_str(), (unsigned long long)n,

@@ -1,7 +1,5 @@
-// giftc's --device: where encode and decode run. The CPU runs libgift's giftEncode and
-// giftDecode; a CUDA device runs the kernels of gift_cuda.h behind the same contract (host
-// buffers in and out: each call uploads the input, runs on the device and downloads the
-// result), so the frame writer and reader take either.
+// giftc's --device: where encode and decode run, the CPU or a CUDA device (gift_cuda.h, with
+// the CPU's bytes).
 #pragma once
 
 #include <string>
@@ -16,8 +14,9 @@ enum class Device { kCpu, kCuda };
 // (exit 3) when no CUDA device is usable.
 Device parse_device(const std::string& s);
 
-decltype(&giftEncode) encoder_for(Device d);
-decltype(&giftDecode) decoder_for(Device d);
+// Where the writer's encodes and the frame's decodes run.
+void use_device(giftFrameWriter* w, Device d);
+void use_device(giftFrame* f, Device d);
 
 // One run of `giftc bench --device cuda`: seconds of a device-to-device copy of the input,
 // of encoding it and of decoding it to fp32, each the best of several, on device buffers.

@@ -6,7 +6,6 @@
 #include <regex>
 
 #include "commands.h"
-#include "coords/select.h"
 #include "device.h"
 #include "io/tensor_file.h"
 
@@ -37,7 +36,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   p.scale_dtype = parse_scale_dtype(o.scale_dtype);
   p.rounding = parse_rounding(o.rounding);
   p.seed = o.seed;
-  p.threads = o.threads;
+  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
   const Device device = parse_device(o.device);
   p.nonfinite = o.keep_nonfinite ? GIFT_NONFINITE_KEEP : GIFT_NONFINITE_ERROR;
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
@@ -51,13 +50,12 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   const std::string out = o.output.empty() ? o.input + ".gift" : o.output;
   check_output(out, o.force);
 
-  gift::coords::SelectOptions select;
+  giftSelectParams select = GIFT_SELECT_PARAMS_INIT;
   if (!(o.margin >= 0 && o.margin < 1)) throw Failure(kUsage, "--margin must be in [0, 1)");
   if (!(o.budget >= 0)) throw Failure(kUsage, "--flops-budget must not be negative");
   select.margin = o.margin;
   select.flops_budget = o.budget;
   select.min_dim = o.min_dim;
-  gift::coords::Basis basis;
   if (!o.frame.empty()) {
     if (!o.coords.empty()) throw Failure(kUsage, "--frame is the old name of --coords: give one");
     std::fprintf(stderr, "giftc: warning: --frame is deprecated; use --coords\n");
@@ -65,32 +63,28 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   const std::string given = o.coords.empty() ? o.frame : o.coords;
   const std::string mode = given.empty() ? (o.basis.empty() ? "euclidean" : "auto") : given;
   if (mode == "euclidean") {
-    select.mode = gift::coords::CoordsMode::kEuclidean;
+    select.mode = GIFT_COORDS_MODE_EUCLIDEAN;
   } else if (mode == "gift" || mode == "auto") {
-    select.mode =
-        mode == "gift" ? gift::coords::CoordsMode::kGift : gift::coords::CoordsMode::kAuto;
+    select.mode = mode == "gift" ? GIFT_COORDS_MODE_GIFT : GIFT_COORDS_MODE_AUTO;
     if (o.basis.empty()) throw Failure(kUsage, "--coords " + mode + " needs --basis FILE.giftb");
   } else {
     throw Failure(kUsage, "--coords: '" + mode + "' is not euclidean, gift or auto");
   }
   if (o.embed_basis && o.basis.empty())
     throw Failure(kUsage, "--embed-basis needs --basis FILE.giftb");
-  if (!o.basis.empty()) read_basis(o.basis, &basis);
+  const BasisPtr basis = read_basis(o.basis);
 
   gift::io::TensorFile in;
   check(gift::io::read_tensor_file(o.input, &in));
-  gift::container::FrameWriter w;
-  w.set_encoder(encoder_for(device));
-  w.set_compression(o.zstd);
+  const WriterPtr w = new_writer();
+  use_device(w.get(), device);
+  check(giftFrameWriterSetCompression(w.get(), o.zstd));
+  check(giftFrameWriterSetThreads(w.get(), o.threads));
   for (const auto& [k, val] : in.metadata) {
-    if (w.add_metadata(k, val) != GIFT_OK)
+    if (giftFrameWriterAddMetadata(w.get(), k.c_str(), val.c_str()) != GIFT_OK)
       throw Failure(kBadInput, o.input + ": " + giftGetLastErrorMessage());
   }
-  if (o.embed_basis) {
-    std::vector<uint8_t> bytes;
-    check(gift::coords::serialize_basis(basis, o.zstd, &bytes));
-    w.embed_basis(std::move(bytes), basis.id.lo, basis.id.hi);
-  }
+  if (o.embed_basis) check(giftFrameWriterEmbedBasis(w.get(), basis.get()));
 
   uint64_t in_bytes = 0, quantized = 0, in_gift = 0;
   Progress progress("encode", in.tensors.size(), v);
@@ -103,39 +97,31 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     const bool fp8 = selected && t.shape.size() >= 2;
     giftQuantParams tp = p;
     tp.tensor_index = uint32_t(i);
-    gift::container::TensorShape shape;
-    check(gift::container::make_shape(t.shape.data(), uint32_t(t.shape.size()), &shape));
-    gift::container::CoordsChoice coords;
-    std::vector<float> values;  // fp32 copy, whitened, for tensors in GIFT coordinates
-    if (fp8 && select.mode != gift::coords::CoordsMode::kEuclidean) {
-      values = gift::io::widen_to_float(t);
-      coords = gift::coords::choose_coords(values.data(), shape.rows, shape.cols,
-                                           basis.find(t.name), basis.id, tp, select);
-      if (coords.gift) gift::coords::whiten(*basis.find(t.name), values.data(), shape.rows);
-    }
+    const uint32_t ndim = uint32_t(t.shape.size());
+    giftSelection chosen = GIFT_SELECTION_INIT;
     const giftResult_t r =
-        coords.gift
-            ? w.add_tensor(t.name, shape, t.dtype, values.data(), &tp, &coords, GIFT_DTYPE_F32)
-            : w.add_tensor(t.name, shape, t.dtype, t.data, fp8 ? &tp : nullptr, &coords);
+        fp8 ? giftFrameWriterAddTensorInBasis(w.get(), t.name.c_str(), t.shape.data(), ndim,
+                                              t.dtype, t.data, &tp, basis.get(), &select, &chosen)
+            : giftFrameWriterAddTensor(w.get(), t.name.c_str(), t.shape.data(), ndim, t.dtype,
+                                       t.data, nullptr);
     check(r, o.input);
     in_bytes += t.bytes;
     quantized += fp8;
-    in_gift += coords.gift;
+    in_gift += chosen.chosen == GIFT_COORDS_GIFT;
     if (v.verbose) {
-      std::fprintf(stderr, "%s %s %s: %s%s\n", t.name.c_str(),
-                   shape_string(t.shape.data(), uint32_t(t.shape.size())).c_str(),
-                   dtype_name(t.dtype).c_str(),
-                   fp8 ? (fp8_name(p.kind) + " " + scale_name(p)).c_str() : "raw",
-                   coords.has_selection ? (", " + std::string(coords.gift ? "gift" : "euclidean") +
-                                           " (" + coords.reason + ")")
-                                              .c_str()
-                                        : "");
+      std::fprintf(
+          stderr, "%s %s %s: %s%s\n", t.name.c_str(), shape_string(t.shape.data(), ndim).c_str(),
+          dtype_name(t.dtype).c_str(),
+          fp8 ? (fp8_name(p.kind) + " " + scale_name(p)).c_str() : "raw",
+          chosen.made
+              ? (", " + std::string(chosen.chosen == GIFT_COORDS_GIFT ? "gift" : "euclidean") +
+                 " (" + chosen.reason + ")")
+                    .c_str()
+              : "");
     }
     progress.step(i + 1);
   }
-  std::vector<uint8_t> bytes;
-  check(w.finish(&bytes));
-  write_output(out, bytes);
+  check(giftFrameWriterWriteFile(w.get(), out.c_str()));
   if (!v.quiet) {
     const uint64_t out_bytes = [&] {
       struct stat st;

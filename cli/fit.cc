@@ -1,14 +1,10 @@
 // giftc fit: a basis (.giftb) from gradient dumps, or from activation statistics.
-#include "coords/fit.h"
-
 #include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <set>
 
 #include "commands.h"
-#include "coords/basis.h"
-#include "coords/select.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -67,9 +63,9 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
   for (size_t k = 0; k < dumps.size(); ++k) {
     const gift::io::TensorRef* t = find(dumps[k], name);
     if (!t || !eligible(*t)) continue;
-    const std::vector<float> w = gift::io::widen_to_float(*t);
-    std::vector<double> ak =
-        gift::coords::gradient_second_moment(w.data(), t->shape[0], uint32_t(t->shape[1]));
+    std::vector<double> ak(t->shape[1] * t->shape[1]);
+    check(giftGradientSecondMoment(t->data, t->dtype, t->shape[0], t->shape[1], ak.data()),
+          o.inputs[k] + ": tensor '" + name + "'");
     if (a.empty()) {
       a = std::move(ak);
       *dim = uint32_t(t->shape[1]);
@@ -114,13 +110,14 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     throw Failure(kBadInput, "no 2-D tensor of at least 16 x 16 (and at most " +
                                  std::to_string(kMaxFitDim) + " columns) to fit a whitener for");
   }
-  gift::coords::FitOptions fo;
-  fo.rank = o.rank;
-  fo.damping = dampings[0];
-  fo.damping_relative = !o.damping_absolute;
-  giftQuantParams measure;  // the encoder's defaults
-  giftQuantParamsInit(&measure);
-  gift::coords::Basis basis;
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  fp.rank = o.rank;
+  fp.damping = dampings[0];
+  fp.damping_relative = !o.damping_absolute;
+  giftBasisBuilder* builder = nullptr;
+  check(giftBasisBuilderCreate(&fp, &builder));
+  const std::unique_ptr<giftBasisBuilder, decltype(&giftBasisBuilderFree)> owner(
+      builder, giftBasisBuilderFree);
   Progress progress("fit", names.size(), v);
   size_t done = 0;
   for (const std::string& name : names) {
@@ -138,44 +135,27 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     }
     std::vector<float> w;
     if (dampings.size() > 1 && last && last->shape.size() == 2) w = gift::io::widen_to_float(*last);
-    gift::coords::LowRankPlusDiagonal fit;
-    check(gift::coords::fit_low_rank(a, dim, fo, &fit), what);
-    gift::coords::BasisEntry best;
-    double best_error = INFINITY;
-    for (double d : dampings) {
-      check(gift::coords::redamp(a, d, fo.damping_relative, &fit), what);
-      gift::coords::BasisEntry e;
-      e.name = name;
-      e.damping = d;
-      e.source = source;
-      check(gift::coords::make_whitener(fit.u, fit.l, fit.diag, dim, &e.whitener), what);
-      double err = 0;
-      if (!w.empty()) {
-        gift::coords::SelectOptions so;
-        so.min_dim = 1;
-        err =
-            gift::coords::choose_coords(w.data(), last->shape[0], dim, &e.whitener, {}, measure, so)
-                .gift_error;
-      }
-      if (err < best_error || best.name.empty()) {
-        best_error = err;
-        best = std::move(e);
-      }
-    }
-    if (v.verbose) std::fprintf(stderr, "%s: damping %g\n", name.c_str(), best.damping);
-    basis.entries.push_back(std::move(best));
+    double chosen = 0;
+    check(giftBasisBuilderAdd(builder, name.c_str(), a.data(), dim, source.c_str(), dampings.data(),
+                              uint32_t(dampings.size()), w.empty() ? nullptr : w.data(),
+                              w.empty() ? 0 : last->shape[0], nullptr, &chosen));
+    if (v.verbose) std::fprintf(stderr, "%s: damping %g\n", name.c_str(), chosen);
     progress.step(++done);
   }
-  gift::coords::finish_basis(&basis);
-  std::vector<uint8_t> bytes;
-  check(gift::coords::serialize_basis(basis, o.zstd, &bytes));
-  write_output(o.output, bytes);
+  giftBasis* fitted = nullptr;
+  check(giftBasisBuilderFinish(builder, &fitted));
+  const BasisPtr basis(fitted, giftBasisFree);
+  void* bytes = nullptr;
+  uint64_t size = 0;
+  check(giftBasisSerialize(basis.get(), o.zstd, &bytes, &size));
+  const std::unique_ptr<void, decltype(&giftFree)> bytes_owner(bytes, giftFree);
+  write_output(o.output, bytes, size);
   if (!v.quiet) {
     std::fprintf(stderr, "%s: %zu whiteners (rank %u, %s damping %s, from %s), basis %s\n",
-                 o.output.c_str(), basis.entries.size(), o.rank,
+                 o.output.c_str(), size_t(giftBasisEntryCount(basis.get())), o.rank,
                  o.damping_absolute ? "absolute" : "relative",
                  o.damping == "auto" ? "measured per tensor" : o.damping.c_str(), source.c_str(),
-                 basis.id.hex().c_str());
+                 basis_id_hex(giftBasisGetId(basis.get())).c_str());
   }
 }
 

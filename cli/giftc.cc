@@ -3,7 +3,6 @@
 #include <cstdio>
 
 #include "commands.h"
-#include "numerics/simd.h"
 
 int main(int argc, char** argv) {
   using namespace giftc;

@@ -4,30 +4,14 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "container/reader.h"
-#include "gift_generated.h"
-#include "numerics/codec.h"
 
 namespace giftc {
 namespace {
-
-namespace fb = gift::fb;
 
 struct InspectOptions {
   std::string input;
   bool json = false, verify = false;
 };
-
-std::string hex128(const fb::BasisId* id) {
-  if (!id) return "";
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", (unsigned long long)id->hi(),
-                (unsigned long long)id->lo());
-  return buf;
-}
-
-uint64_t stored(const fb::Section* s) { return s ? s->stored_length() : 0; }
-uint64_t raw(const fb::Section* s) { return s ? s->raw_length() : 0; }
 
 // A selection estimate: null when the encoder did not make it, "inf" when the trial encode
 // failed (JSON has no infinity).
@@ -45,40 +29,33 @@ std::string estimate_text(const nlohmann::ordered_json& e) {
   return buf;
 }
 
+const char* coords_name(giftCoords_t c) { return c == GIFT_COORDS_GIFT ? "gift" : "euclidean"; }
+
 void run_inspect(const InspectOptions& o, const Verbosity& v) {
-  std::unique_ptr<gift::container::ByteSource> src;
-  check(gift::container::map_file(o.input, &src));
-  const uint64_t file_bytes = src->size();
-  std::unique_ptr<gift::container::FrameReader> r;
-  check(gift::container::FrameReader::open(std::move(src), o.input, &r));
-  if (o.verify) {
-    check(r->verify_all());
-    gift::coords::Basis embedded;  // its contents must match its id and Frame.basis_id
-    decoding_basis(*r, nullptr, &embedded);
-  }
-  const fb::Frame* h = r->header();
+  const FramePtr f = open_frame(o.input);
+  // The library's verdict, the same call every embedder makes.
+  if (o.verify) check(giftFrameVerify(f.get()));
+  giftFrameInfo info = GIFT_FRAME_INFO_INIT;
+  check(giftFrameGetInfo(f.get(), &info));
 
   nlohmann::ordered_json doc;
   doc["file"] = o.input;
-  doc["format_version"] = "1." + std::to_string(r->minor_version());
-  doc["kind"] = fb::EnumNameFrameKind(h->kind());
-  doc["producer"] = h->producer() ? h->producer()->str() : "";
+  doc["format_version"] =
+      std::to_string(info.format_major) + "." + std::to_string(info.format_minor);
+  doc["kind"] = info.kind == GIFT_FRAME_BASIS ? "Basis" : "Tensors";
+  doc["producer"] = info.producer;
   doc["metadata"] = nlohmann::ordered_json::object();
-  if (h->metadata()) {
-    for (const fb::KeyValue* kv : *h->metadata())
-      doc["metadata"][kv->key()->str()] = kv->value() ? kv->value()->str() : "";
-  }
+  for (const auto& [k, val] : frame_metadata(f.get())) doc["metadata"][k] = val;
   doc["tensors"] = nlohmann::ordered_json::array();
   uint64_t total_original = 0, total_stored = 0;
-  for (const gift::container::TensorEntry& e : r->tensors()) {
-    const fb::Tensor* t = e.fb;
-    const uint64_t original = e.elements * gift::dtype_size(e.dtype);
-    const uint64_t st = stored(t->codes()) + stored(t->scales());
+  for (uint64_t i = 0; i < info.tensor_count; ++i) {
+    const giftTensorInfo e = tensor_info(f.get(), i);
+    const uint64_t original = e.elements * (e.dtype == GIFT_DTYPE_F32 ? 4 : 2);
     total_original += original;
-    total_stored += st;
+    total_stored += e.stored_bytes;
     nlohmann::ordered_json j;
     j["name"] = e.name;
-    j["shape"] = e.shape;
+    j["shape"] = std::vector<uint64_t>(e.shape, e.shape + e.ndim);
     j["dtype"] = dtype_name(e.dtype);
     j["encoding"] = e.raw ? "raw" : "fp8";
     if (!e.raw) {
@@ -91,26 +68,27 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
         j["tensor_index"] = e.params.tensor_index;
       }
     }
-    j["coords"] = t->coords() == fb::Coords::Gift ? "gift" : "euclidean";
-    if (t->coords() == fb::Coords::Gift) j["basis_id"] = hex128(t->basis_id());
-    if (const fb::Selection* s = t->selection()) {
-      j["selection"] = {{"chosen", s->chosen() == fb::Coords::Gift ? "gift" : "euclidean"},
-                        {"euclidean_error", estimate(s->euclidean_error())},
-                        {"gift_error", estimate(s->gift_error())},
-                        {"transform_flops", s->transform_flops()},
-                        {"reason", s->reason() ? s->reason()->str() : ""}};
+    j["coords"] = coords_name(e.coords);
+    if (e.coords == GIFT_COORDS_GIFT) j["basis_id"] = basis_id_hex(e.basis_id);
+    if (e.selection.made) {
+      const giftSelection& s = e.selection;
+      j["selection"] = {{"chosen", coords_name(s.chosen)},
+                        {"euclidean_error", estimate(s.euclidean_error)},
+                        {"gift_error", estimate(s.gift_error)},
+                        {"transform_flops", s.transform_flops},
+                        {"reason", s.reason}};
     }
-    if (const fb::Stats* s = t->stats()) {
-      j["stats"] = {{"amax", s->amax()}, {"rms", s->rms()}, {"nonfinite", s->nonfinite_count()}};
+    if (e.has_stats) {
+      j["stats"] = {{"amax", e.amax}, {"rms", e.rms}, {"nonfinite", e.nonfinite_count}};
     }
     j["original_bytes"] = original;
-    j["stored_bytes"] = st;
-    j["decompressed_bytes"] = raw(t->codes()) + raw(t->scales());
-    j["compression"] =
-        (t->codes() && t->codes()->compression() == fb::Compression::Zstd) ? "zstd" : "none";
+    j["stored_bytes"] = e.stored_bytes;
+    j["decompressed_bytes"] = e.raw_bytes;
+    j["compression"] = e.compressed ? "zstd" : "none";
     doc["tensors"].push_back(j);
   }
-  doc["totals"] = {{"tensors", r->tensors().size()},
+  const uint64_t file_bytes = info.bytes;
+  doc["totals"] = {{"tensors", info.tensor_count},
                    {"original_bytes", total_original},
                    {"stored_bytes", total_stored},
                    {"file_bytes", file_bytes},
@@ -123,7 +101,7 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   }
   std::printf("%s: GIFT frame %s, %s, %zu tensors, producer \"%s\"\n", o.input.c_str(),
               doc["format_version"].get<std::string>().c_str(),
-              doc["kind"].get<std::string>().c_str(), r->tensors().size(),
+              doc["kind"].get<std::string>().c_str(), size_t(info.tensor_count),
               doc["producer"].get<std::string>().c_str());
   for (const auto& [k, val] : doc["metadata"].items())
     std::printf("  %s = %s\n", k.c_str(), val.get<std::string>().c_str());

@@ -541,9 +541,12 @@ int giftCudaDeviceCount(void) {
   return n;
 }
 
-giftResult_t giftEncodeDeviceWorkspaceSize(const giftQuantParams* p, uint64_t rows, uint64_t cols,
-                                           uint64_t* bytes) {
+giftResult_t giftEncodeDeviceWorkspaceSize(const giftQuantParams* params, uint64_t rows,
+                                           uint64_t cols, uint64_t* bytes) {
   gift::clear_error();
+  giftQuantParams q;
+  if (const giftResult_t r = gift::load_params(params, &q)) return r;
+  const giftQuantParams* p = &q;
   uint64_t count = 0;
   if (const giftResult_t r = giftScaleCount(p, rows, cols, &count)) return r;
   if (!bytes) return fail(GIFT_ERROR_INVALID_ARGUMENT, "bytes is NULL");
@@ -551,13 +554,16 @@ giftResult_t giftEncodeDeviceWorkspaceSize(const giftQuantParams* p, uint64_t ro
   return GIFT_OK;
 }
 
-giftResult_t giftEncodeDevice(const giftQuantParams* p, const void* src, giftDType_t src_dtype,
+giftResult_t giftEncodeDevice(const giftQuantParams* params, const void* src, giftDType_t src_dtype,
                               uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
                               uint64_t scales_bytes, giftEncodeStats* stats, void* workspace,
                               uint64_t workspace_bytes_given, cudaStream_t stream) {
   gift::clear_error();
+  giftQuantParams q;
+  if (const giftResult_t r = gift::load_params(params, &q)) return r;
+  const giftQuantParams* p = &q;
   if (const giftResult_t r =
-          gift::check_codec_buffers(p, src, src_dtype, rows, cols, codes, scales, scales_bytes))
+          gift::check_codec_buffers(*p, src, src_dtype, rows, cols, codes, scales, scales_bytes))
     return r;
   if (const giftResult_t r = check_alignment(*p, src, src_dtype, scales)) return r;
   if (const giftResult_t r = check_stats_alignment(stats)) return r;
@@ -612,12 +618,16 @@ giftResult_t giftEncodeDevice(const giftQuantParams* p, const void* src, giftDTy
   return result;
 }
 
-giftResult_t giftDecodeDevice(const giftQuantParams* p, const uint8_t* codes, const void* scales,
-                              uint64_t scales_bytes, uint64_t rows, uint64_t cols, void* dst,
-                              giftDType_t dst_dtype, cudaStream_t stream) {
+giftResult_t giftDecodeDevice(const giftQuantParams* params, const uint8_t* codes,
+                              const void* scales, uint64_t scales_bytes, uint64_t rows,
+                              uint64_t cols, void* dst, giftDType_t dst_dtype,
+                              cudaStream_t stream) {
   gift::clear_error();
+  giftQuantParams q;
+  if (const giftResult_t r = gift::load_params(params, &q)) return r;
+  const giftQuantParams* p = &q;
   if (const giftResult_t r =
-          gift::check_codec_buffers(p, dst, dst_dtype, rows, cols, codes, scales, scales_bytes))
+          gift::check_codec_buffers(*p, dst, dst_dtype, rows, cols, codes, scales, scales_bytes))
     return r;
   if (const giftResult_t r = check_alignment(*p, dst, dst_dtype, scales)) return r;
   if (rows * cols == 0) return GIFT_OK;

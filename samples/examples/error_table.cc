@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,12 @@ int main(int argc, char** argv) {
 
   std::vector<uint8_t> codes(n);
   std::vector<float> decoded(n);
+  giftCtx* ctx = nullptr;
+  if (giftCtxCreate(&ctx) || giftCtxSetThreads(ctx, threads)) {
+    std::fprintf(stderr, "error_table: %s\n", giftGetLastErrorMessage());
+    return 1;
+  }
+  const std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx_owner(ctx, giftCtxFree);
   for (const Setting& s : settings()) {
     giftQuantParams p;
     giftQuantParamsInit(&p);
@@ -117,17 +124,16 @@ int main(int argc, char** argv) {
     p.scale_dtype = s.scale_dtype;
     p.rounding = s.rounding;
     p.seed = 1;
-    p.threads = threads;
     uint64_t scale_bytes = 0;
     giftResult_t r = giftScaleBytes(&p, rows, cols, &scale_bytes);
     std::vector<uint8_t> scales(scale_bytes);
     if (!r)
-      r = giftEncode(&p, a.data.data(), a.dtype, rows, cols, codes.data(), scales.data(),
+      r = giftEncode(ctx, &p, a.data.data(), a.dtype, rows, cols, codes.data(), scales.data(),
                      scale_bytes, nullptr);
     if (!r)
-      r = giftDecode(&p, codes.data(), scales.data(), scale_bytes, rows, cols, decoded.data(),
+      r = giftDecode(ctx, &p, codes.data(), scales.data(), scale_bytes, rows, cols, decoded.data(),
                      GIFT_DTYPE_F32);
-    giftErrorMetrics m;
+    giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
     if (!r) r = giftComputeErrorMetrics(ref.data(), decoded.data(), rows, cols, nullptr, &m);
     if (r) {
       std::fprintf(stderr, "error_table: %s: %s\n", path, giftGetLastErrorMessage());

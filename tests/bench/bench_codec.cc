@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,6 +60,14 @@ int threads_of(const benchmark::State& s) {
   return s.range(0) == 0 ? omp_get_max_threads() : int(s.range(0));
 }
 
+// A codec context running the benchmark's thread count.
+std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx_for(const benchmark::State& s) {
+  giftCtx* ctx = nullptr;
+  giftCtxCreate(&ctx);
+  giftCtxSetThreads(ctx, threads_of(s));
+  return {ctx, giftCtxFree};
+}
+
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
   const size_t chunk = (bytes / size_t(threads) + 4095) & ~size_t(4095);
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -83,11 +92,11 @@ void BM_Memcpy(benchmark::State& state) {
 
 void encode_loop(benchmark::State& state, const void* src, giftDType_t dt, size_t in_bytes) {
   Buffers& b = buffers();
-  giftQuantParams p = b.params;
-  p.threads = threads_of(state);
+  const giftQuantParams p = b.params;
+  const auto ctx = ctx_for(state);
   for (auto _ : state) {
-    const giftResult_t r = giftEncode(&p, src, dt, 1, b.n, b.codes.data(), b.scales.data(),
-                                      b.scales.size() * 4, nullptr);
+    const giftResult_t r = giftEncode(ctx.get(), &p, src, dt, 1, b.n, b.codes.data(),
+                                      b.scales.data(), b.scales.size() * 4, nullptr);
     if (r != GIFT_OK) state.SkipWithError(giftGetLastErrorMessage());
     benchmark::ClobberMemory();
   }
@@ -105,13 +114,13 @@ void BM_EncodeBf16(benchmark::State& state) {
 
 void BM_DecodeF32(benchmark::State& state) {
   Buffers& b = buffers();
-  giftQuantParams p = b.params;
-  p.threads = threads_of(state);
-  giftEncode(&p, b.src.data(), GIFT_DTYPE_F32, 1, b.n, b.codes.data(), b.scales.data(),
+  const giftQuantParams p = b.params;
+  const auto ctx = ctx_for(state);
+  giftEncode(ctx.get(), &p, b.src.data(), GIFT_DTYPE_F32, 1, b.n, b.codes.data(), b.scales.data(),
              b.scales.size() * 4, nullptr);
   for (auto _ : state) {
-    giftDecode(&p, b.codes.data(), b.scales.data(), b.scales.size() * 4, 1, b.n, b.decoded.data(),
-               GIFT_DTYPE_F32);
+    giftDecode(ctx.get(), &p, b.codes.data(), b.scales.data(), b.scales.size() * 4, 1, b.n,
+               b.decoded.data(), GIFT_DTYPE_F32);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(int64_t(state.iterations()) *

@@ -64,7 +64,7 @@ std::vector<std::vector<float>> decode_all(const std::vector<uint8_t>& frame) {
   std::vector<std::vector<float>> out;
   if (!f) return out;
   for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
-    giftTensorInfo info;
+    giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
     giftFrameTensorInfo(f, i, &info);
     std::vector<float> v(info.elements);
     EXPECT_EQ(giftFrameDecodeTensor(f, i, v.data(), v.size() * 4, GIFT_DTYPE_F32), GIFT_OK)

@@ -40,7 +40,7 @@ TEST(Golden, V1_0FramesDecodeBitForBit) {
     ASSERT_EQ(giftFrameVerify(f), GIFT_OK) << path << ": " << giftGetLastErrorMessage();
     const std::string stem = path.substr(0, path.size() - 5);
     for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
-      giftTensorInfo info;
+      giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
       ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
       std::vector<float> got(info.elements);
       ASSERT_EQ(giftFrameDecodeTensor(f, i, got.data(), got.size() * 4, GIFT_DTYPE_F32), GIFT_OK)
@@ -53,7 +53,7 @@ TEST(Golden, V1_0FramesDecodeBitForBit) {
         // Codes and scales decode bit for bit; mapping back through T^-1 runs BLAS GEMMs,
         // whose summation order may differ between machines: fp32 tolerance here.
         seen.insert("gift-coords");
-        giftErrorMetrics m;
+        giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
         ASSERT_EQ(giftComputeErrorMetrics(reinterpret_cast<const float*>(want.data.data()),
                                           got.data(), 1, got.size(), nullptr, &m),
                   GIFT_OK);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "api/coords_frames.h"
 #include "container/writer.h"
 #include "coords/basis.h"
 #include "coords/fit.h"
@@ -121,7 +122,7 @@ void write_frame(const std::string& dir, const std::string& stem, const std::vec
   giftFrame* fr;
   check(giftFrameOpenFile(path.c_str(), &fr));
   for (uint64_t i = 0; i < giftFrameTensorCount(fr); ++i) {
-    giftTensorInfo info;
+    giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
     check(giftFrameTensorInfo(fr, i, &info));
     std::vector<float> out(info.elements);
     check(giftFrameDecodeTensor(fr, i, out.data(), out.size() * 4, GIFT_DTYPE_F32));
@@ -168,8 +169,9 @@ void write_gift_coords(const std::string& dir) {
   giftQuantParams p = q(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 32);
   gift::coords::SelectOptions so;
   so.mode = gift::coords::CoordsMode::kGift;
-  gift::container::CoordsChoice coords = gift::coords::choose_coords(
-      w.data(), rows, cols, &basis.entries[0].whitener, basis.id, p, so);
+  const gift::container::CoordsChoice coords = gift::coords::record(
+      gift::coords::choose_coords(w.data(), rows, cols, &basis.entries[0].whitener, p, so),
+      basis.id);
   std::vector<float> white = w;
   gift::coords::whiten(basis.entries[0].whitener, white.data(), rows);
   gift::container::TensorShape shape;

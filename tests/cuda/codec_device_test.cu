@@ -111,8 +111,8 @@ void expect_same_encoding(const giftQuantParams& p, giftDType_t dt, const Shape&
   ASSERT_EQ(giftScaleBytes(&p, s.rows, s.cols, &sb), GIFT_OK);
   std::vector<uint8_t> codes(n), scales(sb);
   giftEncodeStats stats{};
-  const giftResult_t host =
-      giftEncode(&p, input.data(), dt, s.rows, s.cols, codes.data(), scales.data(), sb, &stats);
+  const giftResult_t host = giftEncode(nullptr, &p, input.data(), dt, s.rows, s.cols, codes.data(),
+                                       scales.data(), sb, &stats);
   ASSERT_TRUE(host == GIFT_OK || host == GIFT_ERROR_NONFINITE_INPUT) << what;
 
   DeviceBuffer<uint8_t> d_src, d_codes, d_scales, d_stats;
@@ -262,9 +262,9 @@ TEST_F(CudaCodec, DecodeEqualsTheCpuForEveryOutputType) {
           for (const giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
             const std::string what = describe(p, dt, s);
             std::vector<uint8_t> host(n * width(dt));
-            ASSERT_EQ(
-                giftDecode(&p, codes.data(), scales.data(), sb, s.rows, s.cols, host.data(), dt),
-                GIFT_OK);
+            ASSERT_EQ(giftDecode(nullptr, &p, codes.data(), scales.data(), sb, s.rows, s.cols,
+                                 host.data(), dt),
+                      GIFT_OK);
             DeviceBuffer<uint8_t> d_out;
             const size_t out_shift = shift * width(dt);
             CUDA_CHECK(d_out.Alloc(out_shift + host.size() + kGuard));
@@ -349,7 +349,7 @@ TEST_F(CudaCodec, CallerWorkspaceStreamsAndArgumentErrors) {
   CUDA_CHECK(cudaStreamDestroy(stream));
   std::vector<uint8_t> host_codes(s.rows * s.cols), host_scales(sb), dev_codes, dev_scales;
   giftEncodeStats host_stats{};
-  ASSERT_EQ(giftEncode(&p, small.data(), GIFT_DTYPE_F32, s.rows, s.cols, host_codes.data(),
+  ASSERT_EQ(giftEncode(nullptr, &p, small.data(), GIFT_DTYPE_F32, s.rows, s.cols, host_codes.data(),
                        host_scales.data(), sb, &host_stats),
             GIFT_OK);
   CUDA_CHECK(codes.Download(&dev_codes));

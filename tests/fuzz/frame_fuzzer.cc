@@ -91,7 +91,7 @@ void exercise(const uint8_t* data, size_t size) {
   bool verifiable = true;      // every section small enough for giftFrameVerify within the cap
   std::vector<uint8_t> out;
   for (uint64_t i = 0; i < count; ++i) {
-    giftTensorInfo info;
+    giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
     check(giftFrameTensorInfo(frame, i, &info) == GIFT_OK, "info of every listed tensor");
     check(info.name != nullptr && info.name[0] != '\0', "a tensor has a non-empty name");
     check(valid_utf8(info.name), "a tensor name is UTF-8");
@@ -125,7 +125,7 @@ void exercise(const uint8_t* data, size_t size) {
       }
     }
   }
-  giftTensorInfo none;
+  giftTensorInfo none = GIFT_TENSOR_INFO_INIT;
   check(giftFrameTensorInfo(frame, count, &none) == GIFT_ERROR_NOT_FOUND, "no tensor past the end");
   check(giftFrameDecodeTensor(frame, count, nullptr, 0, GIFT_DTYPE_F32) == GIFT_ERROR_NOT_FOUND,
         "no decode past the end");

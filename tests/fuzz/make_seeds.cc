@@ -93,7 +93,6 @@ giftQuantParams params(giftScaleLayout_t layout, giftScaleDType_t sd, giftFp8Kin
   p.block = 16;
   p.tile_rows = 3;
   p.tile_cols = 5;
-  p.threads = 1;
   return p;
 }
 

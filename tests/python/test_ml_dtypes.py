@@ -27,6 +27,9 @@ SCALE_F32, SCALE_E8M0 = 0, 1
 
 class QuantParams(ctypes.Structure):
     _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
         ("kind", ctypes.c_int),
         ("layout", ctypes.c_int),
         ("block", ctypes.c_uint32),
@@ -37,7 +40,6 @@ class QuantParams(ctypes.Structure):
         ("seed", ctypes.c_uint64),
         ("tensor_index", ctypes.c_uint32),
         ("nonfinite", ctypes.c_int),
-        ("threads", ctypes.c_int),
     ]
 
 
@@ -66,7 +68,7 @@ def encode_unit_scale(x, kind):
     data = np.concatenate([[anchor], x]).astype(np.float32)
     codes = np.empty(data.size, np.uint8)
     scale = np.empty(1, np.uint8)
-    r = LIB.giftEncode(ctypes.byref(p), ptr(data), F32, ctypes.c_uint64(1), ctypes.c_uint64(data.size),
+    r = LIB.giftEncode(None, ctypes.byref(p), ptr(data), F32, ctypes.c_uint64(1), ctypes.c_uint64(data.size),
                        ptr(codes), ptr(scale), ctypes.c_uint64(1), None)
     assert r == 0, LIB.giftGetLastErrorMessage()
     assert scale[0] == 127, scale[0]
@@ -103,7 +105,7 @@ class MlDtypesReference(unittest.TestCase):
             scale = np.array([1.0], np.float32)
             out = np.empty(256, np.float32)
             p = params(kind)
-            r = LIB.giftDecode(ctypes.byref(p), ptr(codes), ptr(scale), ctypes.c_uint64(4),
+            r = LIB.giftDecode(None, ctypes.byref(p), ptr(codes), ptr(scale), ctypes.c_uint64(4),
                                ctypes.c_uint64(1), ctypes.c_uint64(256), ptr(out), F32)
             self.assertEqual(r, 0)
             want = codes.view(dt).astype(np.float32)
@@ -119,13 +121,13 @@ class MlDtypesReference(unittest.TestCase):
             codes = np.empty(x.size, np.uint8)
             nscale = x.size // 128
             scales = np.empty(nscale, np.float32)
-            r = LIB.giftEncode(ctypes.byref(p), ptr(x), F32, ctypes.c_uint64(1), ctypes.c_uint64(x.size),
+            r = LIB.giftEncode(None, ctypes.byref(p), ptr(x), F32, ctypes.c_uint64(1), ctypes.c_uint64(x.size),
                                ptr(codes), ptr(scales), ctypes.c_uint64(nscale * 4), None)
             self.assertEqual(r, 0)
             outs = {}
             for name, dtc, npdt in (("f32", F32, np.float32), ("bf16", BF16, np.uint16), ("f16", F16, np.uint16)):
                 o = np.empty(x.size, npdt)
-                r = LIB.giftDecode(ctypes.byref(p), ptr(codes), ptr(scales), ctypes.c_uint64(nscale * 4),
+                r = LIB.giftDecode(None, ctypes.byref(p), ptr(codes), ptr(scales), ctypes.c_uint64(nscale * 4),
                                    ctypes.c_uint64(1), ctypes.c_uint64(x.size), ptr(o), dtc)
                 self.assertEqual(r, 0)
                 outs[name] = o

@@ -116,6 +116,22 @@ Encoded reference_encode(const giftQuantParams& p, const std::vector<float>& x, 
   return e;
 }
 
+// The threads the codec helpers below run with: one context, so that tests can vary the
+// thread count without touching the parameters (which decide the bytes).
+giftCtx* test_ctx() {
+  static giftCtx* ctx = [] {
+    giftCtx* c = nullptr;
+    giftCtxCreate(&c);
+    return c;
+  }();
+  return ctx;
+}
+int g_threads = 0;
+void use_threads(int threads) {
+  g_threads = threads;
+  EXPECT_EQ(giftCtxSetThreads(test_ctx(), threads), GIFT_OK);
+}
+
 Encoded encode(const giftQuantParams& p, const void* x, giftDType_t dt, Shape s,
                giftEncodeStats* stats = nullptr) {
   uint64_t bytes = 0;
@@ -123,16 +139,16 @@ Encoded encode(const giftQuantParams& p, const void* x, giftDType_t dt, Shape s,
   Encoded e;
   e.codes.assign(s.rows * s.cols, 0xAA);  // poison: every code must be written
   e.scales.assign(bytes, 0xAA);
-  const giftResult_t r =
-      giftEncode(&p, x, dt, s.rows, s.cols, e.codes.data(), e.scales.data(), bytes, stats);
+  const giftResult_t r = giftEncode(test_ctx(), &p, x, dt, s.rows, s.cols, e.codes.data(),
+                                    e.scales.data(), bytes, stats);
   EXPECT_EQ(r, GIFT_OK) << giftGetLastErrorMessage();
   return e;
 }
 
 std::vector<float> decode(const giftQuantParams& p, const Encoded& e, Shape s) {
   std::vector<float> out(s.rows * s.cols, -12345.0f);
-  EXPECT_EQ(giftDecode(&p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows, s.cols,
-                       out.data(), GIFT_DTYPE_F32),
+  EXPECT_EQ(giftDecode(test_ctx(), &p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows,
+                       s.cols, out.data(), GIFT_DTYPE_F32),
             GIFT_OK)
       << giftGetLastErrorMessage();
   return out;
@@ -142,7 +158,7 @@ std::string describe(const giftQuantParams& p, Shape s) {
   return "kind=" + std::to_string(p.kind) + " layout=" + std::to_string(p.layout) +
          " block=" + std::to_string(p.block) + " tile=" + std::to_string(p.tile_rows) + "x" +
          std::to_string(p.tile_cols) + " sd=" + std::to_string(p.scale_dtype) +
-         " threads=" + std::to_string(p.threads) + " shape=" + std::to_string(s.rows) + "x" +
+         " threads=" + std::to_string(g_threads) + " shape=" + std::to_string(s.rows) + "x" +
          std::to_string(s.cols);
 }
 
@@ -162,7 +178,7 @@ TEST(Codec, MatchesPerElementReferenceForEveryLayout) {
   for (Shape s : shapes)
     for (giftQuantParams p : ps)
       for (int threads : {1, 2}) {
-        p.threads = threads;
+        use_threads(threads);
         const std::vector<float> x = gradient_like(s, seed++);
         const Encoded want = reference_encode(p, x, s);
         const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
@@ -194,15 +210,16 @@ TEST(Codec, LargeGroupsSplitAcrossThreadsGiveTheSameBytes) {
     giftQuantParams p = params(GIFT_FP8_E4M3, layout, GIFT_SCALE_DTYPE_F32);
     const Encoded want = reference_encode(p, x, s);
     for (int threads : {1, 2, 3, 0}) {
-      p.threads = threads;
+      use_threads(threads);
       const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
       ASSERT_EQ(got.scales, want.scales) << describe(p, s);
       ASSERT_EQ(got.codes, want.codes) << describe(p, s);
       const std::vector<float> y = decode(p, got, s);
       const std::vector<float> y1 = [&] {
-        giftQuantParams q = p;
-        q.threads = 1;
-        return decode(q, got, s);
+        use_threads(1);
+        const std::vector<float> one = decode(p, got, s);
+        use_threads(threads);
+        return one;
       }();
       ASSERT_EQ(0, std::memcmp(y.data(), y1.data(), y.size() * 4));
     }
@@ -273,8 +290,8 @@ TEST(Codec, NonFiniteInputIsAnErrorThatNamesCountAndFirstIndex) {
   giftScaleBytes(&p, s.rows, s.cols, &bytes);
   std::vector<uint8_t> scales(bytes);
   giftEncodeStats st;
-  EXPECT_EQ(giftEncode(&p, x.data(), GIFT_DTYPE_F32, s.rows, s.cols, codes.data(), scales.data(),
-                       bytes, &st),
+  EXPECT_EQ(giftEncode(nullptr, &p, x.data(), GIFT_DTYPE_F32, s.rows, s.cols, codes.data(),
+                       scales.data(), bytes, &st),
             GIFT_ERROR_NONFINITE_INPUT);
   EXPECT_EQ(std::string(giftGetLastErrorMessage()),
             "2 non-finite values in the input, the first at index 257 (row 1, column 57)");
@@ -307,7 +324,7 @@ TEST(Codec, CallerFlushToZeroAndRoundingModeDoNotChangeTheBytes) {
       params(GIFT_FP8_E5M2, GIFT_SCALE_TILE, GIFT_SCALE_DTYPE_E8M0, 128, 8, 8)};
   for (giftQuantParams p : ps) {
     for (int threads : {1, 2}) {
-      p.threads = threads;
+      use_threads(threads);
       const Encoded want = encode(p, x.data(), GIFT_DTYPE_F32, s);
       const std::vector<float> want_y = decode(p, want, s);
       // FTZ, DAZ and round-toward-zero on this thread and every pool thread.
@@ -396,11 +413,11 @@ TEST(Codec, Bf16AndFp16OutputsRoundTheFp32Decode) {
   const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s);
   const std::vector<float> y = decode(p, e, s);
   std::vector<uint16_t> yb(x.size()), yh(x.size());
-  ASSERT_EQ(giftDecode(&p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows, s.cols,
-                       yb.data(), GIFT_DTYPE_BF16),
+  ASSERT_EQ(giftDecode(test_ctx(), &p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows,
+                       s.cols, yb.data(), GIFT_DTYPE_BF16),
             GIFT_OK);
-  ASSERT_EQ(giftDecode(&p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows, s.cols,
-                       yh.data(), GIFT_DTYPE_F16),
+  ASSERT_EQ(giftDecode(test_ctx(), &p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows,
+                       s.cols, yh.data(), GIFT_DTYPE_F16),
             GIFT_OK);
   for (size_t i = 0; i < y.size(); ++i) {
     ASSERT_EQ(yb[i], gift::num::bf16_from_float(y[i])) << i;
@@ -417,9 +434,9 @@ TEST(Codec, StochasticRoundingIsDeterministicPerSeedTensorAndElement) {
   giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 128);
   p.rounding = GIFT_ROUND_STOCHASTIC;
   p.seed = 42;
-  p.threads = 1;
+  use_threads(1);
   const Encoded a = encode(p, x.data(), GIFT_DTYPE_F32, s);
-  p.threads = 2;
+  use_threads(2);
   EXPECT_EQ(encode(p, x.data(), GIFT_DTYPE_F32, s).codes, a.codes);
   p.tensor_index = 1;
   EXPECT_NE(encode(p, x.data(), GIFT_DTYPE_F32, s).codes, a.codes);
@@ -480,11 +497,12 @@ TEST(Codec, InvalidArgumentsAreRejectedWithAMessage) {
   p = params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
   std::vector<float> x(40, 1.0f);
   std::vector<uint8_t> codes(40), scales(16);
-  EXPECT_EQ(
-      giftEncode(&p, x.data(), GIFT_DTYPE_F32, 5, 8, codes.data(), scales.data(), 16, nullptr),
-      GIFT_ERROR_BUFFER_TOO_SMALL);
+  EXPECT_EQ(giftEncode(nullptr, &p, x.data(), GIFT_DTYPE_F32, 5, 8, codes.data(), scales.data(), 16,
+                       nullptr),
+            GIFT_ERROR_BUFFER_TOO_SMALL);
   EXPECT_EQ(std::string(giftGetLastErrorMessage()), "scales buffer holds 16 bytes, 20 needed");
-  EXPECT_EQ(giftEncode(&p, nullptr, GIFT_DTYPE_F32, 5, 8, codes.data(), scales.data(), 20, nullptr),
+  EXPECT_EQ(giftEncode(nullptr, &p, nullptr, GIFT_DTYPE_F32, 5, 8, codes.data(), scales.data(), 20,
+                       nullptr),
             GIFT_ERROR_INVALID_ARGUMENT);
   uint64_t n;
   EXPECT_EQ(giftScaleCount(&p, uint64_t(1) << 40, uint64_t(1) << 40, &n),

@@ -77,7 +77,7 @@ giftResult_t open_result(const std::vector<uint8_t>& f, std::string* message = n
 }
 
 std::vector<float> decode(giftFrame* f, uint64_t i) {
-  giftTensorInfo info;
+  giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
   EXPECT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
   std::vector<float> out(info.elements);
   EXPECT_EQ(giftFrameDecodeTensor(f, i, out.data(), out.size() * 4, GIFT_DTYPE_F32), GIFT_OK)
@@ -91,7 +91,7 @@ TEST(Frame, RoundTripMatchesTheCodecAndKeepsRawDataExact) {
     giftFrame* f = nullptr;
     ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK) << giftGetLastErrorMessage();
     ASSERT_EQ(giftFrameTensorCount(f), 4u);
-    giftTensorInfo info;
+    giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
     ASSERT_EQ(giftFrameTensorInfo(f, 0, &info), GIFT_OK);
     EXPECT_STREQ(info.name, "layers.0.weight");
     EXPECT_EQ(info.ndim, 2u);
@@ -107,12 +107,12 @@ TEST(Frame, RoundTripMatchesTheCodecAndKeepsRawDataExact) {
     giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK);
     std::vector<uint8_t> codes(a.size());
     std::vector<float> scales(120), want(a.size());
-    ASSERT_EQ(giftEncode(&p, a.data(), GIFT_DTYPE_F32, 40, 300, codes.data(), scales.data(), 480,
-                         nullptr),
+    ASSERT_EQ(giftEncode(nullptr, &p, a.data(), GIFT_DTYPE_F32, 40, 300, codes.data(),
+                         scales.data(), 480, nullptr),
               GIFT_OK);
-    ASSERT_EQ(
-        giftDecode(&p, codes.data(), scales.data(), 480, 40, 300, want.data(), GIFT_DTYPE_F32),
-        GIFT_OK);
+    ASSERT_EQ(giftDecode(nullptr, &p, codes.data(), scales.data(), 480, 40, 300, want.data(),
+                         GIFT_DTYPE_F32),
+              GIFT_OK);
     const std::vector<float> got = decode(f, 0);
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4));
 
@@ -195,12 +195,12 @@ TEST(Frame, UncompressedCodesAreUsedInPlace) {
   EXPECT_EQ((codes - bytes.data()) % 64, 0);
   EXPECT_EQ(scale_bytes, 480u);
   // Decoding the in-place data gives the frame's decode.
-  giftTensorInfo info;
+  giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
   giftFrameTensorInfo(f, 0, &info);
   std::vector<float> direct(info.elements);
-  ASSERT_EQ(
-      giftDecode(&info.params, codes, scales, scale_bytes, 40, 300, direct.data(), GIFT_DTYPE_F32),
-      GIFT_OK);
+  ASSERT_EQ(giftDecode(nullptr, &info.params, codes, scales, scale_bytes, 40, 300, direct.data(),
+                       GIFT_DTYPE_F32),
+            GIFT_OK);
   const std::vector<float> via = decode(f, 0);
   EXPECT_EQ(0, std::memcmp(direct.data(), via.data(), via.size() * 4));
   EXPECT_EQ(giftFrameTensorData(f, 1, &codes, &scales, &scale_bytes), GIFT_ERROR_INVALID_ARGUMENT);

@@ -10,7 +10,7 @@ namespace {
 
 TEST(Metrics, HandComputedValues) {
   const std::vector<float> ref = {3, 4}, approx = {3, 5};
-  giftErrorMetrics m;
+  giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
   ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 1, 2, nullptr, &m), GIFT_OK);
   EXPECT_DOUBLE_EQ(m.rel_l2, 1.0 / 5.0);
   EXPECT_DOUBLE_EQ(m.cosine, (9.0 + 20.0) / (5.0 * std::sqrt(34.0)));
@@ -34,7 +34,7 @@ TEST(Metrics, ANormWithIdentityIsL2AndWithDiagonalIsWeighted) {
     eye[i * cols + i] = 1;
     diag[i * cols + i] = d[i];
   }
-  giftErrorMetrics m;
+  giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
   ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), rows, cols, eye.data(), &m),
             GIFT_OK);
   EXPECT_NEAR(m.rel_anorm, m.rel_l2, 1e-6 * m.rel_l2);
@@ -58,7 +58,7 @@ TEST(Metrics, MergedHalvesEqualTheWhole) {
     ref[i] = n(gen);
     approx[i] = ref[i] + 0.05f * n(gen) + 0.01f;
   }
-  giftErrorMetrics whole, a, b, total{};
+  giftErrorMetrics whole = GIFT_ERROR_METRICS_INIT, a = whole, b = whole, total = whole;
   ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 1, 600, nullptr, &whole), GIFT_OK);
   ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 1, 250, nullptr, &a), GIFT_OK);
   ASSERT_EQ(giftComputeErrorMetrics(ref.data() + 250, approx.data() + 250, 7, 50, nullptr, &b),
@@ -87,7 +87,8 @@ TEST(Metrics, MergedANormCoversThePartsMeasuredWithA) {
       for (uint32_t k = 0; k < cols; ++k) a[i * cols + j] += m[i * cols + k] * m[j * cols + k];
     }
   }
-  giftErrorMetrics whole, top, bottom, plain, total{};
+  giftErrorMetrics whole = GIFT_ERROR_METRICS_INIT, top = whole, bottom = whole, plain = whole,
+                   total = whole;
   ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), rows, cols, a.data(), &whole),
             GIFT_OK);
   ASSERT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 5, cols, a.data(), &top), GIFT_OK);
@@ -106,7 +107,7 @@ TEST(Metrics, MergedANormCoversThePartsMeasuredWithA) {
 
 TEST(Metrics, ZeroReferenceIsDefined) {
   const std::vector<float> z = {0, 0, 0};
-  giftErrorMetrics m;
+  giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
   ASSERT_EQ(giftComputeErrorMetrics(z.data(), z.data(), 1, 3, nullptr, &m), GIFT_OK);
   EXPECT_EQ(m.rel_l2, 0.0);
   EXPECT_EQ(m.cosine, 1.0);

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "api/coords_frames.h"
 #include "container/reader.h"
 #include "container/writer.h"
 #include "coords/basis.h"
@@ -140,7 +141,7 @@ std::vector<float> synthetic(uint32_t rows, uint32_t dim, double noise, uint64_t
 }
 
 double rel_l2(const std::vector<float>& ref, const std::vector<float>& x) {
-  giftErrorMetrics m;
+  giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
   EXPECT_EQ(giftComputeErrorMetrics(ref.data(), x.data(), 1, ref.size(), nullptr, &m), GIFT_OK);
   return m.rel_l2;
 }
@@ -151,10 +152,11 @@ std::vector<float> round_trip(const std::vector<float>& w, uint32_t rows, uint32
   giftScaleBytes(&p, rows, dim, &sb);
   std::vector<uint8_t> codes(w.size()), scales(sb);
   std::vector<float> out(w.size());
-  EXPECT_EQ(
-      giftEncode(&p, w.data(), GIFT_DTYPE_F32, rows, dim, codes.data(), scales.data(), sb, nullptr),
-      GIFT_OK);
-  EXPECT_EQ(giftDecode(&p, codes.data(), scales.data(), sb, rows, dim, out.data(), GIFT_DTYPE_F32),
+  EXPECT_EQ(giftEncode(nullptr, &p, w.data(), GIFT_DTYPE_F32, rows, dim, codes.data(),
+                       scales.data(), sb, nullptr),
+            GIFT_OK);
+  EXPECT_EQ(giftDecode(nullptr, &p, codes.data(), scales.data(), sb, rows, dim, out.data(),
+                       GIFT_DTYPE_F32),
             GIFT_OK);
   return out;
 }
@@ -291,8 +293,7 @@ TEST(Select, ChosenFrameIsNeverWorseBeyondTheSamplingError) {
                 GIFT_OK);
       Whitener t;
       ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
-      const container::CoordsChoice c =
-          choose_coords(w.data(), rows, dim, &t, {}, p, SelectOptions{});
+      const Selection c = choose_coords(w.data(), rows, dim, &t, p, SelectOptions{});
       // Full errors, and the per-row squared errors in both coordinates.
       std::vector<float> e = round_trip(w, rows, dim, p), g = w;
       whiten(t, g.data(), rows);

@@ -6,7 +6,15 @@
  * the detail of the calling thread's last failure (which tensor, which element, why).
  *
  * Numerics are specified in format/FORMAT.md ("Numerics"); the functions below implement
- * exactly that text. */
+ * exactly that text.
+ *
+ * Structs that may grow in later versions start with `size`, `magic` and `version` and have
+ * an initializer (a GIFT_..._INIT macro and a ...Init function), as NCCL's config structs
+ * do: the library reads and writes at most `size` bytes of the caller's struct, so a
+ * program built against an older gift.h keeps working with a newer library. A struct
+ * whose magic is not GIFT_STRUCT_MAGIC was not initialized and is refused; one larger than
+ * the library knows comes from a newer gift.h and is refused too, since the library could
+ * not honour its new fields. */
 #ifndef GIFT_GIFT_H
 #define GIFT_GIFT_H
 
@@ -28,6 +36,9 @@ extern "C" {
 #define GIFT_VERSION_PATCH 0
 #define GIFT_VERSION_NUMBER \
   (GIFT_VERSION_MAJOR * 10000 + GIFT_VERSION_MINOR * 100 + GIFT_VERSION_PATCH)
+
+/* "GIFT" in ASCII, little-endian: the magic of an initialized sized struct. */
+#define GIFT_STRUCT_MAGIC 0x54464947u
 
 typedef enum {
   GIFT_OK = 0,
@@ -91,6 +102,9 @@ typedef enum {
 #define GIFT_BLOCK_DEFAULT 128
 
 typedef struct {
+  size_t size;          /* sizeof(giftQuantParams) */
+  unsigned int magic;   /* GIFT_STRUCT_MAGIC */
+  unsigned int version; /* GIFT_VERSION_NUMBER of the gift.h the caller was built with */
   giftFp8Kind_t kind;
   giftScaleLayout_t layout;
   uint32_t block;     /* GIFT_SCALE_BLOCK: power of two in [GIFT_BLOCK_MIN, GIFT_BLOCK_MAX] */
@@ -101,18 +115,25 @@ typedef struct {
   uint64_t seed;         /* stochastic rounding: generator key */
   uint32_t tensor_index; /* stochastic rounding: distinguishes tensors under one seed */
   giftNonFinite_t nonfinite;
-  int threads; /* 0: all hardware threads; otherwise the count to use (capped at the processors) */
 } giftQuantParams;
 
-/* What an encode saw; filled also when it fails with GIFT_ERROR_NONFINITE_INPUT. */
+/* Defaults: E4M3, blocks of 128, fp32 scales, round to nearest, non-finite is an error. */
+#define GIFT_QUANT_PARAMS_INIT                                                                    \
+  {                                                                                               \
+    sizeof(giftQuantParams), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, GIFT_FP8_E4M3,               \
+        GIFT_SCALE_BLOCK, GIFT_BLOCK_DEFAULT, 128, 128, GIFT_SCALE_DTYPE_F32, GIFT_ROUND_NEAREST, \
+        0, 0, GIFT_NONFINITE_ERROR                                                                \
+  }
+
+/* What an encode saw; filled also when it fails with GIFT_ERROR_NONFINITE_INPUT. Its layout
+ * is fixed (device code writes it), so it has no size header and never grows. */
 typedef struct {
   float amax;               /* largest finite magnitude in the tensor */
   uint64_t nonfinite_count; /* NaN and Inf elements */
   uint64_t first_nonfinite; /* flat index of the first one, or UINT64_MAX */
 } giftEncodeStats;
 
-/* Defaults: E4M3, blocks of 128, fp32 scales, round to nearest, non-finite is an error,
- * all threads. */
+/* Sets *params to GIFT_QUANT_PARAMS_INIT. */
 GIFT_API void giftQuantParamsInit(giftQuantParams* params);
 
 /* Checks a parameter set; the message says which field is wrong. */
@@ -124,21 +145,40 @@ GIFT_API giftResult_t giftScaleCount(const giftQuantParams* params, uint64_t row
 GIFT_API giftResult_t giftScaleBytes(const giftQuantParams* params, uint64_t rows, uint64_t cols,
                                      uint64_t* bytes);
 
+/* A codec context: runtime settings that are not part of the format (how many threads),
+ * kept apart from the parameters that decide the bytes. One context serves one thread at a
+ * time; every call that takes one accepts NULL for the defaults (all processors, or the
+ * OpenMP thread limit of the calling thread when that is lower). */
+typedef struct giftCtx giftCtx;
+GIFT_API giftResult_t giftCtxCreate(giftCtx** ctx);
+GIFT_API void giftCtxFree(giftCtx* ctx);
+/* 0: the default; otherwise at most this many threads (capped at the processors). */
+GIFT_API giftResult_t giftCtxSetThreads(giftCtx* ctx, int threads);
+
 /* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same
  * order as the input) and the scales. `stats` may be NULL. */
-GIFT_API giftResult_t giftEncode(const giftQuantParams* params, const void* src,
+GIFT_API giftResult_t giftEncode(const giftCtx* ctx, const giftQuantParams* params, const void* src,
                                  giftDType_t src_dtype, uint64_t rows, uint64_t cols,
                                  uint8_t* codes, void* scales, uint64_t scales_bytes,
                                  giftEncodeStats* stats);
 
 /* Decodes codes and scales back to rows*cols elements of `dst_dtype` (fp32 exactly
  * code*scale; bf16 and fp16 round that to nearest even). */
-GIFT_API giftResult_t giftDecode(const giftQuantParams* params, const uint8_t* codes,
-                                 const void* scales, uint64_t scales_bytes, uint64_t rows,
-                                 uint64_t cols, void* dst, giftDType_t dst_dtype);
+GIFT_API giftResult_t giftDecode(const giftCtx* ctx, const giftQuantParams* params,
+                                 const uint8_t* codes, const void* scales, uint64_t scales_bytes,
+                                 uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype);
+
+/* Converts n elements between fp32, bf16 and fp16 (fp32 -> bf16/fp16 round to nearest even,
+ * as FORMAT.md 1.10; widening is exact). src and dst may not overlap unless equal with the
+ * same dtype. */
+GIFT_API giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void* dst,
+                                  giftDType_t dst_dtype, uint64_t n);
 
 /* Error of `approx` against `ref` (both rows x cols fp32). */
 typedef struct {
+  size_t size; /* sizeof(giftErrorMetrics) */
+  unsigned int magic;
+  unsigned int version;
   double rel_l2;    /* ||approx - ref||_F / ||ref||_F (0 when both are zero) */
   double cosine;    /* <approx, ref> / (||approx|| ||ref||) (1 when both are zero) */
   double max_abs;   /* max |approx - ref| */
@@ -151,14 +191,23 @@ typedef struct {
   double sum_ref_asq, sum_err_asq;
 } giftErrorMetrics;
 
+/* All sums zero, ratios as for two empty tensors: the start of a merge. */
+#define GIFT_ERROR_METRICS_INIT                                                                 \
+  {                                                                                             \
+    sizeof(giftErrorMetrics), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 0.0, 1.0, 0.0, 0.0, -1.0, \
+        0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0                                                    \
+  }
+GIFT_API void giftErrorMetricsInit(giftErrorMetrics* metrics);
+
 /* `a` may be NULL; otherwise it is the cols x cols symmetric positive semi-definite matrix
  * (row-major fp32) defining the A-norm. */
 GIFT_API giftResult_t giftComputeErrorMetrics(const float* ref, const float* approx, uint64_t rows,
                                               uint64_t cols, const float* a, giftErrorMetrics* out);
 
-/* Adds `part` into `total` (start from a zeroed struct): the metrics of all tensors seen
- * as one. rel_anorm of the total covers the parts measured with an A (-1 when none was). */
-GIFT_API void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetrics* part);
+/* Adds `part` into `total` (start from GIFT_ERROR_METRICS_INIT): the metrics of all tensors
+ * seen as one. rel_anorm of the total covers the parts measured with an A (-1 when none
+ * was). */
+GIFT_API giftResult_t giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetrics* part);
 
 /* ---- GIFT frames: the wire and file format (format/FORMAT.md, section 2) -------------- */
 
@@ -167,6 +216,14 @@ GIFT_API void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetr
 
 typedef struct giftFrame giftFrame;
 typedef struct giftFrameWriter giftFrameWriter;
+
+/* A basis id: XXH3-128 of a basis's canonical bytes (FORMAT.md 2.4); all zero for none.
+ * Fixed layout. */
+typedef struct {
+  uint64_t lo, hi;
+} giftBasisId;
+
+typedef enum { GIFT_FRAME_TENSORS = 0, GIFT_FRAME_BASIS = 1 } giftFrameKind_t;
 
 /* Opens and verifies a frame held in memory: preamble, header checksum, the FlatBuffers
  * header, and every field, shape and section reference (section checksums are checked as
@@ -180,13 +237,61 @@ GIFT_API giftResult_t giftFrameOpenFile(const char* path, giftFrame** frame);
 
 GIFT_API void giftFrameClose(giftFrame* frame);
 
+/* Threads decoding uses (0: the default, as for giftCtxSetThreads). */
+GIFT_API giftResult_t giftFrameSetThreads(giftFrame* frame, int threads);
+
+typedef struct {
+  size_t size; /* sizeof(giftFrameInfo) */
+  unsigned int magic;
+  unsigned int version;
+  uint32_t format_major, format_minor; /* of the frame */
+  giftFrameKind_t kind;
+  const char* producer; /* valid until giftFrameClose; "" when absent */
+  uint64_t tensor_count;
+  uint64_t metadata_count;
+  int has_basis;        /* 1: the frame carries a basis (giftFrameEmbeddedBasis) */
+  giftBasisId basis_id; /* of the embedded basis, or of a basis frame itself */
+  uint64_t bytes;       /* of the whole frame */
+} giftFrameInfo;
+
+#define GIFT_FRAME_INFO_INIT                                                                     \
+  {                                                                                              \
+    sizeof(giftFrameInfo), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 0, 0, GIFT_FRAME_TENSORS, "", \
+        0, 0, 0, {0, 0}, 0                                                                       \
+  }
+GIFT_API giftResult_t giftFrameGetInfo(const giftFrame* frame, giftFrameInfo* info);
+
 GIFT_API uint64_t giftFrameTensorCount(const giftFrame* frame);
 
 /* Metadata entry `index` (GIFT_ERROR_NOT_FOUND past the last); strings valid until close. */
 GIFT_API giftResult_t giftFrameMetadata(const giftFrame* frame, uint64_t index, const char** key,
                                         const char** value);
 
+/* Why a tensor is in the coordinates it is in: the encoder's measurement (FORMAT.md 2.2,
+ * Tensor.selection). Strings are valid until giftFrameClose, or for giftSelection filled by
+ * an encode, until the writer is freed. */
 typedef struct {
+  size_t size; /* sizeof(giftSelection) */
+  unsigned int magic;
+  unsigned int version;
+  int made; /* 0: the encoder did not choose (no basis, or Euclidean asked) */
+  giftCoords_t chosen;
+  float euclidean_error;  /* estimated relative L2 round-trip errors; NaN: not estimated, */
+  float gift_error;       /* Inf: the trial encode failed */
+  double transform_flops; /* cost of the whitening */
+  const char* reason;
+} giftSelection;
+
+#define GIFT_SELECTION_INIT                                                                        \
+  {                                                                                                \
+    sizeof(giftSelection), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 0, GIFT_COORDS_EUCLIDEAN, 0.0f, \
+        0.0f, 0.0, ""                                                                              \
+  }
+
+typedef struct {
+  size_t size; /* sizeof(giftTensorInfo) */
+  unsigned int magic;
+  unsigned int version;
   const char* name; /* UTF-8, valid until giftFrameClose */
   uint32_t ndim;
   const uint64_t* shape; /* ndim entries, valid until giftFrameClose */
@@ -194,10 +299,24 @@ typedef struct {
   giftDType_t dtype;      /* of the original tensor */
   int raw;                /* 1: stored losslessly as its original bytes; params unused */
   giftCoords_t coords;    /* GIFT: encoded in the GIFT coordinates of a basis (see decode) */
-  giftQuantParams params; /* how it was encoded (threads = 0) */
+  giftBasisId basis_id;   /* the basis of GIFT coordinates; zero otherwise */
+  giftQuantParams params; /* how it was encoded */
   uint64_t stored_bytes;  /* codes + scales as stored in the frame */
   uint64_t raw_bytes;     /* codes + scales after decompression */
+  int compressed;         /* 1: a section of it is zstd-compressed */
+  giftSelection selection;
+  int has_stats; /* the encoder's statistics, informative: */
+  float amax;    /* largest finite magnitude of the encoded values */
+  float rms;     /* root mean square of the finite ones */
+  uint64_t nonfinite_count;
 } giftTensorInfo;
+
+#define GIFT_TENSOR_INFO_INIT                                                                      \
+  {                                                                                                \
+    sizeof(giftTensorInfo), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 0, 0, 0, 0, GIFT_DTYPE_F32, 0, \
+        GIFT_COORDS_EUCLIDEAN, {0, 0}, GIFT_QUANT_PARAMS_INIT, 0, 0, 0, GIFT_SELECTION_INIT, 0,    \
+        0.0f, 0.0f, 0                                                                              \
+  }
 
 GIFT_API giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index,
                                           giftTensorInfo* info);
@@ -222,6 +341,9 @@ GIFT_API giftResult_t giftFrameVerify(giftFrame* frame);
 GIFT_API giftResult_t giftFrameWriterCreate(giftFrameWriter** writer);
 GIFT_API void giftFrameWriterFree(giftFrameWriter* writer);
 
+/* Threads encoding uses (0: the default, as for giftCtxSetThreads). */
+GIFT_API giftResult_t giftFrameWriterSetThreads(giftFrameWriter* writer, int threads);
+
 /* zstd level for the data sections of tensors added afterwards; 0 (the default) stores them
  * uncompressed. A section that does not shrink is stored uncompressed. */
 GIFT_API giftResult_t giftFrameWriterSetCompression(giftFrameWriter* writer, int zstd_level);
@@ -242,6 +364,13 @@ GIFT_API giftResult_t giftFrameWriterFinish(giftFrameWriter* writer, void** data
 GIFT_API giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const char* path);
 
 GIFT_API void giftFree(void* p);
+
+/* Writes `size` bytes to `path` through a temporary file in the same folder, fsync and a
+ * rename, so a failure never leaves a partial file under that name. */
+GIFT_API giftResult_t giftWriteFile(const char* path, const void* data, uint64_t size);
+
+/* The instruction set the CPU codec dispatches to on this machine ("AVX3", "AVX2", ...). */
+GIFT_API const char* giftCpuTargetName(void);
 
 GIFT_API const char* giftGetErrorString(giftResult_t result);
 GIFT_API const char* giftGetLastErrorMessage(void);

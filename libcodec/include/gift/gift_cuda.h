@@ -35,7 +35,7 @@ GIFT_API giftResult_t giftEncodeDeviceWorkspaceSize(const giftQuantParams* param
  * non-finite count and first non-finite index once the stream has run the encode. With
  * params->nonfinite ERROR, a non-zero count there is the caller's GIFT_ERROR_NONFINITE_INPUT
  * (the codes are those the CPU writes before it reports that error); with `stats` NULL
- * non-finite input goes unreported. params->threads is ignored. */
+ * non-finite input goes unreported. */
 GIFT_API giftResult_t giftEncodeDevice(const giftQuantParams* params, const void* src,
                                        giftDType_t src_dtype, uint64_t rows, uint64_t cols,
                                        uint8_t* codes, void* scales, uint64_t scales_bytes,
@@ -48,6 +48,13 @@ GIFT_API giftResult_t giftDecodeDevice(const giftQuantParams* params, const uint
                                        const void* scales, uint64_t scales_bytes, uint64_t rows,
                                        uint64_t cols, void* dst, giftDType_t dst_dtype,
                                        cudaStream_t stream);
+
+/* Frames coded on the current CUDA device (enable 1) or on the CPU (0, the default): the
+ * writer's encodes and the frame's decodes run the kernels above on host buffers (each
+ * tensor uploaded, coded and downloaded), with the same bytes and values as on the CPU. The
+ * choice of coordinates and the whitening stay on the CPU. */
+GIFT_API giftResult_t giftFrameWriterUseCuda(giftFrameWriter* writer, int enable);
+GIFT_API giftResult_t giftFrameUseCuda(giftFrame* frame, int enable);
 
 /* Number of usable CUDA devices (0 when there is no device or no driver); never fails. */
 GIFT_API int giftCudaDeviceCount(void);

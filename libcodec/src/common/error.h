@@ -12,4 +12,7 @@ giftResult_t fail(giftResult_t code, const char* fmt, ...) __attribute__((format
 // Clears the message at the start of an API call.
 void clear_error();
 
+// The calling thread's message (giftGetLastErrorMessage).
+const char* last_message();
+
 }  // namespace gift

@@ -474,7 +474,7 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, gi
   if (e.elements == 0) return GIFT_OK;
   std::vector<uint8_t> aligned;
   scales = aligned_scales(e, scales, &aligned);
-  return decoder_(&e.params, codes, scales, scale_bytes, e.rows, e.cols, dst, dst_dtype);
+  return decoder_(&ctx_, &e.params, codes, scales, scale_bytes, e.rows, e.cols, dst, dst_dtype);
 }
 
 giftResult_t FrameReader::verify_all() const {
@@ -517,7 +517,7 @@ giftResult_t FrameReader::verify_all() const {
       giftScaleBytes(&p, rows, e.cols, &band_scale_bytes);
       out.resize(rows * e.cols);
       if (const giftResult_t r =
-              giftDecode(&p, codes + r0 * e.cols, scales + first_group * scale_size,
+              giftDecode(&ctx_, &p, codes + r0 * e.cols, scales + first_group * scale_size,
                          band_scale_bytes, rows, e.cols, out.data(), GIFT_DTYPE_F32)) {
         return r;
       }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/ctx.h"
 #include "gift/gift.h"
 
 namespace gift::fb {
@@ -45,6 +46,7 @@ class FrameReader {
                            std::unique_ptr<FrameReader>* out);
 
   uint16_t minor_version() const { return minor_; }
+  uint64_t frame_length() const { return frame_length_; }
   const std::string& name() const { return name_; }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   const fb::Frame* header() const { return header_; }
@@ -72,6 +74,7 @@ class FrameReader {
   // The codec decode() runs: giftDecode, or one with its contract on other hardware
   // (giftc --device cuda). verify_all() always decodes on the CPU.
   void set_decoder(decltype(&giftDecode) decoder) { decoder_ = decoder; }
+  void set_threads(int threads) { ctx_.threads = threads; }
 
  private:
   giftResult_t verify_structure();
@@ -87,6 +90,7 @@ class FrameReader {
   const fb::Frame* header_ = nullptr;
   std::vector<TensorEntry> tensors_;
   decltype(&giftDecode) decoder_ = &giftDecode;
+  giftCtx ctx_;
 };
 
 }  // namespace gift::container

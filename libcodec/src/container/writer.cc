@@ -121,11 +121,10 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
       return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
     }
     std::vector<uint8_t> codes(shape.elements), scales(scale_bytes);
-    if (const giftResult_t r = encoder_(params, data, data_dtype, shape.rows, shape.cols,
+    if (const giftResult_t r = encoder_(&ctx_, params, data, data_dtype, shape.rows, shape.cols,
                                         codes.data(), scales.data(), scale_bytes, &t.stats)) {
       return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
     }
-    t.params.threads = 0;
     t.codes = store_section(std::move(codes), zstd_level_);
     t.scales = store_section(std::move(scales), zstd_level_);
   }
@@ -250,6 +249,10 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
 }
 
 giftResult_t write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
+  return write_file_atomically(path, bytes.data(), bytes.size());
+}
+
+giftResult_t write_file_atomically(const std::string& path, const uint8_t* data, uint64_t size) {
   // A fresh name in the same folder (so the rename is atomic), created with the permissions
   // a plain create would give under the process umask.
   std::string tmp;
@@ -266,9 +269,9 @@ giftResult_t write_file_atomically(const std::string& path, const std::vector<ui
     return fail(GIFT_ERROR_IO, "%s: cannot create a temporary file: %s", path.c_str(),
                 std::strerror(errno));
   }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int e = errno;
@@ -276,7 +279,7 @@ giftResult_t write_file_atomically(const std::string& path, const std::vector<ui
       ::unlink(tmp.c_str());
       return fail(GIFT_ERROR_IO, "%s: write failed: %s", path.c_str(), std::strerror(e));
     }
-    done += size_t(n);
+    done += uint64_t(n);
   }
   const bool synced = ::fsync(fd) == 0;
   const int sync_errno = errno;

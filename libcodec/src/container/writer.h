@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/ctx.h"
 #include "container/sections.h"
 #include "gift/gift.h"
 
@@ -35,6 +36,8 @@ struct CoordsChoice {
 class FrameWriter {
  public:
   void set_compression(int zstd_level) { zstd_level_ = zstd_level; }
+  int compression() const { return zstd_level_; }
+  void set_threads(int threads) { ctx_.threads = threads; }
   // The codec add_tensor runs: giftEncode, or one with its contract on other hardware
   // (giftc --device cuda).
   void set_encoder(decltype(&giftEncode) encoder) { encoder_ = encoder; }
@@ -52,8 +55,8 @@ class FrameWriter {
     basis_hi_ = hi;
   }
   giftResult_t add_metadata(std::string key, std::string value);
-  // params == nullptr: stored losslessly. `dtype` is the tensor's own type; data_dtype that
-  // of `data` (fp32 for values already moved into a GIFT frame).
+  // params == nullptr: stored losslessly; otherwise valid (gift::load_params). `dtype` is the
+  // tensor's own type; data_dtype that of `data` (fp32 for values already moved into a GIFT frame).
   giftResult_t add_tensor(const std::string& name, const TensorShape& shape, giftDType_t dtype,
                           const void* data, const giftQuantParams* params,
                           const CoordsChoice* coords = nullptr, int data_dtype = -1);
@@ -75,6 +78,7 @@ class FrameWriter {
   uint64_t basis_lo_ = 0, basis_hi_ = 0;
   StoredSection embedded_;
   int zstd_level_ = 0;
+  giftCtx ctx_;
   decltype(&giftEncode) encoder_ = &giftEncode;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Pending> tensors_;
@@ -82,5 +86,6 @@ class FrameWriter {
 
 // Writes bytes to path via a temporary file in the same folder and a rename.
 giftResult_t write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes);
+giftResult_t write_file_atomically(const std::string& path, const uint8_t* data, uint64_t size);
 
 }  // namespace gift::container

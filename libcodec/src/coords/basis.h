@@ -42,8 +42,11 @@ BasisId basis_id(const std::vector<BasisEntry>& sorted_entries);
 // Sorts the entries and sets the id.
 void finish_basis(Basis* b);
 
-giftResult_t serialize_basis(const Basis& b, int zstd_level, std::vector<uint8_t>* out);
-giftResult_t parse_basis(const uint8_t* bytes, uint64_t size, const std::string& name, Basis* out);
-giftResult_t read_basis_file(const std::string& path, Basis* out);
+// The five arrays of a whitener in canonical order, with the names FORMAT.md 2.4 gives
+// their tensors in a basis frame ("NAME#v", ...).
+constexpr int kWhitenerParts = 5;
+extern const char* const kWhitenerPartNames[kWhitenerParts];
+std::vector<float>& whitener_part(Whitener& w, int i);
+const std::vector<float>& whitener_part(const Whitener& w, int i);
 
 }  // namespace gift::coords

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/ctx.h"
 #include "common/error.h"
 #include "numerics/elementwise.h"
 #include "numerics/fp_env.h"
@@ -22,13 +23,6 @@ using num::Fp8;
 // thread busy (tensor and row layouts), is split into chunks across threads.
 constexpr uint64_t kSplitGroupElems = uint64_t(1) << 18;
 constexpr uint64_t kChunkElems = uint64_t(1) << 16;
-
-// More threads than processors never helps a streaming pass, and an unbounded request could
-// make the OpenMP runtime fail to start them.
-int thread_count(const giftQuantParams& p) {
-  const int procs = std::max(1, omp_get_num_procs());
-  return p.threads > 0 ? std::min(p.threads, procs) : std::min(omp_get_max_threads(), procs);
-}
 
 const uint8_t* at(const void* base, giftDType_t dtype, uint64_t index) {
   return static_cast<const uint8_t*>(base) + index * dtype_size(dtype);
@@ -240,12 +234,12 @@ bool split_groups(const GroupGrid& grid, int threads) {
 
 size_t dtype_size(giftDType_t dtype) { return dtype == GIFT_DTYPE_F32 ? 4 : 2; }
 
-giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_t src_dtype,
-                           uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
-                           giftEncodeStats* stats) {
+giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const void* src,
+                           giftDType_t src_dtype, uint64_t rows, uint64_t cols, uint8_t* codes,
+                           void* scales, giftEncodeStats* stats) {
   const num::FpEnvGuard fp_env;  // the calling thread's serial parts (scales of split groups)
   const GroupGrid grid = group_grid(p, rows, cols);
-  const int threads = thread_count(p);
+  const int threads = thread_count(ctx);
   const int64_t groups = static_cast<int64_t>(grid.count());
   Census total;
   if (p.layout == GIFT_SCALE_BLOCK && p.rounding == GIFT_ROUND_NEAREST) {
@@ -284,11 +278,12 @@ giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s
               cols ? i % cols : 0);
 }
 
-void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* scales,
-                   uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype) {
+void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* codes,
+                   const void* scales, uint64_t rows, uint64_t cols, void* dst,
+                   giftDType_t dst_dtype) {
   const num::FpEnvGuard fp_env;
   const GroupGrid grid = group_grid(p, rows, cols);
-  const int threads = thread_count(p);
+  const int threads = thread_count(ctx);
   const int64_t groups = static_cast<int64_t>(grid.count());
   uint8_t* out = static_cast<uint8_t*>(dst);
   const size_t width = dtype_size(dst_dtype);

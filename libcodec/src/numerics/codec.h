@@ -8,24 +8,28 @@
 
 namespace gift {
 
-// Assumes validated params and buffers of the right sizes.
-giftResult_t encode_tensor(const giftQuantParams& p, const void* src, giftDType_t src_dtype,
-                           uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
-                           giftEncodeStats* stats);
+// The caller's params checked (header and fields) and copied over the defaults.
+giftResult_t load_params(const giftQuantParams* in, giftQuantParams* out);
+
+// Assumes validated params and buffers of the right sizes; ctx may be null.
+giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const void* src,
+                           giftDType_t src_dtype, uint64_t rows, uint64_t cols, uint8_t* codes,
+                           void* scales, giftEncodeStats* stats);
 
 // What an encode that saw `s` returns under p's non-finite policy: GIFT_OK, or
 // GIFT_ERROR_NONFINITE_INPUT naming the count and the first element (for every encoder).
 giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s, uint64_t cols);
 
-void decode_tensor(const giftQuantParams& p, const uint8_t* codes, const void* scales,
-                   uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype);
+void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* codes,
+                   const void* scales, uint64_t rows, uint64_t cols, void* dst,
+                   giftDType_t dst_dtype);
 
 size_t dtype_size(giftDType_t dtype);
 
-// The argument checks of giftEncode/giftDecode and their device forms: params valid, dtype
+// The argument checks of giftEncode/giftDecode and their device forms, after load_params:
 // known, pointers present, the scales buffer large enough (data and codes are `data` and
 // `codes` whichever way the call goes).
-giftResult_t check_codec_buffers(const giftQuantParams* p, const void* data, giftDType_t dtype,
+giftResult_t check_codec_buffers(const giftQuantParams& p, const void* data, giftDType_t dtype,
                                  uint64_t rows, uint64_t cols, const void* codes,
                                  const void* scales, uint64_t scales_bytes);
 

@@ -1,5 +1,7 @@
 // Error metrics shared by tests, the CLI and benchmarks. Sums run in double so the metric
 // itself adds no error visible at FP8 precision.
+#include "numerics/metrics.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "common/error.h"
-#include "gift/gift.h"
 
 namespace gift {
 namespace {
@@ -37,10 +38,7 @@ void finish_ratios(giftErrorMetrics* m) {
   m->bias = m->count ? m->sum_err / double(m->count) : 0.0;
 }
 
-}  // namespace gift
-
-extern "C" void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetrics* part) {
-  if (!total || !part) return;
+void merge_metrics(giftErrorMetrics* total, const giftErrorMetrics* part) {
   total->sum_ref_sq += part->sum_ref_sq;
   total->sum_approx_sq += part->sum_approx_sq;
   total->sum_err_sq += part->sum_err_sq;
@@ -55,19 +53,16 @@ extern "C" void giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMe
   total->rel_anorm = total->sum_ref_asq > 0
                          ? std::sqrt(std::max(total->sum_err_asq, 0.0) / total->sum_ref_asq)
                          : -1.0;
-  gift::finish_ratios(total);
+  finish_ratios(total);
 }
 
-extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* approx,
-                                                uint64_t rows, uint64_t cols, const float* a,
-                                                giftErrorMetrics* out) {
-  using gift::fail;
-  gift::clear_error();
+giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t rows, uint64_t cols,
+                             const float* a, giftErrorMetrics* out) {
   if (cols && rows > UINT64_MAX / cols) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftComputeErrorMetrics: shape overflows 64 bits");
   }
   const uint64_t n = rows * cols;
-  if (!out || (n && (!ref || !approx))) {
+  if (n && (!ref || !approx)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftComputeErrorMetrics: null pointer");
   }
   if (a && cols > 0 && cols > uint64_t(INT32_MAX)) {
@@ -94,12 +89,12 @@ extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* a
   out->sum_err = sum_e;
   out->count = n;
   out->sum_ref_asq = out->sum_err_asq = 0.0;
-  gift::finish_ratios(out);
+  finish_ratios(out);
   if (a && n) try {
       std::vector<float> diff(n);
       for (uint64_t i = 0; i < n; ++i) diff[i] = approx[i] - ref[i];
-      const double num = gift::a_quadratic(diff.data(), rows, cols, a);
-      const double den = gift::a_quadratic(ref, rows, cols, a);
+      const double num = a_quadratic(diff.data(), rows, cols, a);
+      const double den = a_quadratic(ref, rows, cols, a);
       out->sum_err_asq = num;
       out->sum_ref_asq = den;
       out->rel_anorm = den > 0 ? std::sqrt(std::max(num, 0.0) / den) : (num > 0 ? INFINITY : 0.0);
@@ -109,3 +104,5 @@ extern "C" giftResult_t giftComputeErrorMetrics(const float* ref, const float* a
     }
   return GIFT_OK;
 }
+
+}  // namespace gift

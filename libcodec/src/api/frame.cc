@@ -1,26 +1,18 @@
 // The C API of frames: opaque handles over FrameReader and FrameWriter.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
+#include "api/coords_frames.h"
+#include "api/frame_basis.h"
+#include "api/handles.h"
 #include "common/error.h"
-#include "container/reader.h"
-#include "container/writer.h"
-#include "coords/select.h"
+#include "common/sized.h"
 #include "gift_generated.h"
+#include "numerics/codec.h"
 
 using gift::fail;
-
-struct giftFrame {
-  std::unique_ptr<gift::container::FrameReader> reader;
-  // The embedded basis, parsed on first use by a tensor in GIFT coordinates and kept.
-  bool basis_read = false, has_basis = false;
-  gift::coords::Basis basis;
-};
-
-struct giftFrameWriter {
-  gift::container::FrameWriter writer;
-};
 
 namespace {
 
@@ -32,11 +24,21 @@ giftResult_t open_source(std::unique_ptr<gift::container::ByteSource> src, const
   return *frame ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
 }
 
-// What tensors in GIFT coordinates of `frame` decode with: its embedded basis, or none.
-giftResult_t frame_basis(giftFrame* frame, const gift::coords::Basis** out) {
+bool in_gift_coords(const giftFrame* frame, uint64_t index) {
+  const auto& ts = frame->reader->tensors();
+  return index < ts.size() && ts[index].fb->coords() == gift::fb::Coords::Gift;
+}
+
+giftBasisId id_of(const gift::fb::BasisId* id) {
+  return id ? giftBasisId{id->lo(), id->hi()} : giftBasisId{0, 0};
+}
+
+}  // namespace
+
+giftResult_t gift::frame_basis(giftFrame* frame, const giftBasis** out) {
   if (!frame->basis_read) {
-    if (const giftResult_t r =
-            gift::coords::read_embedded_basis(*frame->reader, &frame->basis, &frame->has_basis))
+    if (const giftResult_t r = gift::coords::read_embedded_basis(
+            *frame->reader, &frame->basis.basis, &frame->has_basis))
       return r;
     frame->basis_read = true;
   }
@@ -44,12 +46,25 @@ giftResult_t frame_basis(giftFrame* frame, const gift::coords::Basis** out) {
   return GIFT_OK;
 }
 
-bool in_gift_coords(const giftFrame* frame, uint64_t index) {
-  const auto& ts = frame->reader->tensors();
-  return index < ts.size() && ts[index].fb->coords() == gift::fb::Coords::Gift;
+giftResult_t gift::decode_with_basis(giftFrame* frame, uint64_t index, const giftBasis* given,
+                                     void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
+  try {
+    const giftBasis* basis = given;
+    if (in_gift_coords(frame, index)) {
+      // The caller's buffer first, as for every tensor, then the basis.
+      if (const giftResult_t r = frame->reader->check_output(index, dst, dst_bytes, dst_dtype))
+        return r;
+      if (!basis) {
+        if (const giftResult_t r = frame_basis(frame, &basis)) return r;
+      }
+    }
+    return gift::coords::decode_in_basis(
+        *frame->reader, size_t(index), basis ? &basis->basis : nullptr, dst, dst_bytes, dst_dtype);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
+  }
 }
-
-}  // namespace
 
 extern "C" {
 
@@ -80,6 +95,32 @@ giftResult_t giftFrameOpenFile(const char* path, giftFrame** frame) {
 
 void giftFrameClose(giftFrame* frame) { delete frame; }
 
+giftResult_t giftFrameSetThreads(giftFrame* frame, int threads) {
+  gift::clear_error();
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameSetThreads: null frame");
+  if (threads < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "threads is negative (%d)", threads);
+  frame->reader->set_threads(threads);
+  return GIFT_OK;
+}
+
+giftResult_t giftFrameGetInfo(const giftFrame* frame, giftFrameInfo* info) {
+  gift::clear_error();
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameGetInfo: null frame");
+  const gift::container::FrameReader& r = *frame->reader;
+  const gift::fb::Frame* h = r.header();
+  giftFrameInfo f = GIFT_FRAME_INFO_INIT;
+  f.format_major = GIFT_FORMAT_MAJOR;
+  f.format_minor = r.minor_version();
+  f.kind = h->kind() == gift::fb::FrameKind::Basis ? GIFT_FRAME_BASIS : GIFT_FRAME_TENSORS;
+  f.producer = h->producer() ? h->producer()->c_str() : "";
+  f.tensor_count = r.tensors().size();
+  f.metadata_count = h->metadata() ? h->metadata()->size() : 0;
+  f.has_basis = h->basis() != nullptr;
+  f.basis_id = id_of(h->basis_id());
+  f.bytes = r.frame_length();
+  return gift::write_sized(f, info, "giftFrameInfo");
+}
+
 uint64_t giftFrameTensorCount(const giftFrame* frame) {
   return frame ? frame->reader->tensors().size() : 0;
 }
@@ -100,28 +141,47 @@ giftResult_t giftFrameMetadata(const giftFrame* frame, uint64_t index, const cha
 
 giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTensorInfo* info) {
   gift::clear_error();
-  if (!frame || !info)
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameTensorInfo: null pointer");
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameTensorInfo: null frame");
+  if (const giftResult_t r = gift::check_sized(info, "giftTensorInfo")) return r;
   const auto& ts = frame->reader->tensors();
   if (index >= ts.size())
     return fail(GIFT_ERROR_NOT_FOUND, "no tensor %llu", (unsigned long long)index);
   const gift::container::TensorEntry& e = ts[index];
-  *info = giftTensorInfo{};
-  info->name = e.fb->name()->c_str();
-  info->ndim = uint32_t(e.shape.size());
-  info->shape = e.shape.data();
-  info->elements = e.elements;
-  info->dtype = e.dtype;
-  info->raw = e.raw;
-  info->coords =
-      e.fb->coords() == gift::fb::Coords::Gift ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
-  info->params = e.params;
-  for (const gift::fb::Section* s : {e.fb->codes(), e.fb->scales()}) {
+  const gift::fb::Tensor* t = e.fb;
+  giftTensorInfo i = GIFT_TENSOR_INFO_INIT;
+  i.name = t->name()->c_str();
+  i.ndim = uint32_t(e.shape.size());
+  i.shape = e.shape.data();
+  i.elements = e.elements;
+  i.dtype = e.dtype;
+  i.raw = e.raw;
+  const bool gift = t->coords() == gift::fb::Coords::Gift;
+  i.coords = gift ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
+  if (gift) i.basis_id = id_of(t->basis_id());
+  if (!e.raw) i.params = e.params;
+  for (const gift::fb::Section* s : {t->codes(), t->scales()}) {
     if (!s) continue;
-    info->stored_bytes += s->stored_length();
-    info->raw_bytes += s->raw_length();
+    i.stored_bytes += s->stored_length();
+    i.raw_bytes += s->raw_length();
+    i.compressed |= s->compression() != gift::fb::Compression::None;
   }
-  return GIFT_OK;
+  i.selection.euclidean_error = i.selection.gift_error = NAN;
+  if (const gift::fb::Selection* s = t->selection()) {
+    i.selection.made = 1;
+    i.selection.chosen =
+        s->chosen() == gift::fb::Coords::Gift ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
+    i.selection.euclidean_error = s->euclidean_error();
+    i.selection.gift_error = s->gift_error();
+    i.selection.transform_flops = s->transform_flops();
+    i.selection.reason = s->reason() ? s->reason()->c_str() : "";
+  }
+  if (const gift::fb::Stats* s = t->stats()) {
+    i.has_stats = 1;
+    i.amax = s->amax();
+    i.rms = s->rms();
+    i.nonfinite_count = s->nonfinite_count();
+  }
+  return gift::write_sized(i, info, "giftTensorInfo");
 }
 
 giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* name, uint64_t* index) {
@@ -141,21 +201,7 @@ giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* name, uint6
 giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, uint64_t dst_bytes,
                                    giftDType_t dst_dtype) {
   gift::clear_error();
-  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
-  try {
-    // tensors in GIFT coordinates use the frame's embedded basis.
-    const gift::coords::Basis* basis = nullptr;
-    if (in_gift_coords(frame, index)) {
-      // The caller's buffer first, as for every tensor, then the basis.
-      if (const giftResult_t r = frame->reader->check_output(index, dst, dst_bytes, dst_dtype))
-        return r;
-      if (const giftResult_t r = frame_basis(frame, &basis)) return r;
-    }
-    return gift::coords::decode_tensor(*frame->reader, size_t(index), basis, dst, dst_bytes,
-                                       dst_dtype);
-  } catch (const std::bad_alloc&) {
-    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
-  }
+  return gift::decode_with_basis(frame, index, nullptr, dst, dst_bytes, dst_dtype);
 }
 
 giftResult_t giftFrameTensorData(giftFrame* frame, uint64_t index, const uint8_t** codes,
@@ -200,14 +246,15 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
   try {
     if (const giftResult_t r = frame->reader->verify_all()) return r;
-    // The embedded basis is verified too, and tensors in GIFT coordinates need it, as decoding
-    // does.
-    const gift::coords::Basis* basis = nullptr;
-    if (const giftResult_t r = frame_basis(frame, &basis)) return r;
+    // The embedded basis is verified too, and tensors in GIFT coordinates need it, as
+    // decoding does.
+    const giftBasis* basis = nullptr;
+    if (const giftResult_t r = gift::frame_basis(frame, &basis)) return r;
     for (size_t i = 0; i < frame->reader->tensors().size(); ++i) {
       const gift::coords::Whitener* t = nullptr;
       if (!in_gift_coords(frame, i)) continue;
-      if (const giftResult_t r = gift::coords::resolve_whitener(*frame->reader, i, basis, &t))
+      if (const giftResult_t r = gift::coords::resolve_whitener(
+              *frame->reader, i, basis ? &basis->basis : nullptr, &t))
         return r;
     }
     return GIFT_OK;
@@ -224,6 +271,14 @@ giftResult_t giftFrameWriterCreate(giftFrameWriter** writer) {
 }
 
 void giftFrameWriterFree(giftFrameWriter* writer) { delete writer; }
+
+giftResult_t giftFrameWriterSetThreads(giftFrameWriter* writer, int threads) {
+  gift::clear_error();
+  if (!writer) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null writer");
+  if (threads < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "threads is negative (%d)", threads);
+  writer->writer.set_threads(threads);
+  return GIFT_OK;
+}
 
 giftResult_t giftFrameWriterSetCompression(giftFrameWriter* writer, int zstd_level) {
   gift::clear_error();
@@ -252,7 +307,12 @@ giftResult_t giftFrameWriterAddTensor(giftFrameWriter* writer, const char* name,
     if (const giftResult_t r = gift::container::make_shape(shape, ndim, &s)) {
       return fail(r, "tensor '%s': %s", name, giftGetLastErrorMessage());
     }
-    return writer->writer.add_tensor(name, s, dtype, data, params);
+    if (!params) return writer->writer.add_tensor(name, s, dtype, data, nullptr);
+    giftQuantParams p;
+    if (const giftResult_t r = gift::load_params(params, &p)) {
+      return fail(r, "tensor '%s': %s", name, giftGetLastErrorMessage());
+    }
+    return writer->writer.add_tensor(name, s, dtype, data, &p);
   } catch (const std::bad_alloc&) {
     return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while encoding '%s'", name);
   }
@@ -288,5 +348,12 @@ giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const char* path)
 }
 
 void giftFree(void* p) { std::free(p); }
+
+giftResult_t giftWriteFile(const char* path, const void* data, uint64_t size) {
+  gift::clear_error();
+  if (!path || (size && !data))
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftWriteFile: null pointer");
+  return gift::container::write_file_atomically(path, static_cast<const uint8_t*>(data), size);
+}
 
 }  // extern "C"

@@ -1,0 +1,210 @@
+// The C API of the codec: argument checks with precise messages, then the numerics.
+#include "numerics/codec.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <new>
+
+#include "common/ctx.h"
+#include "common/error.h"
+#include "common/sized.h"
+#include "gift/gift.h"
+#include "numerics/convert.h"
+#include "numerics/groups.h"
+#include "numerics/simd.h"
+
+using gift::fail;
+
+namespace {
+
+const giftQuantParams kDefaultParams = GIFT_QUANT_PARAMS_INIT;
+
+giftResult_t validate_fields(const giftQuantParams* p);
+
+}  // namespace
+
+giftResult_t gift::load_params(const giftQuantParams* in, giftQuantParams* out) {
+  if (const giftResult_t r = read_sized(in, kDefaultParams, out, "giftQuantParams")) return r;
+  return validate_fields(out);
+}
+
+giftResult_t gift::check_codec_buffers(const giftQuantParams& p, const void* data,
+                                       giftDType_t dtype, uint64_t rows, uint64_t cols,
+                                       const void* codes, const void* scales,
+                                       uint64_t scales_bytes) {
+  uint64_t need = 0;
+  if (const giftResult_t r = giftScaleBytes(&p, rows, cols, &need)) return r;
+  if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dtype));
+  }
+  if (rows * cols > 0 && (!data || !codes)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "data or codes pointer is NULL");
+  }
+  if (need > 0 && !scales) return fail(GIFT_ERROR_INVALID_ARGUMENT, "scales pointer is NULL");
+  if (scales_bytes < need) {
+    return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
+                "scales buffer holds %" PRIu64 " bytes, %" PRIu64 " needed", scales_bytes, need);
+  }
+  return GIFT_OK;
+}
+
+int gift::thread_count(const giftCtx* ctx) {
+  // More threads than processors never helps a streaming pass, and an unbounded request
+  // could make the OpenMP runtime fail to start them.
+  const int procs = std::max(1, omp_get_num_procs());
+  const int want = ctx && ctx->threads > 0 ? ctx->threads : omp_get_max_threads();
+  return std::min(want, procs);
+}
+
+namespace {
+
+// Enums are compared as integers: a C caller can pass any value.
+giftResult_t validate_fields(const giftQuantParams* p) {
+  if (p->kind != GIFT_FP8_E4M3 && p->kind != GIFT_FP8_E5M2) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown FP8 kind %d", int(p->kind));
+  }
+  switch (p->layout) {
+    case GIFT_SCALE_TENSOR:
+    case GIFT_SCALE_ROW:
+      break;
+    case GIFT_SCALE_BLOCK:
+      if (p->block < GIFT_BLOCK_MIN || p->block > GIFT_BLOCK_MAX || (p->block & (p->block - 1))) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                    "block size %" PRIu32 " is not a power of two in [%d, %d]", p->block,
+                    GIFT_BLOCK_MIN, GIFT_BLOCK_MAX);
+      }
+      break;
+    case GIFT_SCALE_TILE:
+      if (p->tile_rows < 1 || p->tile_cols < 1) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT, "tile %" PRIu32 "x%" PRIu32 " has a zero side",
+                    p->tile_rows, p->tile_cols);
+      }
+      break;
+    default:
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown scale layout %d", int(p->layout));
+  }
+  if (p->scale_dtype != GIFT_SCALE_DTYPE_F32 && p->scale_dtype != GIFT_SCALE_DTYPE_E8M0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown scale dtype %d", int(p->scale_dtype));
+  }
+  if (p->rounding != GIFT_ROUND_NEAREST && p->rounding != GIFT_ROUND_STOCHASTIC) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown rounding mode %d", int(p->rounding));
+  }
+  if (p->nonfinite != GIFT_NONFINITE_ERROR && p->nonfinite != GIFT_NONFINITE_KEEP) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown non-finite policy %d", int(p->nonfinite));
+  }
+  return GIFT_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+void giftQuantParamsInit(giftQuantParams* p) {
+  if (p) *p = kDefaultParams;
+}
+
+giftResult_t giftQuantParamsValidate(const giftQuantParams* p) {
+  gift::clear_error();
+  giftQuantParams q;
+  return gift::load_params(p, &q);
+}
+
+giftResult_t giftCtxCreate(giftCtx** ctx) {
+  gift::clear_error();
+  if (!ctx) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftCtxCreate: null pointer");
+  *ctx = new (std::nothrow) giftCtx();
+  return *ctx ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+}
+
+void giftCtxFree(giftCtx* ctx) { delete ctx; }
+
+giftResult_t giftCtxSetThreads(giftCtx* ctx, int threads) {
+  gift::clear_error();
+  if (!ctx) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftCtxSetThreads: null context");
+  if (threads < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "threads is negative (%d)", threads);
+  ctx->threads = threads;
+  return GIFT_OK;
+}
+
+giftResult_t giftScaleCount(const giftQuantParams* params, uint64_t rows, uint64_t cols,
+                            uint64_t* count) {
+  gift::clear_error();
+  giftQuantParams q;
+  if (const giftResult_t r = gift::load_params(params, &q)) return r;
+  const giftQuantParams* p = &q;
+  if (!count) return fail(GIFT_ERROR_INVALID_ARGUMENT, "count is NULL");
+  if (cols && rows > UINT64_MAX / cols) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape %" PRIu64 "x%" PRIu64 " overflows 64 bits",
+                rows, cols);
+  }
+  *count = gift::group_grid(*p, rows, cols).count();
+  return GIFT_OK;
+}
+
+giftResult_t giftScaleBytes(const giftQuantParams* params, uint64_t rows, uint64_t cols,
+                            uint64_t* bytes) {
+  uint64_t count = 0;
+  if (const giftResult_t r = giftScaleCount(params, rows, cols, &count)) return r;
+  giftQuantParams q;
+  gift::load_params(params, &q);  // valid: giftScaleCount checked it
+  const giftQuantParams* p = &q;
+  if (!bytes) return fail(GIFT_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+  if (count > UINT64_MAX / 4) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%" PRIu64 " scales overflow a 64-bit byte count",
+                count);
+  }
+  *bytes = count * (p->scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1);
+  return GIFT_OK;
+}
+
+giftResult_t giftEncode(const giftCtx* ctx, const giftQuantParams* params, const void* src,
+                        giftDType_t src_dtype, uint64_t rows, uint64_t cols, uint8_t* codes,
+                        void* scales, uint64_t scales_bytes, giftEncodeStats* stats) {
+  gift::clear_error();
+  giftQuantParams p;
+  if (const giftResult_t r = gift::load_params(params, &p)) return r;
+  if (const giftResult_t r =
+          gift::check_codec_buffers(p, src, src_dtype, rows, cols, codes, scales, scales_bytes)) {
+    return r;
+  }
+  try {
+    return gift::encode_tensor(ctx, p, src, src_dtype, rows, cols, codes, scales, stats);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while encoding");
+  }
+}
+
+giftResult_t giftDecode(const giftCtx* ctx, const giftQuantParams* params, const uint8_t* codes,
+                        const void* scales, uint64_t scales_bytes, uint64_t rows, uint64_t cols,
+                        void* dst, giftDType_t dst_dtype) {
+  gift::clear_error();
+  giftQuantParams p;
+  if (const giftResult_t r = gift::load_params(params, &p)) return r;
+  if (const giftResult_t r =
+          gift::check_codec_buffers(p, dst, dst_dtype, rows, cols, codes, scales, scales_bytes)) {
+    return r;
+  }
+  gift::decode_tensor(ctx, p, codes, scales, rows, cols, dst, dst_dtype);
+  return GIFT_OK;
+}
+
+unsigned giftVersionNumber(void) { return GIFT_VERSION_NUMBER; }
+
+const char* giftCpuTargetName(void) { return gift::simd::target_name(); }
+
+giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void* dst, giftDType_t dst_dtype,
+                         uint64_t n) {
+  gift::clear_error();
+  for (const giftDType_t d : {src_dtype, dst_dtype}) {
+    if (d != GIFT_DTYPE_F32 && d != GIFT_DTYPE_BF16 && d != GIFT_DTYPE_F16)
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(d));
+  }
+  if (n && (!src || !dst)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftConvert: null pointer");
+  if (n > UINT64_MAX / 4) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftConvert: count overflows");
+  gift::convert_elements(src, src_dtype, dst, dst_dtype, n);
+  return GIFT_OK;
+}
+
+}  // extern "C"
