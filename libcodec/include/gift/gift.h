@@ -137,6 +137,12 @@ GIFT_API giftResult_t giftDecode(const giftQuantParams* params, const uint8_t* c
                                  const void* scales, uint64_t scales_bytes, uint64_t rows,
                                  uint64_t cols, void* dst, giftDType_t dst_dtype);
 
+/* Converts n elements between fp32, bf16 and fp16 (fp32 -> bf16/fp16 round to nearest even, as
+ * FORMAT.md 1.10; widening is exact). src and dst may not overlap unless equal with the same
+ * dtype. */
+GIFT_API giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void* dst,
+                                  giftDType_t dst_dtype, uint64_t n);
+
 /* Error of `approx` against `ref` (both rows x cols fp32). */
 typedef struct {
   double rel_l2;    /* ||approx - ref||_F / ||ref||_F (0 when both are zero) */
