@@ -8,19 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "failure.h"
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
 
 namespace giftc {
-
-// Documented in man/giftc.1.
-enum Exit : int { kOk = 0, kUsage = 1, kBadInput = 2, kIoError = 3, kBasis = 4 };
-
-// Thrown inside giftc only; main() prints it and exits with its code.
-struct Failure : std::runtime_error {
-  Failure(int code, const std::string& message) : std::runtime_error(message), code(code) {}
-  int code;
-};
 
 int exit_code_for(giftResult_t r);
 

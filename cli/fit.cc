@@ -87,13 +87,12 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   // Inputs stay mapped; each tensor's moment is built, fitted and dropped in turn, so memory
   // holds one d_in x d_in matrix at a time.
   std::vector<gift::io::TensorFile> dumps(o.inputs.size());
-  for (size_t k = 0; k < o.inputs.size(); ++k)
-    check(gift::io::read_tensor_file(o.inputs[k], &dumps[k]));
+  for (size_t k = 0; k < o.inputs.size(); ++k) gift::io::read_tensor_file(o.inputs[k], &dumps[k]);
   gift::io::TensorFile acts;
   const std::string source = o.activations.empty() ? "gradients" : "activations";
   std::set<std::string> names;
   if (!o.activations.empty()) {
-    check(gift::io::read_tensor_file(o.activations, &acts));
+    gift::io::read_tensor_file(o.activations, &acts);
     for (const gift::io::TensorRef& t : acts.tensors) {
       if (t.shape.size() == 2 && t.shape[0] == t.shape[1] && t.shape[0] >= 16 &&
           t.shape[0] <= kMaxFitDim)

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "failure.h"
 #include "gift/gift.h"
 #include "io/npy.h"
 
@@ -78,9 +79,11 @@ int main(int argc, char** argv) {
   }
 
   gift::io::NpyArray a;
-  if (const giftResult_t r = gift::io::read_npy(path, &a)) {
-    std::fprintf(stderr, "error_table: %s\n", giftGetLastErrorMessage());
-    return exit_code(r);
+  try {
+    gift::io::read_npy(path, &a);
+  } catch (const giftc::Failure& f) {  // giftc's reader, with giftc's exit codes
+    std::fprintf(stderr, "error_table: %s\n", f.what());
+    return f.code;
   }
   // rows x cols view: the last dimension is cols.
   const uint64_t cols = a.shape.empty() ? 1 : a.shape.back();

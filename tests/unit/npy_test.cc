@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "failure.h"
 #include "gift/gift.h"
 
 namespace {
@@ -35,8 +38,24 @@ std::vector<uint8_t> floats(std::initializer_list<float> v) {
   return b;
 }
 
-giftResult_t parse(const std::vector<uint8_t>& bytes, gift::io::NpyArray* a) {
-  return gift::io::parse_npy(bytes.data(), bytes.size(), "t.npy", a);
+struct Outcome {
+  int code;  // giftc's exit code: kOk, or the Failure's
+  std::string message;
+};
+
+template <typename F>
+Outcome outcome(F&& f) {
+  try {
+    f();
+  } catch (const giftc::Failure& e) {
+    return {e.code, e.what()};
+  }
+  return {giftc::kOk, ""};
+}
+
+Outcome parse(const std::vector<uint8_t>& bytes, gift::io::NpyArray* a, size_t size = SIZE_MAX) {
+  return outcome(
+      [&] { gift::io::parse_npy(bytes.data(), std::min(size, bytes.size()), "t.npy", a); });
 }
 
 TEST(Npy, ReadsEveryVersionAndShape) {
@@ -44,9 +63,9 @@ TEST(Npy, ReadsEveryVersionAndShape) {
     gift::io::NpyArray a;
     ASSERT_EQ(parse(npy(major, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
                         floats({1, 2, 3, 4, 5, 6})),
-                    &a),
-              GIFT_OK)
-        << giftGetLastErrorMessage();
+                    &a)
+                  .code,
+              giftc::kOk);
     EXPECT_EQ(a.shape, (std::vector<uint64_t>{2, 3}));
     EXPECT_EQ(a.dtype, GIFT_DTYPE_F32);
     float v[6];
@@ -55,18 +74,21 @@ TEST(Npy, ReadsEveryVersionAndShape) {
   }
   gift::io::NpyArray a;
   ASSERT_EQ(
-      parse(npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", floats({7})), &a),
-      GIFT_OK);
+      parse(npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", floats({7})), &a)
+          .code,
+      giftc::kOk);
   EXPECT_TRUE(a.shape.empty());
   EXPECT_EQ(a.count(), 1u);
   ASSERT_EQ(parse(npy(1, "{'descr': '<f2', 'fortran_order': False, 'shape': (3,), }",
                       {0, 60, 0, 0, 0, 188}),
-                  &a),
-            GIFT_OK);
+                  &a)
+                .code,
+            giftc::kOk);
   EXPECT_EQ(a.dtype, GIFT_DTYPE_F16);
   EXPECT_EQ(a.shape, (std::vector<uint64_t>{3}));
-  ASSERT_EQ(parse(npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", {}), &a),
-            GIFT_OK);
+  ASSERT_EQ(
+      parse(npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", {}), &a).code,
+      giftc::kOk);
   EXPECT_EQ(a.count(), 0u);
 }
 
@@ -106,21 +128,22 @@ TEST(Npy, RejectsBadInputWithAPreciseMessage) {
       {long_header, "t.npy: not a supported .npy file: header longer than 64 KiB"},
   };
   for (const Case& c : cases) {
-    EXPECT_EQ(parse(c.bytes, &a), GIFT_ERROR_CORRUPT_INPUT) << c.message;
-    EXPECT_EQ(std::string(giftGetLastErrorMessage()), c.message);
+    const Outcome o = parse(c.bytes, &a);
+    EXPECT_EQ(o.code, giftc::kBadInput) << c.message;
+    EXPECT_EQ(o.message, c.message);
   }
   // Every truncation of a valid file is rejected, never read past its end.
   const std::vector<uint8_t> good = npy(1, ok, floats({1, 2}));
   for (size_t len = 0; len < good.size(); ++len) {
-    EXPECT_EQ(gift::io::parse_npy(good.data(), len, "t.npy", &a), GIFT_ERROR_CORRUPT_INPUT) << len;
+    EXPECT_EQ(parse(good, &a, len).code, giftc::kBadInput) << len;
   }
 }
 
 TEST(Npy, MissingFileIsAnIoError) {
   gift::io::NpyArray a;
-  EXPECT_EQ(gift::io::read_npy("/nonexistent/x.npy", &a), GIFT_ERROR_IO);
-  EXPECT_EQ(std::string(giftGetLastErrorMessage()),
-            "/nonexistent/x.npy: cannot open: No such file or directory");
+  const Outcome o = outcome([&] { gift::io::read_npy("/nonexistent/x.npy", &a); });
+  EXPECT_EQ(o.code, giftc::kIoError);
+  EXPECT_EQ(o.message, "/nonexistent/x.npy: cannot open: No such file or directory");
 }
 
 }  // namespace

@@ -168,9 +168,9 @@ GIFT_API giftResult_t giftDecode(const giftCtx* ctx, const giftQuantParams* para
                                  const uint8_t* codes, const void* scales, uint64_t scales_bytes,
                                  uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype);
 
-/* Converts n elements between fp32, bf16 and fp16 (fp32 -> bf16/fp16 round to nearest even,
- * as FORMAT.md 1.10; widening is exact). src and dst may not overlap unless equal with the
- * same dtype. */
+/* Converts n elements between fp32, bf16 and fp16 (fp32 -> bf16/fp16 round to nearest even, as
+ * FORMAT.md 1.10; widening is exact). src and dst may not overlap unless equal with the same
+ * dtype. */
 GIFT_API giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void* dst,
                                   giftDType_t dst_dtype, uint64_t n);
 

@@ -11,7 +11,6 @@
 #include "common/error.h"
 #include "common/sized.h"
 #include "gift/gift.h"
-#include "numerics/convert.h"
 #include "numerics/groups.h"
 #include "numerics/simd.h"
 
@@ -193,18 +192,5 @@ giftResult_t giftDecode(const giftCtx* ctx, const giftQuantParams* params, const
 unsigned giftVersionNumber(void) { return GIFT_VERSION_NUMBER; }
 
 const char* giftCpuTargetName(void) { return gift::simd::target_name(); }
-
-giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void* dst, giftDType_t dst_dtype,
-                         uint64_t n) {
-  gift::clear_error();
-  for (const giftDType_t d : {src_dtype, dst_dtype}) {
-    if (d != GIFT_DTYPE_F32 && d != GIFT_DTYPE_BF16 && d != GIFT_DTYPE_F16)
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(d));
-  }
-  if (n && (!src || !dst)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftConvert: null pointer");
-  if (n > UINT64_MAX / 4) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftConvert: count overflows");
-  gift::convert_elements(src, src_dtype, dst, dst_dtype, n);
-  return GIFT_OK;
-}
 
 }  // extern "C"

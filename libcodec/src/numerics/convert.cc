@@ -3,33 +3,49 @@
 #include <cstring>
 
 #include "numerics/elementwise.h"
+#include "numerics/fp_env.h"
 
 namespace gift {
 namespace {
 
-float load(const void* src, giftDType_t dtype, uint64_t i) {
-  if (dtype == GIFT_DTYPE_F32) return static_cast<const float*>(src)[i];
-  const uint16_t h = static_cast<const uint16_t*>(src)[i];
-  return dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(h) : num::f16_to_float(h);
+// Elements are read and written through memcpy: callers' buffers (an .npz member, a network
+// packet) need not be aligned to the element size.
+float load(const uint8_t* p, giftDType_t d) {
+  if (d == GIFT_DTYPE_F32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return d == GIFT_DTYPE_BF16 ? num::bf16_to_float(h) : num::f16_to_float(h);
 }
+
+void store(uint8_t* p, giftDType_t d, float f) {
+  if (d == GIFT_DTYPE_F32) {
+    std::memcpy(p, &f, 4);
+    return;
+  }
+  const uint16_t h = d == GIFT_DTYPE_BF16 ? num::bf16_from_float(f) : num::f16_from_float(f);
+  std::memcpy(p, &h, 2);
+}
+
+size_t width(giftDType_t d) { return d == GIFT_DTYPE_F32 ? 4 : 2; }
 
 }  // namespace
 
 void convert_elements(const void* src, giftDType_t src_dtype, void* dst, giftDType_t dst_dtype,
                       uint64_t n) {
   if (src_dtype == dst_dtype) {
-    if (src != dst) std::memcpy(dst, src, n * (dst_dtype == GIFT_DTYPE_F32 ? 4 : 2));
+    if (src != dst && n) std::memmove(dst, src, n * width(dst_dtype));
     return;
   }
-  for (uint64_t i = 0; i < n; ++i) {
-    const float x = load(src, src_dtype, i);
-    if (dst_dtype == GIFT_DTYPE_F32) {
-      static_cast<float*>(dst)[i] = x;
-    } else {
-      static_cast<uint16_t*>(dst)[i] =
-          dst_dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x) : num::f16_from_float(x);
-    }
-  }
+  const num::FpEnvGuard fp_env;  // fp16 subnormals are rounded in float arithmetic
+  const uint8_t* in = static_cast<const uint8_t*>(src);
+  uint8_t* out = static_cast<uint8_t*>(dst);
+  const size_t si = width(src_dtype), so = width(dst_dtype);
+  // Through fp32: widening is exact, so bf16 <-> fp16 rounds once.
+  for (uint64_t i = 0; i < n; ++i) store(out + i * so, dst_dtype, load(in + i * si, src_dtype));
 }
 
 }  // namespace gift

@@ -38,12 +38,12 @@ enum class FileKind { kSafetensors, kNpy, kNpz, kUnknown };
 // By extension (.safetensors, .npy, .npz).
 FileKind kind_of_path(const std::string& path);
 
-// Reads any supported kind; errors name the file (and tensor) and use GIFT_ERROR_IO for
-// files that cannot be read and GIFT_ERROR_CORRUPT_INPUT for malformed or unsupported ones.
-giftResult_t read_tensor_file(const std::string& path, TensorFile* out);
+// Reads any supported kind. Errors are giftc::Failure naming the file (and tensor): kIoError
+// for files that cannot be read, kBadInput for malformed or unsupported ones.
+void read_tensor_file(const std::string& path, TensorFile* out);
 
-giftResult_t parse_safetensors(const uint8_t* bytes, uint64_t size, const std::string& name,
-                               TensorFile* out);
+void parse_safetensors(const uint8_t* bytes, uint64_t size, const std::string& name,
+                       TensorFile* out);
 
 // Tensors given as (name, shape, dtype, bytes).
 struct OwnedTensor {

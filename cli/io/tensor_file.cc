@@ -1,19 +1,19 @@
 #include "io/tensor_file.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <cinttypes>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "common/bytes.h"
-#include "common/error.h"
-#include "common/utf8.h"
-#include "container/reader.h"
+#include "failure.h"
 #include "io/npy.h"
-#include "numerics/codec.h"
-#include "numerics/elementwise.h"
 
 namespace gift::io {
 namespace {
@@ -26,20 +26,44 @@ bool ends_with(const std::string& s, const char* suffix) {
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-giftResult_t bad(const std::string& file, const std::string& what) {
-  return fail(GIFT_ERROR_CORRUPT_INPUT, "%s: %s", file.c_str(), what.c_str());
+[[noreturn]] void bad(const std::string& file, const std::string& what) {
+  throw giftc::Failure(giftc::kBadInput, file + ": " + what);
 }
 
-// Maps a file and keeps the mapping alive in out->storage.
-giftResult_t map_into(const std::string& path, TensorFile* out, const uint8_t** data,
-                      uint64_t* size) {
-  std::unique_ptr<container::ByteSource> src;
-  if (const giftResult_t r = container::map_file(path, &src)) return r;
-  *data = src->data();
-  *size = src->size();
-  out->storage.push_back(std::shared_ptr<void>(
-      src.release(), [](void* p) { delete static_cast<container::ByteSource*>(p); }));
-  return GIFT_OK;
+[[noreturn]] void io_error(const std::string& file, const std::string& what) {
+  throw giftc::Failure(giftc::kIoError, file + ": " + what);
+}
+
+// The formats are little-endian; loads byte by byte need neither alignment nor a host order.
+uint64_t load_le(const uint8_t* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Maps a file read-only and keeps the mapping alive in out->storage: tensors point into it,
+// so a large dump is never copied.
+void map_into(const std::string& path, TensorFile* out, const uint8_t** data, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_error(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    io_error(path, "not a regular file");
+  }
+  *data = nullptr;
+  *size = uint64_t(st.st_size);
+  if (*size == 0) {
+    ::close(fd);
+    return;
+  }
+  void* p = ::mmap(nullptr, size_t(*size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) io_error(path, std::string("cannot map: ") + std::strerror(e));
+  const size_t length = size_t(*size);
+  out->storage.push_back(std::shared_ptr<void>(p, [length](void* q) { ::munmap(q, length); }));
+  *data = static_cast<const uint8_t*>(p);
 }
 
 std::string stem_of(const std::string& path) {
@@ -48,16 +72,14 @@ std::string stem_of(const std::string& path) {
   return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
 }
 
-giftResult_t add_npy(const uint8_t* b, uint64_t size, const std::string& where,
-                     const std::string& tensor_name, TensorFile* out) {
+void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
+             const std::string& tensor_name, TensorFile* out) {
   TensorRef t{tensor_name, {}, GIFT_DTYPE_F32, nullptr, 0};
   uint64_t offset = 0;
-  if (const giftResult_t r = parse_npy_header(b, size, where, &t.shape, &t.dtype, &offset))
-    return r;
+  parse_npy_header(b, size, where, &t.shape, &t.dtype, &offset);
   t.data = b + offset;
   t.bytes = size - offset;
   out->tensors.push_back(std::move(t));
-  return GIFT_OK;
 }
 
 // One member of a ZIP archive as its central directory and local header describe it.
@@ -69,11 +91,11 @@ struct ZipMember {
 // The central directory of a ZIP archive, every member checked to lie in the file and no
 // two sharing bytes: entries pointing at one deflated member would otherwise inflate it
 // again and again (a zip bomb made of a small archive).
-giftResult_t zip_members(const uint8_t* b, uint64_t size, const std::string& path,
-                         std::vector<ZipMember>* out) {
+void zip_members(const uint8_t* b, uint64_t size, const std::string& path,
+                 std::vector<ZipMember>* out) {
   // End of central directory: the last 22..65557 bytes.
   const uint64_t min_eocd = 22;
-  if (size < min_eocd) return bad(path, "not a ZIP archive (too short)");
+  if (size < min_eocd) bad(path, "not a ZIP archive (too short)");
   uint64_t eocd = UINT64_MAX;
   for (uint64_t i = size - min_eocd + 1; i-- > 0 && size - i <= min_eocd + 65535;) {
     if (load_le(b + i, 4) == 0x06054b50) {
@@ -81,17 +103,16 @@ giftResult_t zip_members(const uint8_t* b, uint64_t size, const std::string& pat
       break;
     }
   }
-  if (eocd == UINT64_MAX) return bad(path, "not a ZIP archive (no end of central directory)");
+  if (eocd == UINT64_MAX) bad(path, "not a ZIP archive (no end of central directory)");
   const uint64_t entries = load_le(b + eocd + 10, 2);
   const uint64_t cd_size = load_le(b + eocd + 12, 4);
   const uint64_t cd_off = load_le(b + eocd + 16, 4);
-  if (cd_off == 0xFFFFFFFF || entries == 0xFFFF)
-    return bad(path, "ZIP64 archives are not supported");
-  if (cd_off > eocd || cd_size > eocd - cd_off) return bad(path, "central directory out of bounds");
+  if (cd_off == 0xFFFFFFFF || entries == 0xFFFF) bad(path, "ZIP64 archives are not supported");
+  if (cd_off > eocd || cd_size > eocd - cd_off) bad(path, "central directory out of bounds");
   uint64_t p = cd_off;
   for (uint64_t e = 0; e < entries; ++e) {
     if (p + 46 > cd_off + cd_size || load_le(b + p, 4) != 0x02014b50) {
-      return bad(path, "damaged central directory");
+      bad(path, "damaged central directory");
     }
     ZipMember m;
     m.method = load_le(b + p + 10, 2);
@@ -101,15 +122,15 @@ giftResult_t zip_members(const uint8_t* b, uint64_t size, const std::string& pat
     const uint64_t xlen = load_le(b + p + 30, 2);
     const uint64_t clen = load_le(b + p + 32, 2);
     m.local = load_le(b + p + 42, 4);
-    if (p + 46 + nlen > cd_off + cd_size) return bad(path, "damaged central directory");
+    if (p + 46 + nlen > cd_off + cd_size) bad(path, "damaged central directory");
     m.name.assign(reinterpret_cast<const char*>(b + p + 46), nlen);
     p += 46 + nlen + xlen + clen;
     if (m.local + 30 > size || load_le(b + m.local, 4) != 0x04034b50) {
-      return bad(path, "member '" + m.name + "': bad local header");
+      bad(path, "member '" + m.name + "': bad local header");
     }
     m.data = m.local + 30 + load_le(b + m.local + 26, 2) + load_le(b + m.local + 28, 2);
     if (m.data > size || m.csize > size - m.data)
-      return bad(path, "member '" + m.name + "' out of bounds");
+      bad(path, "member '" + m.name + "' out of bounds");
     out->push_back(std::move(m));
   }
   std::vector<std::pair<uint64_t, uint64_t>> extents;
@@ -117,33 +138,31 @@ giftResult_t zip_members(const uint8_t* b, uint64_t size, const std::string& pat
   std::sort(extents.begin(), extents.end());
   for (size_t i = 1; i < extents.size(); ++i) {
     if (extents[i].first < extents[i - 1].second)
-      return bad(path, "ZIP members overlap (a damaged or hostile archive)");
+      bad(path, "ZIP members overlap (a damaged or hostile archive)");
   }
-  return GIFT_OK;
 }
 
 // .npz: a ZIP archive of .npy members, stored or deflated (numpy.savez and savez_compressed).
-giftResult_t parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorFile* out) {
+void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorFile* out) {
   std::vector<ZipMember> members;
-  if (const giftResult_t r = zip_members(b, size, path, &members)) return r;
+  zip_members(b, size, path, &members);
   for (const ZipMember& m : members) {
     if (!ends_with(m.name, ".npy")) continue;
     const std::string where = path + ":" + m.name;
     const std::string tensor = m.name.substr(0, m.name.size() - 4);
     if (m.method == 0) {
-      if (m.csize != m.usize) return bad(path, "member '" + m.name + "': stored sizes differ");
-      if (const giftResult_t r = add_npy(b + m.data, m.csize, where, tensor, out)) return r;
+      if (m.csize != m.usize) bad(path, "member '" + m.name + "': stored sizes differ");
+      add_npy(b + m.data, m.csize, where, tensor, out);
     } else if (m.method == 8) {
       // Inflated members are owned by the file object. usize comes from the archive, so a
       // hostile archive could ask for up to 4 GiB here; deflate cannot expand more than
       // about 1032:1, so cap it by that.
-      if (m.usize / 1032 > m.csize + 1)
-        return bad(path, "member '" + m.name + "': impossible size");
+      if (m.usize / 1032 > m.csize + 1) bad(path, "member '" + m.name + "': impossible size");
       auto buf = std::shared_ptr<uint8_t>(new uint8_t[m.usize ? m.usize : 1],
                                           std::default_delete<uint8_t[]>());
       z_stream z{};
       if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
-        return fail(GIFT_ERROR_OUT_OF_MEMORY, "zlib init failed");
+        throw giftc::Failure(giftc::kIoError, "zlib init failed");
       z.next_in = const_cast<Bytef*>(b + m.data);
       z.avail_in = uInt(m.csize);
       z.next_out = buf.get();
@@ -152,37 +171,60 @@ giftResult_t parse_npz(const uint8_t* b, uint64_t size, const std::string& path,
       const uint64_t produced = z.total_out;
       inflateEnd(&z);
       if (rc != Z_STREAM_END || produced != m.usize)
-        return bad(path, "member '" + m.name + "': bad deflate data");
+        bad(path, "member '" + m.name + "': bad deflate data");
       out->storage.push_back(buf);
-      if (const giftResult_t r = add_npy(buf.get(), m.usize, where, tensor, out)) return r;
+      add_npy(buf.get(), m.usize, where, tensor, out);
     } else {
-      return bad(path, "member '" + m.name + "': unsupported ZIP compression method " +
-                           std::to_string(m.method));
+      bad(path, "member '" + m.name + "': unsupported ZIP compression method " +
+                    std::to_string(m.method));
     }
   }
-  return GIFT_OK;
 }
 
-// Names become frame tensor names and keys of output files: non-empty UTF-8 without NUL,
-// each once.
-giftResult_t check_names(const TensorFile& f, const std::string& path) {
+// Names reach frames, output files and JSON reports as C strings, so they must be UTF-8
+// without NUL. The JSON library's encoder holds strings to strict UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF) and refuses the rest.
+bool utf8_without_nul(const std::string& s) {
+  if (s.find('\0') != std::string::npos) return false;
+  try {
+    (void)nlohmann::json(s).dump();
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+  return true;
+}
+
+// For messages about a string that is not: printable ASCII kept, other bytes as \xNN.
+std::string ascii_escaped(const std::string& s) {
+  std::string out;
+  for (const char ch : s) {
+    const unsigned c = uint8_t(ch);
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += c >= 0x20 && c < 0x7F && c != '\\' ? std::string(1, ch) : std::string(hex);
+  }
+  return out;
+}
+
+// Names become frame tensor names and keys of output files: non-empty, valid as above, each
+// once.
+void check_names(const TensorFile& f, const std::string& path) {
   std::vector<const std::string*> names;
   for (const TensorRef& t : f.tensors) {
-    if (t.name.empty()) return bad(path, "a tensor has an empty name");
-    if (!valid_utf8_c_string(t.name)) {
-      return bad(path, "tensor name '" + ascii_escaped(t.name) + "' is not UTF-8 without NUL");
+    if (t.name.empty()) bad(path, "a tensor has an empty name");
+    if (!utf8_without_nul(t.name)) {
+      bad(path, "tensor name '" + ascii_escaped(t.name) + "' is not UTF-8 without NUL");
     }
     names.push_back(&t.name);
   }
   std::sort(names.begin(), names.end(), [](auto* a, auto* c) { return *a < *c; });
   for (size_t i = 1; i < names.size(); ++i) {
-    if (*names[i] == *names[i - 1]) return bad(path, "tensor '" + *names[i] + "' appears twice");
+    if (*names[i] == *names[i - 1]) bad(path, "tensor '" + *names[i] + "' appears twice");
   }
   for (const auto& [k, v] : f.metadata) {
-    if (!valid_utf8_c_string(k) || !valid_utf8_c_string(v))
-      return bad(path, "metadata '" + ascii_escaped(k) + "' is not UTF-8 without NUL");
+    if (!utf8_without_nul(k) || !utf8_without_nul(v))
+      bad(path, "metadata '" + ascii_escaped(k) + "' is not UTF-8 without NUL");
   }
-  return GIFT_OK;
 }
 
 giftDType_t* dtype_of_name(const std::string& s, giftDType_t* d) {
@@ -211,14 +253,8 @@ uint64_t TensorRef::elements() const {
 
 std::vector<float> widen_to_float(const TensorRef& t) {
   std::vector<float> out(t.elements());
-  for (uint64_t i = 0; i < out.size(); ++i) {
-    if (t.dtype == GIFT_DTYPE_F32) {
-      std::memcpy(&out[i], t.data + 4 * i, 4);
-    } else {
-      const uint16_t h = uint16_t(load_le(t.data + 2 * i, 2));
-      out[i] = t.dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(h) : num::f16_to_float(h);
-    }
-  }
+  if (giftConvert(t.data, t.dtype, out.data(), GIFT_DTYPE_F32, out.size()) != GIFT_OK)
+    throw giftc::Failure(giftc::kBadInput, "tensor '" + t.name + "': " + giftGetLastErrorMessage());
   return out;
 }
 
@@ -229,15 +265,13 @@ FileKind kind_of_path(const std::string& path) {
   return FileKind::kUnknown;
 }
 
-giftResult_t parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
-                               TensorFile* out) {
-  if (size < 8) return bad(name, "not a safetensors file (shorter than its 8-byte header length)");
+void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name, TensorFile* out) {
+  if (size < 8) bad(name, "not a safetensors file (shorter than its 8-byte header length)");
   const uint64_t hlen = load_le(b, 8);
-  if (hlen > kMaxSafetensorsHeader) return bad(name, "safetensors header longer than 100 MiB");
-  if (hlen > size - 8) return bad(name, "truncated safetensors header");
+  if (hlen > kMaxSafetensorsHeader) bad(name, "safetensors header longer than 100 MiB");
+  if (hlen > size - 8) bad(name, "truncated safetensors header");
   const nlohmann::json h = nlohmann::json::parse(b + 8, b + 8 + hlen, nullptr, false);
-  if (h.is_discarded() || !h.is_object())
-    return bad(name, "safetensors header is not a JSON object");
+  if (h.is_discarded() || !h.is_object()) bad(name, "safetensors header is not a JSON object");
   const uint8_t* base = b + 8 + hlen;
   const uint64_t data_size = size - 8 - hlen;
   struct Extent {
@@ -246,10 +280,9 @@ giftResult_t parse_safetensors(const uint8_t* b, uint64_t size, const std::strin
   std::vector<Extent> extents;
   for (auto it = h.begin(); it != h.end(); ++it) {
     if (it.key() == "__metadata__") {
-      if (!it->is_object()) return bad(name, "__metadata__ is not an object");
+      if (!it->is_object()) bad(name, "__metadata__ is not an object");
       for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string())
-          return bad(name, "__metadata__ value of '" + m.key() + "' is not a string");
+        if (!m->is_string()) bad(name, "__metadata__ value of '" + m.key() + "' is not a string");
         out->metadata[m.key()] = m->get<std::string>();
       }
       continue;
@@ -258,35 +291,33 @@ giftResult_t parse_safetensors(const uint8_t* b, uint64_t size, const std::strin
     const nlohmann::json& t = *it;
     if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
         !t.contains("data_offsets")) {
-      return bad(name, tn + "needs dtype, shape and data_offsets");
+      bad(name, tn + "needs dtype, shape and data_offsets");
     }
     TensorRef ref{it.key(), {}, GIFT_DTYPE_F32, nullptr, 0};
     if (!t["dtype"].is_string() || !dtype_of_name(t["dtype"].get<std::string>(), &ref.dtype)) {
-      return bad(name,
-                 tn + "unsupported dtype " + t["dtype"].dump() + " (supported: F32, BF16, F16)");
+      bad(name, tn + "unsupported dtype " + t["dtype"].dump() + " (supported: F32, BF16, F16)");
     }
     const nlohmann::json& shape = t["shape"];
     const nlohmann::json& offs = t["data_offsets"];
     if (!shape.is_array() || shape.size() > 32 || !offs.is_array() || offs.size() != 2) {
-      return bad(name, tn + "malformed shape or data_offsets");
+      bad(name, tn + "malformed shape or data_offsets");
     }
     uint64_t n = 1;
     for (const auto& d : shape) {
-      if (!d.is_number_unsigned()) return bad(name, tn + "shape holds a non-integer");
+      if (!d.is_number_unsigned()) bad(name, tn + "shape holds a non-integer");
       const uint64_t v = d.get<uint64_t>();
-      if (v && n > UINT64_MAX / 8 / v) return bad(name, tn + "element count overflows");
+      if (v && n > UINT64_MAX / 8 / v) bad(name, tn + "element count overflows");
       n *= v;
       ref.shape.push_back(v);
     }
     if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
-      return bad(name, tn + "data_offsets are not integers");
+      bad(name, tn + "data_offsets are not integers");
     }
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    if (begin > end || end > data_size) return bad(name, tn + "data_offsets out of bounds");
-    if (end - begin != n * dtype_size(ref.dtype)) {
-      return bad(name, tn + "data_offsets hold " + std::to_string(end - begin) +
-                           " bytes, shape and dtype need " +
-                           std::to_string(n * dtype_size(ref.dtype)));
+    if (begin > end || end > data_size) bad(name, tn + "data_offsets out of bounds");
+    if (end - begin != n * dtype_bytes(ref.dtype)) {
+      bad(name, tn + "data_offsets hold " + std::to_string(end - begin) +
+                    " bytes, shape and dtype need " + std::to_string(n * dtype_bytes(ref.dtype)));
     }
     ref.data = base + begin;
     ref.bytes = end - begin;
@@ -301,32 +332,33 @@ giftResult_t parse_safetensors(const uint8_t* b, uint64_t size, const std::strin
   uint64_t at = 0;
   for (size_t i : order) {
     if (extents[i].begin != at)
-      return bad(name, "tensor data overlaps or leaves a hole at byte " + std::to_string(at));
+      bad(name, "tensor data overlaps or leaves a hole at byte " + std::to_string(at));
     at = extents[i].end;
   }
-  if (at != data_size) return bad(name, "tensor data does not end at the end of the file");
+  if (at != data_size) bad(name, "tensor data does not end at the end of the file");
   // File order: by offset, as writers lay tensors out.
   std::vector<TensorRef> sorted;
   for (size_t i : order) sorted.push_back(std::move(out->tensors[i]));
   out->tensors = std::move(sorted);
-  return GIFT_OK;
 }
 
-giftResult_t read_tensor_file(const std::string& path, TensorFile* out) {
+void read_tensor_file(const std::string& path, TensorFile* out) {
   const FileKind kind = kind_of_path(path);
-  if (kind == FileKind::kUnknown) {
-    return fail(GIFT_ERROR_CORRUPT_INPUT,
-                "%s: unknown file type (expected .safetensors, .npy or .npz)", path.c_str());
-  }
+  if (kind == FileKind::kUnknown)
+    bad(path, "unknown file type (expected .safetensors, .npy or .npz)");
   const uint8_t* b = nullptr;
   uint64_t size = 0;
-  if (const giftResult_t r = map_into(path, out, &b, &size)) return r;
+  map_into(path, out, &b, &size);
   static const uint8_t kEmpty[1] = {0};
   if (!b) b = kEmpty;
-  const giftResult_t r = kind == FileKind::kSafetensors ? parse_safetensors(b, size, path, out)
-                         : kind == FileKind::kNpy       ? add_npy(b, size, path, stem_of(path), out)
-                                                        : parse_npz(b, size, path, out);
-  return r ? r : check_names(*out, path);
+  if (kind == FileKind::kSafetensors) {
+    parse_safetensors(b, size, path, out);
+  } else if (kind == FileKind::kNpy) {
+    add_npy(b, size, path, stem_of(path), out);
+  } else {
+    parse_npz(b, size, path, out);
+  }
+  check_names(*out, path);
 }
 
 std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,
@@ -343,7 +375,7 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tenso
   std::string js = h.dump();
   while ((8 + js.size()) % 8) js += ' ';  // keeps the data 8-byte aligned, as writers do
   std::vector<uint8_t> out(8 + js.size());
-  store_le(out.data(), js.size(), 8);
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = uint8_t(js.size() >> (8 * i));  // little-endian
   std::memcpy(out.data() + 8, js.data(), js.size());
   for (const OwnedTensor& t : tensors) out.insert(out.end(), t.data.begin(), t.data.end());
   return out;

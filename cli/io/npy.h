@@ -18,17 +18,19 @@ struct NpyArray {
   uint64_t count() const;
 };
 
-// Reads `path`. On failure the message (giftGetLastErrorMessage) names the file and the
-// problem; GIFT_ERROR_IO for a file that cannot be read, GIFT_ERROR_CORRUPT_INPUT for one
-// that is not a supported .npy.
-giftResult_t read_npy(const std::string& path, NpyArray* out);
+// Bytes per element of the dtypes tensor files hold.
+inline uint64_t dtype_bytes(giftDType_t d) { return d == GIFT_DTYPE_F32 ? 4 : 2; }
+
+// Reads `path`. On failure throws a giftc::Failure whose message names the file and the
+// problem: kIoError for a file that cannot be read, kBadInput for one that is not a
+// supported .npy.
+void read_npy(const std::string& path, NpyArray* out);
 
 // Parses an in-memory .npy image; `name` is used in messages.
-giftResult_t parse_npy(const uint8_t* bytes, uint64_t size, const std::string& name, NpyArray* out);
+void parse_npy(const uint8_t* bytes, uint64_t size, const std::string& name, NpyArray* out);
 
 // The same without copying the data: shape and dtype, and where the data starts.
-giftResult_t parse_npy_header(const uint8_t* bytes, uint64_t size, const std::string& name,
-                              std::vector<uint64_t>* shape, giftDType_t* dtype,
-                              uint64_t* data_offset);
+void parse_npy_header(const uint8_t* bytes, uint64_t size, const std::string& name,
+                      std::vector<uint64_t>* shape, giftDType_t* dtype, uint64_t* data_offset);
 
 }  // namespace gift::io
