@@ -60,7 +60,8 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
 
   nlohmann::ordered_json doc;
   doc["file"] = o.input;
-  doc["format_version"] = "1." + std::to_string(r->minor_version());
+  doc["format_version"] =
+      std::to_string(GIFT_FORMAT_MAJOR) + "." + std::to_string(r->minor_version());
   doc["kind"] = fb::EnumNameFrameKind(h->kind());
   doc["producer"] = h->producer() ? h->producer()->str() : "";
   doc["metadata"] = nlohmann::ordered_json::object();
