@@ -25,6 +25,10 @@ if(GIFT_WARNINGS_AS_ERRORS)
   list(APPEND GIFT_CUDA_FLAGS -Werror=all-warnings)
 endif()
 
+# Headers that configuring generates (gift/gift_version.h, libcodec/CMakeLists.txt); whatever
+# includes gift.h needs this folder.
+set(GIFT_GENERATED_INCLUDE_DIR ${PROJECT_BINARY_DIR}/include)
+
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_program(FLATC flatc REQUIRED)
 set(GIFT_FBS ${PROJECT_SOURCE_DIR}/format/gift.fbs)

@@ -1,18 +1,22 @@
-// A frame of a newer minor version (written with a test-only schema, gift_v1_1_test.fbs,
-// that appends fields to several tables) decodes with today's reader; a newer major does not.
+// Frames of newer versions, written with test-only schemas, against today's reader
+// (FORMAT.md 3.1): a newer minor's informative fields are ignored and every tensor decodes
+// to the same values; what would change decoding is refused, never ignored.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gift/gift.h"
 #include "gift_v1_1_test_generated.h"
+#include "gift_v2_0_test_generated.h"
 #include "unit/frame_edit.h"
 
 namespace {
 
 namespace fb11 = gift::fb_v1_1;
+namespace fb20 = gift::fb_v2_0;
 
 std::vector<uint8_t> frame_v1_0() {
   giftFrameWriter* w = nullptr;
@@ -34,26 +38,31 @@ std::vector<uint8_t> frame_v1_0() {
   return out;
 }
 
-// Rewrites the header with the v1.1 schema, filling every field it adds.
-std::vector<uint8_t> as_v1_1(const std::vector<uint8_t>& frame, uint16_t major, uint16_t minor) {
-  return gift::testing::edit_frame<fb11::FrameT>(
-      frame, [](const uint8_t* h, fb11::FrameT* o) { fb11::GetFrame(h)->UnPackTo(o); },
-      [](const fb11::FrameT& o) {
+// Rewrites the header with a test-only schema (FrameT is its object type), filling every
+// informative field that schema adds, then `edit`.
+template <typename FrameT, typename Edit>
+std::vector<uint8_t> rewrite(const std::vector<uint8_t>& frame, uint16_t major, uint16_t minor,
+                             Edit edit) {
+  using Root = typename FrameT::TableType;
+  return gift::testing::edit_frame<FrameT>(
+      frame, [](const uint8_t* h, FrameT* o) { flatbuffers::GetRoot<Root>(h)->UnPackTo(o); },
+      [](const FrameT& o) {
         flatbuffers::FlatBufferBuilder b;
         b.ForceDefaults(true);
-        b.Finish(fb11::Frame::Pack(b, &o), fb11::FrameIdentifier());
+        b.Finish(Root::Pack(b, &o), fb11::FrameIdentifier());
         return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
       },
-      [](fb11::FrameT& f) {
+      [&](FrameT& f) {
         f.future_frame_step = 123456;
         f.future_frame_comment = "written by a newer writer";
         for (auto& t : f.tensors) {
-          t->future_tensor_scale_bias = 0.25f;
           t->future_tensor_tags = {"a", "b", "c"};
-          t->future_tensor_extra = std::make_unique<fb11::SectionT>(*t->codes);
+          using SectionT = std::decay_t<decltype(*t->codes)>;
+          t->future_tensor_extra = std::make_unique<SectionT>(*t->codes);
           t->codes->future_section_flags = 7;
           t->codes->future_section_note = "note";
         }
+        edit(f);
       },
       major, minor);
 }
@@ -76,9 +85,9 @@ std::vector<std::vector<float>> decode_all(const std::vector<uint8_t>& frame) {
   return out;
 }
 
-TEST(ForwardCompat, Minor1FrameWithExtraFieldsDecodesToTheSameValues) {
+TEST(ForwardCompat, Minor1FrameWithInformativeFieldsDecodesToTheSameValues) {
   const std::vector<uint8_t> v10 = frame_v1_0();
-  const std::vector<uint8_t> v11 = as_v1_1(v10, 1, 1);
+  const std::vector<uint8_t> v11 = rewrite<fb11::FrameT>(v10, 1, 1, [](fb11::FrameT&) {});
   // The rewritten header really carries the new fields.
   const auto* h = fb11::GetFrame(v11.data() + 32);
   ASSERT_EQ(h->future_frame_step(), 123456u);
@@ -93,8 +102,27 @@ TEST(ForwardCompat, Minor1FrameWithExtraFieldsDecodesToTheSameValues) {
   }
 }
 
-TEST(ForwardCompat, OtherwiseValidMajor2FrameIsRefused) {
-  const std::vector<uint8_t> v20 = as_v1_1(frame_v1_0(), 2, 0);
+// A minor version may change decoding only through a new enum value, which 1.x readers check
+// and refuse (FORMAT.md 3.1), so the offset below cannot be silently dropped.
+TEST(ForwardCompat, Minor1DecodeChangingEnumValueIsRefused) {
+  const std::vector<uint8_t> v11 = rewrite<fb11::FrameT>(frame_v1_0(), 1, 1, [](fb11::FrameT& f) {
+    f.tensors[0]->encoding = fb11::Encoding::Fp8Offset;
+    f.tensors[0]->future_tensor_offset = 0.25f;
+  });
+  giftFrame* f = nullptr;
+  EXPECT_EQ(giftFrameOpen(v11.data(), v11.size(), &f), GIFT_ERROR_FIELD_INVALID);
+  EXPECT_STREQ(giftGetLastErrorMessage(),
+               "frame: tensor 'w': unknown dtype, encoding or coordinates");
+  EXPECT_EQ(f, nullptr);
+}
+
+// A field that changes how tensors decode comes with a new major version, which 1.x readers
+// refuse before they read the header.
+TEST(ForwardCompat, Major2FrameWithADecodeChangingFieldIsRefused) {
+  const std::vector<uint8_t> v20 = rewrite<fb20::FrameT>(frame_v1_0(), 2, 0, [](fb20::FrameT& f) {
+    for (auto& t : f.tensors) t->scale_bias = 0.5f;
+  });
+  ASSERT_EQ(fb20::GetFrame(v20.data() + 32)->tensors()->Get(0)->scale_bias(), 0.5f);
   giftFrame* f = nullptr;
   EXPECT_EQ(giftFrameOpen(v20.data(), v20.size(), &f), GIFT_ERROR_FRAME_VERSION);
   EXPECT_STREQ(giftGetLastErrorMessage(),

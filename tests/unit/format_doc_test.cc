@@ -103,8 +103,9 @@ TEST(FormatDoc, FrameConstantsMatchTheCode) {
   }
   EXPECT_NE(doc.find("| 8 | 2 | major | " + std::to_string(c::kMajor) + " |"), std::string::npos);
   EXPECT_NE(doc.find("| 10 | 2 | minor | " + std::to_string(c::kMinor) + " |"), std::string::npos);
-  EXPECT_EQ(c::kMajor, GIFT_FORMAT_MAJOR);
-  EXPECT_EQ(c::kMinor, GIFT_FORMAT_MINOR);
+  // The version this build writes has its change-log entry (3.3).
+  EXPECT_NE(doc.find("- **" + std::to_string(c::kMajor) + "." + std::to_string(c::kMinor) + "** ("),
+            std::string::npos);
   EXPECT_NE(doc.find("    | " + std::to_string(c::kPreambleBytes) + " bytes  |"),
             std::string::npos);
   EXPECT_NE(doc.find("`offset` is a multiple of " + std::to_string(c::kSectionAlign)),

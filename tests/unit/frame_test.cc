@@ -138,8 +138,8 @@ TEST(Frame, SectionsAreAlignedAndTheLayoutIsAsSpecified) {
   const std::vector<uint8_t> bytes = sample_frame();
   EXPECT_EQ(0, std::memcmp(bytes.data(), "\x89GFT\r\n\x1a\n", 8));
   const gift::container::Preamble pre = gift::container::read_preamble(bytes.data());
-  EXPECT_EQ(pre.major, 1);
-  EXPECT_EQ(pre.minor, 0);
+  EXPECT_EQ(pre.major, GIFT_FORMAT_MAJOR);
+  EXPECT_EQ(pre.minor, GIFT_FORMAT_MINOR);
   EXPECT_EQ(pre.frame_length, bytes.size());
   const fb::Frame* h = fb::GetFrame(bytes.data() + kPreambleBytes);
   ASSERT_TRUE(fb::FrameBufferHasIdentifier(bytes.data() + kPreambleBytes));

@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gift/gift_version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -30,12 +32,6 @@ extern "C" {
 #else
 #define GIFT_API
 #endif
-
-#define GIFT_VERSION_MAJOR 0
-#define GIFT_VERSION_MINOR 1
-#define GIFT_VERSION_PATCH 0
-#define GIFT_VERSION_NUMBER \
-  (GIFT_VERSION_MAJOR * 10000 + GIFT_VERSION_MINOR * 100 + GIFT_VERSION_PATCH)
 
 /* "GIFT" in ASCII, little-endian: the magic of an initialized sized struct. */
 #define GIFT_STRUCT_MAGIC 0x54464947u
@@ -210,9 +206,6 @@ GIFT_API giftResult_t giftComputeErrorMetrics(const float* ref, const float* app
 GIFT_API giftResult_t giftErrorMetricsMerge(giftErrorMetrics* total, const giftErrorMetrics* part);
 
 /* ---- GIFT frames: the wire and file format (format/FORMAT.md, section 2) -------------- */
-
-#define GIFT_FORMAT_MAJOR 1
-#define GIFT_FORMAT_MINOR 0
 
 typedef struct giftFrame giftFrame;
 typedef struct giftFrameWriter giftFrameWriter;

@@ -6,13 +6,15 @@
 #include <cstring>
 
 #include "common/bytes.h"
+#include "gift/gift_version.h"
 
 namespace gift::container {
 
 // PNG-style: a non-ASCII first byte, then CR LF, Ctrl-Z and LF to catch text-mode damage.
 constexpr uint8_t kMagic[8] = {0x89, 'G', 'F', 'T', 0x0D, 0x0A, 0x1A, 0x0A};
-constexpr uint16_t kMajor = 1;
-constexpr uint16_t kMinor = 0;
+// The version this build writes; it reads every minor of kMajor (FORMAT.md 3.1).
+constexpr uint16_t kMajor = GIFT_FORMAT_MAJOR;
+constexpr uint16_t kMinor = GIFT_FORMAT_MINOR;
 constexpr uint64_t kPreambleBytes = 32;
 constexpr uint64_t kSectionAlign = 64;
 

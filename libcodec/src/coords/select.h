@@ -1,5 +1,5 @@
 // Applying GIFT coordinates to tensors: the measured choice between Euclidean and GIFT
-// coordinates (DESIGN.md "selective application"), and decoding with a basis.
+// coordinates (docs/ARCHITECTURE.md, "Selective application"), and decoding with a basis.
 #pragma once
 
 #include <cmath>

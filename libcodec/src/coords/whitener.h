@@ -1,9 +1,10 @@
-// The whitener of GIFT coordinates (DESIGN.md "GIFT coordinates"): for the input-side second moment
+// The whitener of GIFT coordinates (format/FORMAT.md 2.4): for the input-side second moment
 // approximated as A^ = U diag(l) U^T + D (rank r, D diagonal and positive), the transform T
 // with T^T A^ T = I, in the low-rank form
 //     T    = D^-1/2 (I + V C  V^T),      T^-1 = (I + V C' V^T) D^1/2,
 // V orthonormal (d x r), C and C' diagonal. Applying either to a d_out x d_in gradient costs
-// one column scaling and two thin GEMMs, O(d_out d_in r), and T^-1 is exact, not a solve.
+// O(d_out d_in r) in one pass over it (the per-band fused kernel of low_rank_update.h), and
+// T^-1 is exact, not a solve.
 #pragma once
 
 #include <cstdint>
