@@ -309,9 +309,11 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
                                     uint8_t* send) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
+  // Every call advances the counter, failed ones too, so that ranks stay on the same call
+  // number after an error on one of them.
+  ++p.call;
   if (const giftResult_t rc = check_tensor_pointers(p, tensors)) return rc;
   if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
-  ++p.call;
   for (size_t i = 0; i < p.dtypes.size(); ++i) {
     to_fp32(tensors[i], p.dtypes[i], p.offset[i + 1] - p.offset[i], p.flat.data() + p.offset[i]);
   }
