@@ -2,9 +2,6 @@
 // communicators.
 #pragma once
 
-#include <string>
-#include <vector>
-
 #include "gift/gift_transport.h"
 
 namespace gift::transport {
