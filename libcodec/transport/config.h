@@ -1,5 +1,4 @@
-// Reading the caller's sized config struct and deciding when to dump, shared by plans and
-// communicators.
+// Reading the caller's sized config struct, shared by plans and communicators.
 #pragma once
 
 #include "gift/gift_transport.h"
