@@ -12,6 +12,7 @@ debs=(
   libopenblas-dev liblapacke-dev
   libflatbuffers-dev flatbuffers-compiler libzstd-dev libxxhash-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
+  openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev clang-format git
 )
 

@@ -1,0 +1,146 @@
+/* libgift compressed all-reduce: the local steps and the generic communicator.
+ *
+ * The algorithm (DESIGN.md "Transport") lives here once; backends (MPI in gift_mpi.h, NCCL,
+ * the Python DDP hook) only move bytes. Per call, every rank:
+ *   1. giftReduceEncodeShards: views the bucket (its tensors in order, each converted to
+ *      fp32, plus this rank's error-feedback residual) as one flat buffer cut into `world`
+ *      shards on block boundaries, and encodes shard r into message r (FP8 codes + scales);
+ *   2. the backend sends message r to rank r (all-to-all of fixed-size messages);
+ *   3. giftReduceSumShard: rank r decodes the `world` messages of its shard, sums them in fp32
+ *      in rank order (divides by world for GIFT_REDUCE_AVG), encodes the sum once;
+ *   4. the backend all-gathers the reduced messages;
+ *   5. giftReduceDecodeResult: decodes them and writes each tensor in its own dtype.
+ * So every value is rounded to FP8 twice whatever the world size, and every rank decodes the
+ * same bytes: replicas end bit-identical.
+ *
+ * Scale groups are blocks of `block` elements of the flat bucket (tensor boundaries do not
+ * cut blocks); shard r holds blocks [r*nb/world, (r+1)*nb/world) in the balanced split of the
+ * nb blocks (a shard may be empty). This layout is part of the contract: tests and error
+ * bounds rely on it. */
+#ifndef GIFT_GIFT_TRANSPORT_H
+#define GIFT_GIFT_TRANSPORT_H
+
+#include "gift/gift.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sized public structs start with {size, magic, version} (NCCL style), so that a struct from
+ * an older or newer header is read safely: the library reads at most `size` bytes of it. */
+
+typedef enum { GIFT_REDUCE_SUM = 0, GIFT_REDUCE_AVG = 1 } giftReduceOp_t;
+
+typedef struct {
+  size_t size;          /* sizeof(giftAllReduceConfig) */
+  unsigned int magic;   /* GIFT_STRUCT_MAGIC */
+  unsigned int version; /* GIFT_VERSION_NUMBER of the header the caller compiled against */
+  giftFp8Kind_t kind;
+  uint32_t block; /* scale block: power of two in [GIFT_BLOCK_MIN, GIFT_BLOCK_MAX] */
+  giftScaleDType_t scale_dtype;
+  giftRounding_t rounding;
+  uint64_t seed; /* stochastic rounding: varied per call, rank and shard inside */
+  giftReduceOp_t op;
+  int error_feedback; /* 1: carry each encode's residual into the next call */
+  int integrity;      /* 1: an XXH3-64 checksum over every message, checked on receipt */
+  /* Every dump_every-th call (0: never), rank 0 writes the result as a GIFT frame into the
+   * directory dump_path. With dump_every 0, the environment variables GIFT_DUMP_EVERY and
+   * GIFT_DUMP_DIR switch dumps on for programs that cannot change their config. */
+  uint32_t dump_every;
+  const char* dump_path;
+  int threads; /* codec threads per rank: 0 all hardware threads (see giftQuantParams) */
+} giftAllReduceConfig;
+
+#define GIFT_ALLREDUCE_CONFIG_INITIALIZER                                                          \
+  {                                                                                                \
+    sizeof(giftAllReduceConfig), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, GIFT_FP8_E4M3,            \
+        GIFT_BLOCK_DEFAULT, GIFT_SCALE_DTYPE_F32, GIFT_ROUND_NEAREST, 0, GIFT_REDUCE_SUM, 1, 1, 0, \
+        NULL, 0                                                                                    \
+  }
+
+/* One tensor of a bucket. ndim 0 is a scalar; a zero in shape makes it empty. */
+typedef struct {
+  const char* name; /* for dumps; NULL gives "t<index>" */
+  giftDType_t dtype;
+  uint32_t ndim;
+  const uint64_t* shape;
+} giftBucketTensor;
+
+/* ---- Local steps ---------------------------------------------------------------------- */
+
+/* The state of one bucket shape on one rank: layout, work buffers (allocated once), the
+ * error-feedback residuals and the call counter. Not thread-safe; one per bucket. */
+typedef struct giftReducePlan giftReducePlan;
+
+GIFT_API giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, int rank,
+                                           const giftBucketTensor* tensors, size_t n,
+                                           giftReducePlan** plan);
+GIFT_API void giftReducePlanDestroy(giftReducePlan* plan);
+
+/* Bytes of every message of the plan (equal on all ranks, for fixed-size collectives). */
+GIFT_API uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan);
+
+/* Step 1: tensors[i] is the i-th tensor of the bucket in its dtype; send receives `world`
+ * messages, message r for rank r. */
+GIFT_API giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
+                                             uint8_t* send);
+
+/* Step 3: recv holds the `world` messages this rank received, in sender order; out_msg
+ * receives the reduced shard. A message that fails its checksum or does not belong to this
+ * call and shard fails with GIFT_ERROR_SECTION_CHECKSUM or GIFT_ERROR_CORRUPT_INPUT naming
+ * the sender. */
+GIFT_API giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv,
+                                         uint8_t* out_msg);
+
+/* Step 5: gathered holds the `world` reduced messages in rank order; out_tensors[i] receives
+ * tensor i in its dtype (it may be the input of step 1: in place). */
+GIFT_API giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
+                                             void* const* out_tensors);
+
+/* ---- Communicators -------------------------------------------------------------------- */
+
+/* What a backend provides: collectives over host buffers of fixed-size messages. Each
+ * returns GIFT_OK or an error code; last_error then gives the backend's detail. */
+typedef struct {
+  size_t size; /* sizeof(giftCommBackend) */
+  unsigned int magic;
+  unsigned int version;
+  void* ctx;
+  int world;
+  int rank;
+  /* Rank i's send[j*bytes ..) goes to rank j's recv[i*bytes ..). */
+  giftResult_t (*all_to_all)(void* ctx, const void* send, void* recv, uint64_t bytes);
+  /* Rank i's send[0, bytes) goes to every rank's recv[i*bytes ..). */
+  giftResult_t (*all_gather)(void* ctx, const void* send, void* recv, uint64_t bytes);
+  /* Agreement on an outcome: on return *code is the largest code over the ranks and *rank
+   * the lowest rank that had it. */
+  giftResult_t (*agree)(void* ctx, int* code, int* rank);
+  /* root's buf[0, bytes) to every rank. */
+  giftResult_t (*broadcast)(void* ctx, void* buf, uint64_t bytes, int root);
+  const char* (*last_error)(void* ctx); /* detail of the last failed call; may be NULL */
+  void (*destroy)(void* ctx);           /* may be NULL */
+} giftCommBackend;
+
+typedef struct giftComm giftComm;
+
+/* A communicator over a backend; plans are cached per bucket shape (with their error
+ * feedback) for the communicator's life. Backend headers (gift_mpi.h) wrap this. */
+GIFT_API giftResult_t giftCommCreate(const giftCommBackend* backend,
+                                     const giftAllReduceConfig* config, giftComm** comm);
+GIFT_API void giftCommDestroy(giftComm* comm);
+
+/* All-reduce of one flat buffer (send == recv allowed). stream must be NULL for host
+ * backends. Collective: every rank calls it with the same count and dtype. An error on any
+ * rank is returned on every rank, and the message names the rank and step that failed. */
+GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
+                                    giftDType_t dtype, void* stream);
+
+/* All-reduce of a bucket of n tensors (send[i] == recv[i] allowed). */
+GIFT_API giftResult_t giftAllReduceBucket(giftComm* comm, const giftBucketTensor* tensors,
+                                          const void* const* send, void* const* recv, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GIFT_GIFT_TRANSPORT_H */

@@ -1,0 +1,22 @@
+#include "transport/config.h"
+
+#include "common/error.h"
+#include "common/sized.h"
+
+namespace gift::transport {
+
+giftResult_t read_config(const giftAllReduceConfig* config, giftAllReduceConfig* out) {
+  const giftAllReduceConfig defaults = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  *out = defaults;
+  if (!config) return GIFT_OK;
+  if (const giftResult_t r = read_sized(config, defaults, out, "giftAllReduceConfig")) return r;
+  if (out->threads < 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "threads is negative (%d)", out->threads);
+  }
+  if (out->op != GIFT_REDUCE_SUM && out->op != GIFT_REDUCE_AVG) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown reduce op %d", int(out->op));
+  }
+  return GIFT_OK;
+}
+
+}  // namespace gift::transport

@@ -1,0 +1,399 @@
+// The local steps of the compressed all-reduce (gift_transport.h): one implementation that
+// every backend drives, so every consumer of libgift gets the same bytes. The numerics go
+// through the public codec API (giftEncode/giftDecode), as an external transport would.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "common/ctx.h"
+#include "common/error.h"
+#include "gift/gift_transport.h"
+#include "numerics/elementwise.h"
+#include "transport/config.h"
+#include "transport/dump.h"
+
+using gift::fail;
+
+namespace {
+
+// Every message starts with this header (little-endian hosts only, as the rest of libgift).
+// The call number, step, sender and shard let a receiver reject a stale or misrouted
+// message even with integrity checks off.
+struct MessageHeader {
+  uint64_t checksum;  // XXH3-64 of bytes [8, message bytes); 0 with integrity off
+  uint32_t magic;
+  uint32_t step;  // kScatter or kGather
+  uint32_t sender;
+  uint32_t shard;
+  uint64_t call;
+  uint64_t count;        // elements of the shard
+  uint8_t basis_id[16];  // basis of the coordinates encoded; zero: identity (no basis yet)
+  uint8_t reserved[8];
+};
+static_assert(sizeof(MessageHeader) == 64, "header keeps the payload 64-byte aligned");
+
+constexpr uint32_t kMessageMagic = 0x52544647u;  // "GFTR"
+constexpr uint32_t kScatter = 0;
+constexpr uint32_t kGather = 1;
+constexpr uint64_t kAlign = 64;
+
+uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+const char* step_name(uint32_t step) {
+  return step == kScatter ? "the all-to-all of shards" : "the all-gather of reduced shards";
+}
+
+}  // namespace
+
+struct giftReducePlan {
+  giftAllReduceConfig config;
+  giftQuantParams params;
+  giftCtx ctx;  // the config's threads
+  gift::transport::DumpSettings dump;
+  int world = 1;
+  int rank = 0;
+  uint64_t call = 0;
+
+  std::vector<std::string> names;
+  std::vector<giftDType_t> dtypes;
+  std::vector<std::vector<uint64_t>> shapes;
+  std::vector<uint64_t> offset;       // tensor i is flat[offset[i], offset[i+1])
+  std::vector<uint64_t> shard_begin;  // shard r is flat[shard_begin[r], shard_begin[r+1])
+  uint64_t max_shard = 0;
+  uint64_t scales_at = 0, codes_at = 0, message_bytes = 0;
+
+  std::vector<float> flat;            // the bucket in fp32 (input, then result)
+  std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
+  std::vector<float> sum;             // this rank's shard: the sum being reduced
+  std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
+  std::vector<float> scratch;         // one decoded shard
+
+  uint64_t shard_count(int r) const { return shard_begin[r + 1] - shard_begin[r]; }
+};
+
+namespace {
+
+giftResult_t plan_layout(giftReducePlan& p) {
+  const uint64_t n = p.offset.back();
+  const uint64_t blocks = (n + p.config.block - 1) / p.config.block;
+  const uint64_t w = uint64_t(p.world);
+  p.shard_begin.resize(w + 1);
+  for (uint64_t r = 0; r <= w; ++r) {
+    p.shard_begin[r] = std::min(n, blocks * r / w * p.config.block);
+  }
+  for (uint64_t r = 0; r < w; ++r) p.max_shard = std::max(p.max_shard, p.shard_count(int(r)));
+  uint64_t scale_bytes = 0;
+  if (const giftResult_t rc = giftScaleBytes(&p.params, 1, p.max_shard, &scale_bytes)) return rc;
+  p.scales_at = sizeof(MessageHeader);
+  p.codes_at = p.scales_at + round_up(scale_bytes, kAlign);
+  p.message_bytes = p.codes_at + round_up(p.max_shard, kAlign);
+  return GIFT_OK;
+}
+
+giftResult_t plan_tensors(giftReducePlan& p, const giftBucketTensor* tensors, size_t n) {
+  if (n > 0 && !tensors) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensors is NULL");
+  p.offset.assign(1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const giftBucketTensor& t = tensors[i];
+    if (t.dtype != GIFT_DTYPE_F32 && t.dtype != GIFT_DTYPE_BF16 && t.dtype != GIFT_DTYPE_F16) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: unknown dtype %d", i, int(t.dtype));
+    }
+    if (t.ndim > 0 && !t.shape) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape is NULL", i);
+    }
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < t.ndim; ++d) {
+      if (t.shape[d] != 0 && elements > UINT64_MAX / 2 / t.shape[d]) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape overflows", i);
+      }
+      elements *= t.shape[d];
+    }
+    p.names.push_back(t.name ? t.name : "t" + std::to_string(i));
+    p.dtypes.push_back(t.dtype);
+    p.shapes.emplace_back(t.shape, t.shape + t.ndim);
+    p.offset.push_back(p.offset.back() + elements);
+  }
+  return GIFT_OK;
+}
+
+giftQuantParams quant_params(const giftAllReduceConfig& c) {
+  giftQuantParams q;
+  giftQuantParamsInit(&q);
+  q.kind = c.kind;
+  q.layout = GIFT_SCALE_BLOCK;
+  q.block = c.block;
+  q.scale_dtype = c.scale_dtype;
+  q.rounding = c.rounding;
+  return q;
+}
+
+// Stochastic rounding draws fresh bits for every call, sender and shard (and for the second
+// encode of a shard), so no two encodes of a run share their random numbers.
+giftQuantParams encode_params(const giftReducePlan& p, uint32_t step, int sender, int shard) {
+  giftQuantParams q = p.params;
+  q.seed = p.config.seed ^ (p.call * 0x9E3779B97F4A7C15ull);
+  q.tensor_index = uint32_t(step * p.world * p.world + sender * p.world + shard);
+  return q;
+}
+
+void to_fp32(const void* src, giftDType_t dtype, uint64_t n, float* dst) {
+  if (dtype == GIFT_DTYPE_F32) {
+    memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  for (uint64_t i = 0; i < n; ++i) {
+    dst[i] =
+        dtype == GIFT_DTYPE_BF16 ? gift::num::bf16_to_float(h[i]) : gift::num::f16_to_float(h[i]);
+  }
+}
+
+void from_fp32(const float* src, uint64_t n, giftDType_t dtype, void* dst) {
+  if (dtype == GIFT_DTYPE_F32) {
+    memmove(dst, src, n * sizeof(float));
+    return;
+  }
+  uint16_t* h = static_cast<uint16_t*>(dst);
+  for (uint64_t i = 0; i < n; ++i) {
+    h[i] = dtype == GIFT_DTYPE_BF16 ? gift::num::bf16_from_float(src[i])
+                                    : gift::num::f16_from_float(src[i]);
+  }
+}
+
+// The tensor holding flat element `index`, for messages about non-finite inputs.
+size_t tensor_of(const giftReducePlan& p, uint64_t index) {
+  return size_t(std::upper_bound(p.offset.begin(), p.offset.end(), index) - p.offset.begin() - 1);
+}
+
+// Encodes values[0, count) into `msg` and, with error feedback, leaves values - decoded in
+// `residual`: what the next call adds back so that rounding errors do not accumulate.
+giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const float* values,
+                            uint64_t count, float* residual, uint8_t* msg) {
+  memset(msg, 0, p.message_bytes);
+  MessageHeader h{};
+  h.magic = kMessageMagic;
+  h.step = step;
+  h.sender = uint32_t(p.rank);
+  h.shard = uint32_t(shard);
+  h.call = p.call;
+  h.count = count;
+  if (count > 0) {
+    const giftQuantParams q = encode_params(p, step, p.rank, shard);
+    const uint64_t scale_bytes = p.codes_at - p.scales_at;
+    giftEncodeStats stats;
+    if (const giftResult_t rc =
+            giftEncode(&p.ctx, &q, values, GIFT_DTYPE_F32, 1, count, msg + p.codes_at,
+                       msg + p.scales_at, scale_bytes, &stats)) {
+      if (rc != GIFT_ERROR_NONFINITE_INPUT) return rc;
+      const uint64_t at = p.shard_begin[shard] + stats.first_nonfinite;
+      const size_t t = tensor_of(p, at);
+      return fail(
+          rc, "%" PRIu64 " non-finite value(s) %s, the first at element %" PRIu64 " of tensor '%s'",
+          stats.nonfinite_count, step == kScatter ? "in the input" : "in the reduced sum",
+          at - p.offset[t], p.names[t].c_str());
+    }
+    if (residual) {
+      giftDecode(&p.ctx, &q, msg + p.codes_at, msg + p.scales_at, scale_bytes, 1, count,
+                 p.scratch.data(), GIFT_DTYPE_F32);
+      for (uint64_t i = 0; i < count; ++i) residual[i] = values[i] - p.scratch[i];
+    }
+  }
+  memcpy(msg, &h, sizeof h);
+  if (p.config.integrity) {
+    h.checksum = XXH3_64bits(msg + 8, p.message_bytes - 8);
+    memcpy(msg, &h.checksum, sizeof h.checksum);
+  }
+  return GIFT_OK;
+}
+
+// Checks that message `msg`, received from `sender` at `step`, is intact and is shard
+// `shard` of this call.
+giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, int shard,
+                           const uint8_t* msg) {
+  MessageHeader h;
+  memcpy(&h, msg, sizeof h);
+  if (p.config.integrity && h.checksum != XXH3_64bits(msg + 8, p.message_bytes - 8)) {
+    return fail(GIFT_ERROR_SECTION_CHECKSUM,
+                "the message from rank %d in %s (call %" PRIu64 ") fails its checksum", sender,
+                step_name(step), p.call);
+  }
+  if (h.magic != kMessageMagic || h.step != step || h.sender != uint32_t(sender) ||
+      h.shard != uint32_t(shard) || h.call != p.call || h.count != p.shard_count(shard)) {
+    return fail(GIFT_ERROR_CORRUPT_INPUT,
+                "the message from rank %d in %s is not shard %d of call %" PRIu64
+                " (it says step %" PRIu32 ", sender %" PRIu32 ", shard %" PRIu32 ", call %" PRIu64
+                ", %" PRIu64 " elements)",
+                sender, step_name(step), shard, p.call, h.step, h.sender, h.shard, h.call, h.count);
+  }
+  static const uint8_t kIdentity[16] = {};
+  if (memcmp(h.basis_id, kIdentity, sizeof kIdentity) != 0) {
+    return fail(GIFT_ERROR_BASIS_MISSING,
+                "the message from rank %d in %s is in a basis this rank does not hold", sender,
+                step_name(step));
+  }
+  return GIFT_OK;
+}
+
+void decode_message(const giftReducePlan& p, const uint8_t* msg, uint64_t count, float* dst) {
+  if (count == 0) return;
+  giftDecode(&p.ctx, &p.params, msg + p.codes_at, msg + p.scales_at, p.codes_at - p.scales_at, 1,
+             count, dst, GIFT_DTYPE_F32);
+}
+
+giftResult_t check_plan(const giftReducePlan* p) {
+  gift::clear_error();
+  return p ? GIFT_OK : fail(GIFT_ERROR_INVALID_ARGUMENT, "plan is NULL");
+}
+
+giftResult_t check_tensor_pointers(const giftReducePlan& p, const void* const* tensors) {
+  for (size_t i = 0; i + 1 < p.offset.size(); ++i) {
+    if (p.offset[i + 1] > p.offset[i] && (!tensors || !tensors[i])) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu ('%s') has no buffer", i,
+                  p.names[i].c_str());
+    }
+  }
+  return GIFT_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, int rank,
+                                  const giftBucketTensor* tensors, size_t n,
+                                  giftReducePlan** plan) {
+  gift::clear_error();
+  if (!plan) return fail(GIFT_ERROR_INVALID_ARGUMENT, "plan is NULL");
+  *plan = nullptr;
+  if (world < 1 || rank < 0 || rank >= world) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "rank %d of world %d", rank, world);
+  }
+  try {
+    auto p = std::make_unique<giftReducePlan>();
+    if (const giftResult_t rc = gift::transport::read_config(config, &p->config)) return rc;
+    p->params = quant_params(p->config);
+    p->ctx.threads = p->config.threads;
+    if (const giftResult_t rc = giftQuantParamsValidate(&p->params)) return rc;
+    p->dump = gift::transport::dump_settings(p->config);
+    p->world = world;
+    p->rank = rank;
+    if (const giftResult_t rc = plan_tensors(*p, tensors, n)) return rc;
+    if (const giftResult_t rc = plan_layout(*p)) return rc;
+    const uint64_t total = p->offset.back();
+    p->flat.resize(total);
+    p->sum.resize(p->max_shard);
+    p->scratch.resize(p->max_shard);
+    if (p->config.error_feedback) {
+      p->residual.assign(total, 0.0f);
+      p->shard_residual.assign(p->max_shard, 0.0f);
+    }
+    *plan = p.release();
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for the work buffers of a reduce plan");
+  }
+}
+
+void giftReducePlanDestroy(giftReducePlan* plan) { delete plan; }
+
+uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan) {
+  return plan ? plan->message_bytes : 0;
+}
+
+giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
+                                    uint8_t* send) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReducePlan& p = *plan;
+  // Every call advances the counter, failed ones too, so that ranks stay on the same call
+  // number after an error on one of them.
+  ++p.call;
+  if (const giftResult_t rc = check_tensor_pointers(p, tensors)) return rc;
+  if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
+  for (size_t i = 0; i < p.dtypes.size(); ++i) {
+    to_fp32(tensors[i], p.dtypes[i], p.offset[i + 1] - p.offset[i], p.flat.data() + p.offset[i]);
+  }
+  // GIFT coordinates go here once bases have a public API: whiten each matrix's slice of
+  // `flat` with the shared basis (and set the message's basis id). The residual is added
+  // first and computed in original coordinates after decoding, so a basis refresh between
+  // calls does not strand it.
+  for (size_t i = 0; i < p.residual.size(); ++i) p.flat[i] += p.residual[i];
+  for (int r = 0; r < p.world; ++r) {
+    const uint64_t begin = p.shard_begin[r];
+    float* residual = p.residual.empty() ? nullptr : p.residual.data() + begin;
+    if (const giftResult_t rc =
+            encode_message(p, kScatter, r, p.flat.data() + begin, p.shard_count(r), residual,
+                           send + uint64_t(r) * p.message_bytes)) {
+      return rc;
+    }
+  }
+  return GIFT_OK;
+}
+
+giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8_t* out_msg) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReducePlan& p = *plan;
+  if (!recv || !out_msg) return fail(GIFT_ERROR_INVALID_ARGUMENT, "a message buffer is NULL");
+  const uint64_t count = p.shard_count(p.rank);
+  for (int s = 0; s < p.world; ++s) {
+    if (const giftResult_t rc =
+            check_message(p, kScatter, s, p.rank, recv + uint64_t(s) * p.message_bytes)) {
+      return rc;
+    }
+  }
+  // Rank order, in fp32, so every owner reduces the same way whatever the arrival order.
+  decode_message(p, recv, count, p.sum.data());
+  for (int s = 1; s < p.world; ++s) {
+    decode_message(p, recv + uint64_t(s) * p.message_bytes, count, p.scratch.data());
+    for (uint64_t i = 0; i < count; ++i) p.sum[i] += p.scratch[i];
+  }
+  if (p.config.op == GIFT_REDUCE_AVG) {
+    const float w = float(p.world);
+    for (uint64_t i = 0; i < count; ++i) p.sum[i] /= w;
+  }
+  float* residual = p.shard_residual.empty() ? nullptr : p.shard_residual.data();
+  if (residual) {
+    for (uint64_t i = 0; i < count; ++i) p.sum[i] += residual[i];
+  }
+  return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg);
+}
+
+giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
+                                    void* const* out_tensors) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReducePlan& p = *plan;
+  if (const giftResult_t rc = check_tensor_pointers(p, out_tensors)) return rc;
+  if (!gathered) return fail(GIFT_ERROR_INVALID_ARGUMENT, "gathered buffer is NULL");
+  for (int s = 0; s < p.world; ++s) {
+    if (const giftResult_t rc =
+            check_message(p, kGather, s, s, gathered + uint64_t(s) * p.message_bytes)) {
+      return rc;
+    }
+  }
+  for (int s = 0; s < p.world; ++s) {
+    decode_message(p, gathered + uint64_t(s) * p.message_bytes, p.shard_count(s),
+                   p.flat.data() + p.shard_begin[s]);
+  }
+  // GIFT coordinates: unwhiten each matrix's slice of `flat` here (see EncodeShards).
+  for (size_t i = 0; i < p.dtypes.size(); ++i) {
+    from_fp32(p.flat.data() + p.offset[i], p.offset[i + 1] - p.offset[i], p.dtypes[i],
+              out_tensors[i]);
+  }
+  if (p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
+    std::vector<gift::transport::DumpTensor> tensors;
+    for (size_t i = 0; i < p.dtypes.size(); ++i) {
+      tensors.push_back({p.names[i].c_str(), p.dtypes[i], &p.shapes[i], out_tensors[i]});
+    }
+    return gift::transport::write_dump(p.dump, p.config, p.world, p.call, tensors);
+  }
+  return GIFT_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,228 @@
+// The local steps of the all-reduce in one process: `world` plans stand for the ranks and
+// the test moves their messages as a backend would (all-to-all, then all-gather). This is
+// the whole algorithm; the MPI, NCCL and Python backends only move these bytes.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allreduce_reference.h"
+#include "gift/gift_transport.h"
+
+namespace {
+
+using gift::test::Bucket;
+using gift::test::TensorSpec;
+using PlanPtr = std::unique_ptr<giftReducePlan, decltype(&giftReducePlanDestroy)>;
+
+// `world` ranks of one bucket; messages[r] is what rank r has to send.
+class SimulatedWorld {
+ public:
+  SimulatedWorld(const giftAllReduceConfig& config, int world, std::vector<TensorSpec> specs)
+      : specs_(std::move(specs)) {
+    const std::vector<giftBucketTensor> d = gift::test::describe(specs_);
+    for (int r = 0; r < world; ++r) {
+      giftReducePlan* p = nullptr;
+      EXPECT_EQ(giftReducePlanCreate(&config, world, r, d.data(), d.size(), &p), GIFT_OK)
+          << giftGetLastErrorMessage();
+      plans_.emplace_back(p, giftReducePlanDestroy);
+    }
+    bytes_ = giftReducePlanMessageBytes(plans_[0].get());
+  }
+
+  int world() const { return int(plans_.size()); }
+  uint64_t message_bytes() const { return bytes_; }
+
+  // Step 1 on every rank, then the all-to-all: recv[r] holds rank r's incoming messages.
+  std::vector<std::vector<uint8_t>> scatter(const std::vector<Bucket>& inputs) {
+    const uint64_t w = uint64_t(world());
+    std::vector<std::vector<uint8_t>> send(w, std::vector<uint8_t>(w * bytes_));
+    for (uint64_t r = 0; r < w; ++r) {
+      const std::vector<const void*> in = pointers(inputs[r]);
+      EXPECT_EQ(giftReduceEncodeShards(plans_[r].get(), in.data(), send[r].data()), GIFT_OK)
+          << giftGetLastErrorMessage();
+    }
+    std::vector<std::vector<uint8_t>> recv(w, std::vector<uint8_t>(w * bytes_));
+    for (uint64_t to = 0; to < w; ++to) {
+      for (uint64_t from = 0; from < w; ++from) {
+        memcpy(&recv[to][from * bytes_], &send[from][to * bytes_], bytes_);
+      }
+    }
+    return recv;
+  }
+
+  // Step 3 on rank r.
+  giftResult_t reduce(int r, const std::vector<uint8_t>& recv, uint8_t* out) {
+    return giftReduceSumShard(plans_[r].get(), recv.data(), out);
+  }
+
+  // Steps 3 to 5 on every rank after scatter; returns each rank's result.
+  std::vector<Bucket> finish(const std::vector<std::vector<uint8_t>>& recv) {
+    const uint64_t w = uint64_t(world());
+    std::vector<uint8_t> gathered(w * bytes_);
+    for (uint64_t r = 0; r < w; ++r) {
+      EXPECT_EQ(reduce(int(r), recv[r], &gathered[r * bytes_]), GIFT_OK)
+          << giftGetLastErrorMessage();
+    }
+    std::vector<Bucket> out;
+    for (uint64_t r = 0; r < w; ++r) {
+      out.push_back(empty_bucket());
+      std::vector<void*> o;
+      for (auto& t : out.back()) o.push_back(t.data());
+      EXPECT_EQ(giftReduceDecodeResult(plans_[r].get(), gathered.data(), o.data()), GIFT_OK)
+          << giftGetLastErrorMessage();
+    }
+    return out;
+  }
+
+  std::vector<Bucket> allreduce(const std::vector<Bucket>& inputs) {
+    return finish(scatter(inputs));
+  }
+
+ private:
+  static std::vector<const void*> pointers(const Bucket& b) {
+    std::vector<const void*> p;
+    for (const auto& t : b) p.push_back(t.data());
+    return p;
+  }
+  Bucket empty_bucket() const {
+    Bucket b;
+    for (const TensorSpec& s : specs_)
+      b.emplace_back(s.elements() * gift::test::dtype_bytes(s.dtype));
+    return b;
+  }
+
+  std::vector<TensorSpec> specs_;
+  std::vector<PlanPtr> plans_;
+  uint64_t bytes_ = 0;
+};
+
+std::vector<Bucket> inputs_for(const std::vector<TensorSpec>& specs, int world, uint64_t seed) {
+  std::vector<Bucket> in;
+  for (int r = 0; r < world; ++r) in.push_back(gift::test::make_input(specs, seed, r));
+  return in;
+}
+
+void expect_within_bound(const std::vector<TensorSpec>& specs, const std::vector<Bucket>& in,
+                         const Bucket& out, const giftAllReduceConfig& c) {
+  std::vector<std::vector<double>> x;
+  for (const Bucket& b : in) x.push_back(gift::test::flat(specs, b));
+  const std::vector<double> exact = gift::test::exact_reduce(x, c.op);
+  const std::vector<double> bound = gift::test::error_bound(x, specs, c);
+  const std::vector<double> got = gift::test::flat(specs, out);
+  ASSERT_EQ(got.size(), exact.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_LE(std::fabs(got[i] - exact[i]), bound[i]) << "element " << i << " of the bucket";
+  }
+}
+
+struct Case {
+  int world;
+  giftReduceOp_t op;
+  giftFp8Kind_t kind;
+  giftScaleDType_t scales;
+};
+
+class LocalSteps : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LocalSteps, ReplicasAgreeAndStayWithinTheTwoRoundingBound) {
+  const Case k = GetParam();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.op = k.op;
+  c.kind = k.kind;
+  c.scale_dtype = k.scales;
+  c.threads = 1;
+  for (const auto& specs : {gift::test::mixed_bucket(), gift::test::tiny_bucket(),
+                            std::vector<TensorSpec>{{"none", GIFT_DTYPE_F32, {0}}}}) {
+    SimulatedWorld sim(c, k.world, specs);
+    const std::vector<Bucket> in = inputs_for(specs, k.world, 7);
+    const std::vector<Bucket> out = sim.allreduce(in);
+    for (int r = 1; r < k.world; ++r) EXPECT_EQ(out[r], out[0]) << "rank " << r;
+    expect_within_bound(specs, in, out[0], c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Worlds, LocalSteps,
+    ::testing::Values(Case{1, GIFT_REDUCE_SUM, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_F32},
+                      Case{2, GIFT_REDUCE_SUM, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_F32},
+                      Case{3, GIFT_REDUCE_AVG, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_F32},
+                      Case{4, GIFT_REDUCE_SUM, GIFT_FP8_E5M2, GIFT_SCALE_DTYPE_F32},
+                      Case{4, GIFT_REDUCE_AVG, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_E8M0},
+                      Case{5, GIFT_REDUCE_AVG, GIFT_FP8_E5M2, GIFT_SCALE_DTYPE_E8M0}));
+
+TEST(LocalSteps, MessagesStayNearOneBytePerElement) {
+  // 1 MiB of fp32 over 4 ranks: each message carries a quarter of the bucket in FP8 plus
+  // one fp32 scale per 128 elements and a 64-byte header.
+  const std::vector<TensorSpec> specs = {{"g", GIFT_DTYPE_F32, {1u << 18}}};
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  SimulatedWorld sim(c, 4, specs);
+  EXPECT_EQ(sim.message_bytes(), 64u + (1u << 16) / 128 * 4 + (1u << 16));
+}
+
+TEST(LocalSteps, CorruptedMessageIsCaughtAndNamesTheSender) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  SimulatedWorld sim(c, 3, specs);
+  auto recv = sim.scatter(inputs_for(specs, 3, 1));
+  recv[2][1 * sim.message_bytes() + 100] ^= 1;  // rank 1's message to rank 2
+  std::vector<uint8_t> out(sim.message_bytes());
+  EXPECT_EQ(sim.reduce(2, recv[2], out.data()), GIFT_ERROR_SECTION_CHECKSUM);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("from rank 1"), std::string::npos)
+      << giftGetLastErrorMessage();
+}
+
+TEST(LocalSteps, MisroutedMessageIsRejectedEvenWithoutIntegrity) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.integrity = 0;
+  SimulatedWorld sim(c, 3, specs);
+  auto recv = sim.scatter(inputs_for(specs, 3, 1));
+  const uint64_t m = sim.message_bytes();
+  std::swap_ranges(recv[0].begin(), recv[0].begin() + m, recv[0].begin() + m);
+  std::vector<uint8_t> out(m);
+  EXPECT_EQ(sim.reduce(0, recv[0], out.data()), GIFT_ERROR_CORRUPT_INPUT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("from rank 0"), std::string::npos)
+      << giftGetLastErrorMessage();
+}
+
+TEST(LocalSteps, ConfigStructIsSizedAndChecked) {
+  const std::vector<TensorSpec> specs = gift::test::tiny_bucket();
+  const std::vector<giftBucketTensor> d = gift::test::describe(specs);
+  giftReducePlan* p = nullptr;
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.magic = 0;
+  EXPECT_EQ(giftReducePlanCreate(&c, 2, 0, d.data(), d.size(), &p), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("magic"), std::string::npos);
+  // A caller built against an older, shorter struct: fields past its size keep defaults.
+  giftAllReduceConfig old = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  old.size = offsetof(giftAllReduceConfig, dump_every);
+  old.dump_every = 1;  // beyond `size`: must not be read
+  ASSERT_EQ(giftReducePlanCreate(&old, 2, 0, d.data(), d.size(), &p), GIFT_OK)
+      << giftGetLastErrorMessage();
+  giftReducePlanDestroy(p);
+  EXPECT_EQ(giftReducePlanCreate(nullptr, 2, 2, d.data(), d.size(), &p),
+            GIFT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(LocalSteps, NonFiniteInputNamesTheTensor) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  std::vector<Bucket> in = inputs_for(specs, 1, 1);
+  const float nan = NAN;
+  memcpy(in[0][5].data() + 4 * 17, &nan, 4);
+  const std::vector<giftBucketTensor> d = gift::test::describe(specs);
+  giftReducePlan* p = nullptr;
+  ASSERT_EQ(giftReducePlanCreate(&c, 1, 0, d.data(), d.size(), &p), GIFT_OK);
+  std::vector<const void*> ptrs;
+  for (const auto& t : in[0]) ptrs.push_back(t.data());
+  std::vector<uint8_t> send(giftReducePlanMessageBytes(p));
+  EXPECT_EQ(giftReduceEncodeShards(p, ptrs.data(), send.data()), GIFT_ERROR_NONFINITE_INPUT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("element 17 of tensor 'big.fp32'"),
+            std::string::npos)
+      << giftGetLastErrorMessage();
+  giftReducePlanDestroy(p);
+}
+
+}  // namespace

@@ -1,0 +1,282 @@
+// The MPI backend end to end, run by ctest under mpirun with 1 to 4 ranks. Every rank
+// rebuilds every rank's input from a seed, so each can check its own result against the
+// exact reduction. A failed check is printed with its rank and counted; the ranks agree on
+// the count at the end (checks never stop a rank early, which would hang the others).
+#include <mpi.h>
+#include <xxhash.h>
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "allreduce_reference.h"
+#include "gift/gift_mpi.h"
+#include "transport/testing.h"
+
+namespace {
+
+using gift::test::Bucket;
+using gift::test::TensorSpec;
+
+int g_rank = 0, g_world = 1, g_failures = 0;
+
+#define CHECK(cond, ...)                                                          \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      ++g_failures;                                                               \
+      fprintf(stderr, "rank %d: %s:%d: %s: ", g_rank, __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                               \
+      fprintf(stderr, "\n");                                                      \
+    }                                                                             \
+  } while (0)
+
+struct Comm {
+  giftComm* c = nullptr;
+  explicit Comm(const giftAllReduceConfig& config) {
+    const giftResult_t rc = giftCommInitMpi(MPI_COMM_WORLD, &config, &c);
+    CHECK(rc == GIFT_OK, "giftCommInitMpi: %s", giftGetLastErrorMessage());
+  }
+  ~Comm() { giftCommDestroy(c); }
+};
+
+giftAllReduceConfig base_config() {
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.threads = 1;
+  return c;
+}
+
+// One all-reduce of `in` (this rank's bucket); the result in fresh buffers.
+Bucket allreduce(giftComm* comm, const std::vector<TensorSpec>& specs, const Bucket& in,
+                 giftResult_t* rc) {
+  const std::vector<giftBucketTensor> d = gift::test::describe(specs);
+  Bucket out;
+  std::vector<const void*> send;
+  std::vector<void*> recv;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    out.emplace_back(in[i].size());
+    send.push_back(in[i].data());
+    recv.push_back(out[i].data());
+  }
+  *rc = giftAllReduceBucket(comm, d.data(), send.data(), recv.data(), d.size());
+  return out;
+}
+
+// Every rank's result hashes alike.
+bool same_on_every_rank(const Bucket& out) {
+  uint64_t h = 0;
+  for (const auto& t : out) h = XXH3_64bits_withSeed(t.data(), t.size(), h);
+  std::vector<uint64_t> all(static_cast<size_t>(g_world));
+  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (uint64_t x : all) {
+    if (x != h) return false;
+  }
+  return true;
+}
+
+std::vector<std::vector<double>> all_inputs(const std::vector<TensorSpec>& specs, uint64_t seed) {
+  std::vector<std::vector<double>> x;
+  for (int r = 0; r < g_world; ++r) {
+    x.push_back(gift::test::flat(specs, gift::test::make_input(specs, seed, r)));
+  }
+  return x;
+}
+
+void check_bound(const char* what, const std::vector<TensorSpec>& specs, const Bucket& out,
+                 const giftAllReduceConfig& c, uint64_t seed) {
+  const auto x = all_inputs(specs, seed);
+  const std::vector<double> exact = gift::test::exact_reduce(x, c.op);
+  const std::vector<double> bound = gift::test::error_bound(x, specs, c);
+  const std::vector<double> got = gift::test::flat(specs, out);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - exact[i]) <= bound[i]) && bad++ == 0) first = i;
+  }
+  CHECK(bad == 0, "%s: %zu elements past the bound, first %zu: got %g, exact %g, bound %g", what,
+        bad, first, got[first], exact[first], bound[first]);
+}
+
+void test_buckets() {
+  struct Variant {
+    const char* name;
+    giftReduceOp_t op;
+    giftFp8Kind_t kind;
+    giftScaleDType_t scales;
+  };
+  const Variant variants[] = {
+      {"sum e4m3 f32", GIFT_REDUCE_SUM, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_F32},
+      {"avg e4m3 f32", GIFT_REDUCE_AVG, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_F32},
+      {"avg e5m2 e8m0", GIFT_REDUCE_AVG, GIFT_FP8_E5M2, GIFT_SCALE_DTYPE_E8M0}};
+  const std::vector<TensorSpec> buckets[] = {gift::test::mixed_bucket(),
+                                             gift::test::tiny_bucket(),
+                                             {{"nothing", GIFT_DTYPE_BF16, {4, 0}}}};
+  for (const Variant& v : variants) {
+    giftAllReduceConfig c = base_config();
+    c.op = v.op;
+    c.kind = v.kind;
+    c.scale_dtype = v.scales;
+    Comm comm(c);
+    for (const auto& specs : buckets) {
+      const Bucket in = gift::test::make_input(specs, 11, g_rank);
+      giftResult_t rc;
+      const Bucket out = allreduce(comm.c, specs, in, &rc);
+      CHECK(rc == GIFT_OK, "%s: %s", v.name, giftGetLastErrorMessage());
+      CHECK(same_on_every_rank(out), "%s: replicas differ", v.name);
+      check_bound(v.name, specs, out, c, 11);
+    }
+  }
+}
+
+void test_flat_in_place() {
+  const uint64_t n = 100003;
+  const std::vector<TensorSpec> specs = {{"buffer", GIFT_DTYPE_F32, {n}}};
+  const Bucket in = gift::test::make_input(specs, 5, g_rank);
+  Bucket out(1, std::vector<uint8_t>(in[0].size())), inplace = in;
+  giftAllReduceConfig c = base_config();
+  Comm a(c), b(c);
+  CHECK(giftAllReduce(a.c, in[0].data(), out[0].data(), n, GIFT_DTYPE_F32, nullptr) == GIFT_OK,
+        "%s", giftGetLastErrorMessage());
+  CHECK(giftAllReduce(b.c, inplace[0].data(), inplace[0].data(), n, GIFT_DTYPE_F32, nullptr) ==
+            GIFT_OK,
+        "%s", giftGetLastErrorMessage());
+  CHECK(out == inplace, "in-place and out-of-place results differ");
+  CHECK(same_on_every_rank(out), "replicas differ");
+  check_bound("flat", specs, out, c, 5);
+}
+
+// Max over elements of |mean of the first T results - exact|, for each T in `at`.
+std::vector<double> running_mean_errors(int error_feedback, const std::vector<int>& at) {
+  const std::vector<TensorSpec> specs = {{"g", GIFT_DTYPE_F32, {3000}}};
+  giftAllReduceConfig c = base_config();
+  c.op = GIFT_REDUCE_AVG;
+  c.error_feedback = error_feedback;
+  Comm comm(c);
+  const Bucket in = gift::test::make_input(specs, 21, g_rank);
+  const std::vector<double> exact = gift::test::exact_reduce(all_inputs(specs, 21), c.op);
+  std::vector<double> total(exact.size(), 0.0), errors;
+  for (int t = 1; t <= at.back(); ++t) {
+    giftResult_t rc;
+    const std::vector<double> got = gift::test::flat(specs, allreduce(comm.c, specs, in, &rc));
+    CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+    for (size_t i = 0; i < got.size(); ++i) total[i] += got[i];
+    if (std::find(at.begin(), at.end(), t) == at.end()) continue;
+    double e = 0;
+    for (size_t i = 0; i < got.size(); ++i) e = std::max(e, std::fabs(total[i] / t - exact[i]));
+    errors.push_back(e);
+  }
+  return errors;
+}
+
+// With error feedback each encode's residual returns in the next call, so the residuals
+// telescope: sum_t result_t = T exact - (the residuals left after call T) + fp32 slack.
+// The residuals stay within about one call's error bound, hence |mean_T - exact| <= C / T
+// with C = 2 x the first call's bound, over a floor of fp32 summation slack.
+void test_error_feedback() {
+  const std::vector<int> at = {1, 2, 4, 8, 16, 32, 64};
+  const std::vector<TensorSpec> specs = {{"g", GIFT_DTYPE_F32, {3000}}};
+  giftAllReduceConfig c = base_config();
+  c.op = GIFT_REDUCE_AVG;
+  const auto x = all_inputs(specs, 21);
+  const std::vector<double> bound = gift::test::error_bound(x, specs, c);
+  double C = 0, floor = 0;
+  for (size_t i = 0; i < bound.size(); ++i) {
+    C = std::max(C, 2 * bound[i]);
+    double s = 0;
+    for (const auto& xr : x) s += std::fabs(xr[i]);
+    floor = std::max(floor, 4.0 * g_world * gift::test::kU * s);
+  }
+  const std::vector<double> with = running_mean_errors(1, at);
+  const std::vector<double> without = running_mean_errors(0, at);
+  for (size_t k = 0; k < at.size(); ++k) {
+    CHECK(with[k] <= C / at[k] + floor, "error feedback, T=%d: error %g > C/T %g", at[k], with[k],
+          C / at[k] + floor);
+    CHECK(without[k] >= 0.5 * without[0], "no error feedback, T=%d: error %g fell below %g", at[k],
+          without[k], 0.5 * without[0]);
+  }
+  CHECK(without[0] > 0, "the test gradient must not be exactly representable");
+  CHECK(with.back() <= with[0] / 8, "error feedback: T=64 error %g not below %g", with.back(),
+        with[0] / 8);
+}
+
+void test_corruption_is_reported_everywhere() {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  const Bucket in = gift::test::make_input(specs, 3, g_rank);
+  for (int step = 0; step < 2; ++step) {
+    Comm comm(base_config());
+    const int sender = g_world - 1, receiver = 0;
+    gift::transport::testing::corrupt_message(step, sender, receiver);
+    giftResult_t rc;
+    allreduce(comm.c, specs, in, &rc);
+    gift::transport::testing::corrupt_message(-1, -1, -1);
+    const std::string msg = giftGetLastErrorMessage();
+    CHECK(rc == GIFT_ERROR_SECTION_CHECKSUM, "step %d: got %d (%s)", step, int(rc), msg.c_str());
+    const std::string names = "rank 0 failed";
+    const std::string from = "from rank " + std::to_string(sender);
+    CHECK(msg.find(names) != std::string::npos && msg.find(from) != std::string::npos,
+          "step %d: message lacks '%s' or '%s': %s", step, names.c_str(), from.c_str(),
+          msg.c_str());
+    // The communicator stays usable: the next call goes through.
+    const Bucket out = allreduce(comm.c, specs, in, &rc);
+    CHECK(rc == GIFT_OK, "after a corrupted call: %s", giftGetLastErrorMessage());
+  }
+}
+
+void test_dump(const std::string& dir) {
+  if (g_rank == 0) std::filesystem::create_directories(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  giftAllReduceConfig c = base_config();
+  c.dump_every = 2;
+  c.dump_path = dir.c_str();
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  const Bucket in = gift::test::make_input(specs, 9, g_rank);
+  Comm comm(c);
+  Bucket out;
+  for (int call = 1; call <= 2; ++call) {
+    giftResult_t rc;
+    out = allreduce(comm.c, specs, in, &rc);
+    CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+  }
+  if (g_rank != 0) return;
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".gift") continue;
+    ++files;
+    giftFrame* f = nullptr;
+    CHECK(giftFrameOpenFile(e.path().c_str(), &f) == GIFT_OK, "%s", giftGetLastErrorMessage());
+    if (!f) continue;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      uint64_t index = 0;
+      std::vector<uint8_t> back(out[i].size());
+      CHECK(giftFrameFindTensor(f, specs[i].name.c_str(), &index) == GIFT_OK &&
+                giftFrameDecodeTensor(f, index, back.data(), back.size(), specs[i].dtype) ==
+                    GIFT_OK &&
+                back == out[i],
+            "dumped tensor %s differs from the result: %s", specs[i].name.c_str(),
+            giftGetLastErrorMessage());
+    }
+    giftFrameClose(f);
+  }
+  CHECK(files == 1, "%zu dump files in %s, expected 1 (call 2)", files, dir.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  const std::string dump_dir = argc > 1 ? argv[1] : "mpi_allreduce_dumps";
+  if (g_rank == 0) std::filesystem::remove_all(dump_dir);
+  test_buckets();
+  test_flat_in_place();
+  test_error_feedback();
+  test_corruption_is_reported_everywhere();
+  test_dump(dump_dir);
+  int failures = 0;
+  MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0) printf("%d rank(s): %d failed check(s)\n", g_world, failures);
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}
