@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "api/handles.h"
 #include "common/error.h"
 #include "gift/gift_transport.h"
 #include "transport/config.h"
@@ -52,6 +53,7 @@ struct giftComm {
   giftAllReduceConfig config;
   std::string dump_path;  // config.dump_path points here: the caller's string may not live on
   std::map<std::string, Bucket> buckets;
+  std::unique_ptr<giftBasis> basis;  // the communicator's copy, set on every plan
 };
 
 namespace {
@@ -105,6 +107,7 @@ giftResult_t bucket_for(giftComm& c, const giftBucketTensor* tensors, size_t n, 
   }
   Bucket b;
   b.plan.reset(plan);
+  if (const giftResult_t rc = giftReducePlanSetBasis(plan, c.basis.get())) return rc;
   b.message_bytes = giftReducePlanMessageBytes(plan);
   const uint64_t all = b.message_bytes * uint64_t(c.backend.world);
   b.send.resize(all);
@@ -128,6 +131,97 @@ giftResult_t run(giftComm& c, Bucket& b, void* const* recv) {
   apply_test_corruption(c, 1, b.send.data(), m);
   rc = giftReduceDecodeResult(b.plan.get(), b.send.data(), recv);
   return agree(c, rc, "decoding the result");
+}
+
+std::string id_hex(const uint8_t* id) {
+  uint64_t lo, hi;
+  memcpy(&lo, id, 8);
+  memcpy(&hi, id + 8, 8);
+  return lo || hi ? gift::coords::BasisId{lo, hi}.hex() : "none";
+}
+
+// Every rank's basis id, so that a rank holding another basis is named on every rank before
+// any message in the wrong coordinates is sent.
+giftResult_t check_same_basis(giftComm& c, const giftBasis* basis) {
+  uint8_t mine[16] = {};
+  if (basis) {
+    memcpy(mine, &basis->basis.id.lo, 8);
+    memcpy(mine + 8, &basis->basis.id.hi, 8);
+  }
+  std::vector<uint8_t> all(16 * size_t(c.backend.world));
+  if (c.backend.all_gather(c.backend.ctx, mine, all.data(), 16) != GIFT_OK) {
+    return exchange_failed(c, "the all-gather of basis ids");
+  }
+  std::string differ;
+  for (int r = 1; r < c.backend.world; ++r) {
+    if (memcmp(all.data(), all.data() + 16 * r, 16) != 0) {
+      differ += (differ.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
+                " holds " + id_hex(all.data() + 16 * r);
+    }
+  }
+  if (differ.empty()) return GIFT_OK;
+  return fail(GIFT_ERROR_BASIS_MISSING, "the ranks hold different bases: rank 0 holds %s, %s",
+              id_hex(all.data()).c_str(), differ.c_str());
+}
+
+giftResult_t set_basis(giftComm& c, const giftBasis* basis) {
+  if (const giftResult_t rc = check_same_basis(c, basis)) return rc;
+  c.basis.reset(basis ? new giftBasis(*basis) : nullptr);
+  for (auto& [key, b] : c.buckets) {
+    if (const giftResult_t rc = giftReducePlanSetBasis(b.plan.get(), c.basis.get())) return rc;
+  }
+  return GIFT_OK;
+}
+
+// The moments summed over the ranks in rank order, in fp32 (every rank gathers them all, so
+// every rank could check the fit; only rank 0 fits), divided by the world size.
+giftResult_t average_moment(giftComm& c, const float* mine, uint64_t count,
+                            std::vector<float>* out) {
+  std::vector<float> all(count * uint64_t(c.backend.world));
+  if (c.backend.all_gather(c.backend.ctx, mine, all.data(), count * sizeof(float)) != GIFT_OK) {
+    return exchange_failed(c, "the all-gather of activation statistics");
+  }
+  out->assign(all.begin(), all.begin() + count);
+  for (int r = 1; r < c.backend.world; ++r) {
+    const float* x = all.data() + count * uint64_t(r);
+    for (uint64_t i = 0; i < count; ++i) (*out)[i] += x[i];
+  }
+  const float w = float(c.backend.world);
+  for (float& x : *out) x /= w;
+  return GIFT_OK;
+}
+
+// Rank 0's fit of every tensor to the averaged moments, as .giftb bytes.
+giftResult_t fit_on_root(giftComm& c, size_t n, const char* const* names,
+                         const float* const* moments, const uint32_t* dims,
+                         const giftFitParams* params, std::vector<uint8_t>* bytes) {
+  giftBasisBuilder* builder = nullptr;
+  giftResult_t rc = c.backend.rank == 0 ? giftBasisBuilderCreate(params, &builder) : GIFT_OK;
+  const std::unique_ptr<giftBasisBuilder, decltype(&giftBasisBuilderFree)> owner(
+      builder, giftBasisBuilderFree);
+  if ((rc = agree(c, rc, "creating the basis builder"))) return rc;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t count = uint64_t(dims[i]) * dims[i];
+    std::vector<float> avg;
+    if ((rc = average_moment(c, moments[i], count, &avg))) return rc;
+    if (c.backend.rank == 0) {
+      const std::vector<double> a(avg.begin(), avg.end());
+      rc = giftBasisBuilderAdd(builder, names[i], a.data(), dims[i], "activations", nullptr, 0,
+                               nullptr, 0, nullptr, nullptr);
+    }
+    if ((rc = agree(c, rc, "fitting a whitener"))) return rc;
+  }
+  if (c.backend.rank != 0) return GIFT_OK;
+  giftBasis* basis = nullptr;
+  if ((rc = giftBasisBuilderFinish(builder, &basis))) return rc;
+  const std::unique_ptr<giftBasis, decltype(&giftBasisFree)> b(basis, giftBasisFree);
+  void* data = nullptr;
+  uint64_t size = 0;
+  if ((rc = giftBasisSerialize(basis, 0, &data, &size))) return rc;
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  bytes->assign(p, p + size);
+  giftFree(data);
+  return GIFT_OK;
 }
 
 }  // namespace
@@ -177,6 +271,56 @@ void giftCommDestroy(giftComm* comm) {
   if (!comm) return;
   if (comm->backend.destroy) comm->backend.destroy(comm->backend.ctx);
   delete comm;
+}
+
+giftResult_t giftCommSetBasis(giftComm* comm, const giftBasis* basis) {
+  gift::clear_error();
+  if (!comm) return fail(GIFT_ERROR_INVALID_ARGUMENT, "comm is NULL");
+  giftResult_t rc;
+  try {
+    rc = set_basis(*comm, basis);
+  } catch (const std::bad_alloc&) {
+    rc = fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for the communicator's basis");
+  }
+  return agree(*comm, rc, "setting the basis");
+}
+
+giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char* const* names,
+                                  const float* const* moments, const uint32_t* dims,
+                                  const giftFitParams* params, giftBasis** basis) {
+  gift::clear_error();
+  if (!comm) return fail(GIFT_ERROR_INVALID_ARGUMENT, "comm is NULL");
+  giftComm& c = *comm;
+  if (basis) *basis = nullptr;
+  giftResult_t rc = GIFT_OK;
+  for (size_t i = 0; i < n && rc == GIFT_OK; ++i) {
+    if (!names || !names[i] || !moments || !moments[i] || !dims || dims[i] == 0)
+      rc = fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: no name, moment or dimension", i);
+  }
+  if ((rc = agree(c, rc, "checking the statistics"))) return rc;
+  try {
+    std::vector<uint8_t> bytes;
+    if ((rc = fit_on_root(c, n, names, moments, dims, params, &bytes)))
+      return agree(c, rc, "fitting");
+    rc = agree(c, GIFT_OK, "fitting the basis");
+    if (rc) return rc;
+    uint64_t size = bytes.size();
+    if (c.backend.broadcast(c.backend.ctx, &size, sizeof size, 0) != GIFT_OK)
+      return exchange_failed(c, "the broadcast of the basis size");
+    bytes.resize(size);
+    if (c.backend.broadcast(c.backend.ctx, bytes.data(), size, 0) != GIFT_OK)
+      return exchange_failed(c, "the broadcast of the basis");
+    giftBasis* fitted = nullptr;
+    rc = giftBasisFromBytes(bytes.data(), size, &fitted);
+    std::unique_ptr<giftBasis, decltype(&giftBasisFree)> owner(fitted, giftBasisFree);
+    if ((rc = agree(c, rc, "reading the broadcast basis"))) return rc;
+    if ((rc = giftCommSetBasis(comm, fitted))) return rc;
+    if (basis) *basis = owner.release();
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return agree(c, fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory to refresh the basis"),
+                 "refreshing the basis");
+  }
 }
 
 giftResult_t giftAllReduceBucket(giftComm* comm, const giftBucketTensor* tensors,

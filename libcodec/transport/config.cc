@@ -10,6 +10,10 @@ giftResult_t read_config(const giftAllReduceConfig* config, giftAllReduceConfig*
   *out = defaults;
   if (!config) return GIFT_OK;
   if (const giftResult_t r = read_sized(config, defaults, out, "giftAllReduceConfig")) return r;
+  if (out->coords != GIFT_COORDS_MODE_EUCLIDEAN && out->coords != GIFT_COORDS_MODE_GIFT &&
+      out->coords != GIFT_COORDS_MODE_AUTO) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown coordinates mode %d", int(out->coords));
+  }
   if (out->threads < 0) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "threads is negative (%d)", out->threads);
   }

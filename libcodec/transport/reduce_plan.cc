@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -13,10 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "api/handles.h"
 #include "common/ctx.h"
 #include "common/error.h"
+#include "coords/select.h"
+#include "coords/whitener.h"
 #include "gift/gift_transport.h"
-#include "numerics/elementwise.h"
+#include "numerics/convert.h"
 #include "transport/config.h"
 #include "transport/dump.h"
 
@@ -35,8 +39,9 @@ struct MessageHeader {
   uint32_t shard;
   uint64_t call;
   uint64_t count;        // elements of the shard
-  uint8_t basis_id[16];  // basis of the coordinates encoded; zero: identity (no basis yet)
-  uint8_t reserved[8];
+  uint8_t basis_id[16];  // the plan's basis; zero: none (every tensor Euclidean)
+  uint32_t coords_hash;  // which tensors are in GIFT coordinates (coords_hash below)
+  uint32_t flags;        // kCarriesEstimates / kCarriesDecision
 };
 static_assert(sizeof(MessageHeader) == 64, "header keeps the payload 64-byte aligned");
 
@@ -44,6 +49,10 @@ constexpr uint32_t kMessageMagic = 0x52544647u;  // "GFTR"
 constexpr uint32_t kScatter = 0;
 constexpr uint32_t kGather = 1;
 constexpr uint64_t kAlign = 64;
+// Message 0 of a measuring call carries the sender's estimates (two floats per tensor) to
+// rank 0; rank 0's reduced message then carries the decision (one byte per tensor) to all.
+constexpr uint32_t kCarriesEstimates = 1;
+constexpr uint32_t kCarriesDecision = 2;
 
 uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
@@ -68,13 +77,23 @@ struct giftReducePlan {
   std::vector<uint64_t> offset;       // tensor i is flat[offset[i], offset[i+1])
   std::vector<uint64_t> shard_begin;  // shard r is flat[shard_begin[r], shard_begin[r+1])
   uint64_t max_shard = 0;
-  uint64_t scales_at = 0, codes_at = 0, message_bytes = 0;
+  uint64_t scales_at = 0, codes_at = 0, extra_at = 0, message_bytes = 0;
+
+  // GIFT coordinates: the plan's copy of the basis's whiteners for its tensors (null where a
+  // tensor is not eligible), which tensors are whitened now, and calls since the basis came.
+  bool has_basis = false;
+  gift::coords::BasisId basis_id;
+  std::vector<std::unique_ptr<gift::coords::Whitener>> whitener;
+  std::vector<uint8_t> in_gift;
+  uint32_t coords_hash = 0;
+  uint64_t calls_with_basis = 0;
 
   std::vector<float> flat;            // the bucket in fp32 (input, then result)
   std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
   std::vector<float> sum;             // this rank's shard: the sum being reduced
   std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
   std::vector<float> scratch;         // one decoded shard
+  std::vector<float> estimates;       // 2 per tensor: this rank's, or the sum over ranks
 
   uint64_t shard_count(int r) const { return shard_begin[r + 1] - shard_begin[r]; }
 };
@@ -94,7 +113,10 @@ giftResult_t plan_layout(giftReducePlan& p) {
   if (const giftResult_t rc = giftScaleBytes(&p.params, 1, p.max_shard, &scale_bytes)) return rc;
   p.scales_at = sizeof(MessageHeader);
   p.codes_at = p.scales_at + round_up(scale_bytes, kAlign);
-  p.message_bytes = p.codes_at + round_up(p.max_shard, kAlign);
+  p.extra_at = p.codes_at + round_up(p.max_shard, kAlign);
+  // Only measured choices exchange estimates; the space is fixed at creation with the size.
+  const uint64_t extra = p.config.coords == GIFT_COORDS_MODE_AUTO ? 8 * (p.offset.size() - 1) : 0;
+  p.message_bytes = p.extra_at + round_up(extra, kAlign);
   return GIFT_OK;
 }
 
@@ -144,28 +166,78 @@ giftQuantParams encode_params(const giftReducePlan& p, uint32_t step, int sender
   return q;
 }
 
-void to_fp32(const void* src, giftDType_t dtype, uint64_t n, float* dst) {
-  if (dtype == GIFT_DTYPE_F32) {
-    memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  const uint16_t* h = static_cast<const uint16_t*>(src);
-  for (uint64_t i = 0; i < n; ++i) {
-    dst[i] =
-        dtype == GIFT_DTYPE_BF16 ? gift::num::bf16_to_float(h[i]) : gift::num::f16_to_float(h[i]);
+uint64_t tensor_elements(const giftReducePlan& p, size_t i) {
+  return p.offset[i + 1] - p.offset[i];
+}
+
+// A tensor's slice of the flat bucket as the whitener sees it: rows x (last dimension).
+void apply_whitener(const giftReducePlan& p, size_t i, float* flat, bool inverse) {
+  const gift::coords::Whitener& t = *p.whitener[i];
+  const uint64_t rows = tensor_elements(p, i) / t.dim;
+  float* w = flat + p.offset[i];
+  inverse ? gift::coords::unwhiten(t, w, rows) : gift::coords::whiten(t, w, rows);
+}
+
+void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {
+  for (size_t i = 0; i < p.in_gift.size(); ++i) {
+    if (p.in_gift[i]) apply_whitener(p, i, flat, inverse);
   }
 }
 
-void from_fp32(const float* src, uint64_t n, giftDType_t dtype, void* dst) {
-  if (dtype == GIFT_DTYPE_F32) {
-    memmove(dst, src, n * sizeof(float));
-    return;
+// Identifies the set of tensors in GIFT coordinates, so that a rank whose choice differs is
+// caught at the first exchange instead of summing values in different coordinates.
+uint32_t coords_hash(const std::vector<uint8_t>& in_gift) {
+  return uint32_t(XXH3_64bits(in_gift.data(), in_gift.size()));
+}
+
+// Applies a new choice of coordinates; the reduced shard's residual of a tensor that changes
+// coordinates no longer means anything and is dropped.
+void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift) {
+  const uint64_t sb = p.shard_begin[p.rank], se = p.shard_begin[p.rank + 1];
+  for (size_t i = 0; i < in_gift.size(); ++i) {
+    if (in_gift[i] == p.in_gift[i] || p.shard_residual.empty()) continue;
+    const uint64_t b = std::max(sb, p.offset[i]), e = std::min(se, p.offset[i + 1]);
+    for (uint64_t k = b; k < e; ++k) p.shard_residual[k - sb] = 0.0f;
   }
-  uint16_t* h = static_cast<uint16_t*>(dst);
-  for (uint64_t i = 0; i < n; ++i) {
-    h[i] = dtype == GIFT_DTYPE_BF16 ? gift::num::bf16_from_float(src[i])
-                                    : gift::num::f16_from_float(src[i]);
+  p.in_gift = in_gift;
+  p.coords_hash = coords_hash(p.in_gift);
+}
+
+bool measuring(const giftReducePlan& p) {
+  if (!p.has_basis || p.config.coords != GIFT_COORDS_MODE_AUTO) return false;
+  const uint64_t n = p.calls_with_basis;
+  return n == 0 || (p.config.reselect_every > 0 && n % p.config.reselect_every == 0);
+}
+
+// This rank's estimates of each eligible tensor's round-trip error in both coordinates, on
+// its values in original coordinates (NaN where not eligible).
+void measure(giftReducePlan& p) {
+  gift::coords::SelectOptions o;
+  o.mode = gift::coords::CoordsMode::kAuto;
+  for (size_t i = 0; i + 1 < p.offset.size(); ++i) {
+    float e = NAN, g = NAN;
+    if (p.whitener[i]) {
+      const uint64_t cols = p.whitener[i]->dim, rows = tensor_elements(p, i) / cols;
+      const gift::coords::Selection c = gift::coords::choose_coords(
+          p.flat.data() + p.offset[i], rows, cols, p.whitener[i].get(), p.params, o);
+      e = c.euclidean_error;
+      g = c.gift_error;
+    }
+    p.estimates[2 * i] = e;
+    p.estimates[2 * i + 1] = g;
   }
+}
+
+// Rank 0's decision from the estimates summed over the ranks: GIFT where it lowers the sum
+// of the ranks' estimated errors by the selection margin.
+std::vector<uint8_t> decide(const giftReducePlan& p) {
+  const double margin = gift::coords::SelectOptions{}.margin;
+  std::vector<uint8_t> d(p.in_gift.size(), 0);
+  for (size_t i = 0; i < d.size(); ++i) {
+    const double e = p.estimates[2 * i], g = p.estimates[2 * i + 1];
+    d[i] = p.whitener[i] && std::isfinite(e) && std::isfinite(g) && g < (1.0 - margin) * e;
+  }
+  return d;
 }
 
 // The tensor holding flat element `index`, for messages about non-finite inputs.
@@ -176,9 +248,17 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
 // Encodes values[0, count) into `msg` and, with error feedback, leaves values - decoded in
 // `residual`: what the next call adds back so that rounding errors do not accumulate.
 giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const float* values,
-                            uint64_t count, float* residual, uint8_t* msg) {
+                            uint64_t count, float* residual, uint8_t* msg, uint32_t flags = 0,
+                            const void* extra = nullptr, uint64_t extra_bytes = 0) {
   memset(msg, 0, p.message_bytes);
   MessageHeader h{};
+  if (p.has_basis) {
+    memcpy(h.basis_id, &p.basis_id.lo, 8);
+    memcpy(h.basis_id + 8, &p.basis_id.hi, 8);
+  }
+  h.coords_hash = p.coords_hash;
+  h.flags = flags;
+  if (extra_bytes) memcpy(msg + p.extra_at, extra, extra_bytes);
   h.magic = kMessageMagic;
   h.step = step;
   h.sender = uint32_t(p.rank);
@@ -233,11 +313,25 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
                 ", %" PRIu64 " elements)",
                 sender, step_name(step), shard, p.call, h.step, h.sender, h.shard, h.call, h.count);
   }
-  static const uint8_t kIdentity[16] = {};
-  if (memcmp(h.basis_id, kIdentity, sizeof kIdentity) != 0) {
+  uint8_t mine[16] = {};
+  if (p.has_basis) {
+    memcpy(mine, &p.basis_id.lo, 8);
+    memcpy(mine + 8, &p.basis_id.hi, 8);
+  }
+  if (memcmp(h.basis_id, mine, sizeof mine) != 0) {
+    uint64_t lo, hi;
+    memcpy(&lo, h.basis_id, 8);
+    memcpy(&hi, h.basis_id + 8, 8);
     return fail(GIFT_ERROR_BASIS_MISSING,
-                "the message from rank %d in %s is in a basis this rank does not hold", sender,
-                step_name(step));
+                "the message from rank %d in %s is in basis %s, this rank holds %s", sender,
+                step_name(step), lo || hi ? gift::coords::BasisId{lo, hi}.hex().c_str() : "none",
+                p.has_basis ? p.basis_id.hex().c_str() : "none");
+  }
+  if (h.coords_hash != p.coords_hash) {
+    return fail(GIFT_ERROR_BASIS_MISSING,
+                "the message from rank %d in %s chose other tensors for GIFT coordinates than "
+                "this rank",
+                sender, step_name(step));
   }
   return GIFT_OK;
 }
@@ -295,6 +389,10 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
       p->residual.assign(total, 0.0f);
       p->shard_residual.assign(p->max_shard, 0.0f);
     }
+    p->whitener.resize(n);
+    p->in_gift.assign(n, 0);
+    p->coords_hash = coords_hash(p->in_gift);
+    p->estimates.assign(2 * n, 0.0f);
     *plan = p.release();
     return GIFT_OK;
   } catch (const std::bad_alloc&) {
@@ -303,6 +401,43 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
 }
 
 void giftReducePlanDestroy(giftReducePlan* plan) { delete plan; }
+
+giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReducePlan& p = *plan;
+  try {
+    std::vector<std::unique_ptr<gift::coords::Whitener>> w(p.whitener.size());
+    std::vector<uint8_t> in_gift(p.whitener.size(), 0);
+    const bool use = basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN;
+    for (size_t i = 0; use && i < w.size(); ++i) {
+      const gift::coords::Whitener* t = basis->basis.find(p.names[i]);
+      const bool eligible =
+          t && p.shapes[i].size() >= 2 && p.shapes[i].back() == t->dim && tensor_elements(p, i) > 0;
+      if (!eligible) continue;
+      w[i] = std::make_unique<gift::coords::Whitener>(*t);
+      in_gift[i] = p.config.coords == GIFT_COORDS_MODE_GIFT;
+    }
+    p.whitener = std::move(w);
+    p.has_basis = basis != nullptr;
+    p.basis_id = basis ? basis->basis.id : gift::coords::BasisId{};
+    p.calls_with_basis = 0;
+    set_coords(p, in_gift);
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for the plan's copy of the basis");
+  }
+}
+
+giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoords_t* coords, size_t n) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  if (n != plan->in_gift.size() || (n && !coords)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "the plan has %zu tensors, %zu asked for",
+                plan->in_gift.size(), n);
+  }
+  for (size_t i = 0; i < n; ++i)
+    coords[i] = plan->in_gift[i] ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
+  return GIFT_OK;
+}
 
 uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan) {
   return plan ? plan->message_bytes : 0;
@@ -318,22 +453,28 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   if (const giftResult_t rc = check_tensor_pointers(p, tensors)) return rc;
   if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
   for (size_t i = 0; i < p.dtypes.size(); ++i) {
-    to_fp32(tensors[i], p.dtypes[i], p.offset[i + 1] - p.offset[i], p.flat.data() + p.offset[i]);
+    gift::convert_elements(tensors[i], p.dtypes[i], p.flat.data() + p.offset[i], GIFT_DTYPE_F32,
+                           tensor_elements(p, i));
   }
-  // GIFT coordinates go here once bases have a public API: whiten each matrix's slice of
-  // `flat` with the shared basis (and set the message's basis id). The residual is added
-  // first and computed in original coordinates after decoding, so a basis refresh between
-  // calls does not strand it.
+  // The residual is added in original coordinates, before whitening, and mapped back to them
+  // after encoding, so a change of basis or coordinates between calls does not strand it.
   for (size_t i = 0; i < p.residual.size(); ++i) p.flat[i] += p.residual[i];
+  const bool measure_now = measuring(p);
+  if (measure_now) measure(p);
+  if (p.has_basis) ++p.calls_with_basis;
+  apply_coords(p, p.flat.data(), false);
   for (int r = 0; r < p.world; ++r) {
     const uint64_t begin = p.shard_begin[r];
     float* residual = p.residual.empty() ? nullptr : p.residual.data() + begin;
+    const bool carry = measure_now && r == 0;
     if (const giftResult_t rc =
             encode_message(p, kScatter, r, p.flat.data() + begin, p.shard_count(r), residual,
-                           send + uint64_t(r) * p.message_bytes)) {
+                           send + uint64_t(r) * p.message_bytes, carry ? kCarriesEstimates : 0,
+                           p.estimates.data(), carry ? p.estimates.size() * sizeof(float) : 0)) {
       return rc;
     }
   }
+  if (!p.residual.empty()) apply_coords(p, p.residual.data(), true);
   return GIFT_OK;
 }
 
@@ -362,7 +503,22 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   if (residual) {
     for (uint64_t i = 0; i < count; ++i) p.sum[i] += residual[i];
   }
-  return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg);
+  // Rank 0 receives every rank's estimates on a measuring call and sends back the decision.
+  MessageHeader first;
+  memcpy(&first, recv, sizeof first);
+  if (!(first.flags & kCarriesEstimates)) {
+    return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg);
+  }
+  std::fill(p.estimates.begin(), p.estimates.end(), 0.0f);
+  std::vector<float> theirs(p.estimates.size());
+  for (int s = 0; s < p.world; ++s) {
+    memcpy(theirs.data(), recv + uint64_t(s) * p.message_bytes + p.extra_at,
+           theirs.size() * sizeof(float));
+    for (size_t k = 0; k < theirs.size(); ++k) p.estimates[k] += theirs[k];
+  }
+  const std::vector<uint8_t> d = decide(p);
+  return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg,
+                        kCarriesDecision, d.data(), d.size());
 }
 
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
@@ -381,10 +537,17 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
     decode_message(p, gathered + uint64_t(s) * p.message_bytes, p.shard_count(s),
                    p.flat.data() + p.shard_begin[s]);
   }
-  // GIFT coordinates: unwhiten each matrix's slice of `flat` here (see EncodeShards).
+  apply_coords(p, p.flat.data(), true);
   for (size_t i = 0; i < p.dtypes.size(); ++i) {
-    from_fp32(p.flat.data() + p.offset[i], p.offset[i + 1] - p.offset[i], p.dtypes[i],
-              out_tensors[i]);
+    gift::convert_elements(p.flat.data() + p.offset[i], GIFT_DTYPE_F32, out_tensors[i], p.dtypes[i],
+                           tensor_elements(p, i));
+  }
+  // Every rank reads rank 0's decision from the same gathered bytes, so all switch together.
+  MessageHeader zero;
+  memcpy(&zero, gathered, sizeof zero);
+  if (zero.flags & kCarriesDecision) {
+    set_coords(
+        p, std::vector<uint8_t>(gathered + p.extra_at, gathered + p.extra_at + p.in_gift.size()));
   }
   if (p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     std::vector<gift::transport::DumpTensor> tensors;

@@ -3,7 +3,9 @@
 // the whole algorithm; the MPI, NCCL and Python backends only move these bytes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,7 @@ class SimulatedWorld {
   }
 
   int world() const { return int(plans_.size()); }
+  giftReducePlan* plan(int r) const { return plans_[r].get(); }
   uint64_t message_bytes() const { return bytes_; }
 
   // Step 1 on every rank, then the all-to-all: recv[r] holds rank r's incoming messages.
@@ -154,11 +157,15 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(LocalSteps, MessagesStayNearOneBytePerElement) {
   // 1 MiB of fp32 over 4 ranks: each message carries a quarter of the bucket in FP8 plus
-  // one fp32 scale per 128 elements and a 64-byte header.
+  // one fp32 scale per 128 elements and a 64-byte header; with measured coordinates (the
+  // default) also 8 bytes of estimates per tensor, padded to 64.
   const std::vector<TensorSpec> specs = {{"g", GIFT_DTYPE_F32, {1u << 18}}};
   giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
-  SimulatedWorld sim(c, 4, specs);
-  EXPECT_EQ(sim.message_bytes(), 64u + (1u << 16) / 128 * 4 + (1u << 16));
+  c.coords = GIFT_COORDS_MODE_GIFT;
+  EXPECT_EQ(SimulatedWorld(c, 4, specs).message_bytes(), 64u + (1u << 16) / 128 * 4 + (1u << 16));
+  c.coords = GIFT_COORDS_MODE_AUTO;
+  EXPECT_EQ(SimulatedWorld(c, 4, specs).message_bytes(),
+            64u + (1u << 16) / 128 * 4 + (1u << 16) + 64u);
 }
 
 TEST(LocalSteps, CorruptedMessageIsCaughtAndNamesTheSender) {
@@ -223,6 +230,205 @@ TEST(LocalSteps, NonFiniteInputNamesTheTensor) {
             std::string::npos)
       << giftGetLastErrorMessage();
   giftReducePlanDestroy(p);
+}
+
+// ---- GIFT coordinates --------------------------------------------------------------------
+
+using BasisPtr = std::unique_ptr<giftBasis, decltype(&giftBasisFree)>;
+
+// A matrix whose rows mix four shared directions with strengths 10:5:2:1 plus 1% noise, the
+// geometry where whitening its input side lowers the FP8 error (as in the whitener's unit
+// tests); an isotropic one, where it gains nothing; and a vector.
+const std::vector<TensorSpec> kCoordsBucket = {{"aniso", GIFT_DTYPE_F32, {64, 256}},
+                                               {"iso", GIFT_DTYPE_F32, {32, 256}},
+                                               {"bias", GIFT_DTYPE_F32, {256}}};
+
+std::vector<float> low_rank_rows(uint64_t rows, uint64_t cols, int rank) {
+  std::mt19937_64 shared(7), own(100 + uint64_t(rank));
+  std::normal_distribution<float> n;
+  const float strength[4] = {10, 5, 2, 1};
+  std::vector<float> m(4 * cols);
+  for (float& x : m) x = n(shared) / std::sqrt(float(cols));
+  std::vector<float> w(rows * cols);
+  for (uint64_t i = 0; i < rows; ++i) {
+    float s[4];
+    for (int k = 0; k < 4; ++k) s[k] = n(own) * strength[k];
+    for (uint64_t j = 0; j < cols; ++j) {
+      float v = 0.01f * n(own);
+      for (int k = 0; k < 4; ++k) v += s[k] * m[k * cols + j];
+      w[i * cols + j] = v;
+    }
+  }
+  return w;
+}
+
+std::vector<float> isotropic(uint64_t count, int rank) {
+  std::mt19937_64 gen(200 + uint64_t(rank));
+  std::normal_distribution<float> n;
+  std::vector<float> w(count);
+  for (float& x : w) x = n(gen);
+  return w;
+}
+
+Bucket coords_input(int rank) {
+  Bucket b;
+  for (const TensorSpec& t : kCoordsBucket) {
+    const std::vector<float> v =
+        t.name == "aniso" ? low_rank_rows(t.elements() / t.shape.back(), t.shape.back(), rank)
+                          : isotropic(t.elements(), rank);
+    b.emplace_back(reinterpret_cast<const uint8_t*>(v.data()),
+                   reinterpret_cast<const uint8_t*>(v.data() + v.size()));
+  }
+  return b;
+}
+
+// A basis fitted (rank r) to the gradients' own second moments of rank 0's matrices.
+BasisPtr fit_basis(uint32_t rank) {
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  fp.rank = rank;
+  giftBasisBuilder* b = nullptr;
+  EXPECT_EQ(giftBasisBuilderCreate(&fp, &b), GIFT_OK);
+  const Bucket in = coords_input(0);
+  for (size_t i = 0; i < 2; ++i) {
+    const TensorSpec& t = kCoordsBucket[i];
+    const uint64_t cols = t.shape.back(), rows = t.elements() / cols;
+    std::vector<double> a(cols * cols);
+    EXPECT_EQ(giftGradientSecondMoment(in[i].data(), GIFT_DTYPE_F32, rows, cols, a.data()),
+              GIFT_OK);
+    EXPECT_EQ(giftBasisBuilderAdd(b, t.name.c_str(), a.data(), uint32_t(cols), "gradients", nullptr,
+                                  0, nullptr, 0, nullptr, nullptr),
+              GIFT_OK)
+        << giftGetLastErrorMessage();
+  }
+  giftBasis* basis = nullptr;
+  EXPECT_EQ(giftBasisBuilderFinish(b, &basis), GIFT_OK);
+  giftBasisBuilderFree(b);
+  return BasisPtr(basis, giftBasisFree);
+}
+
+std::vector<giftCoords_t> coords_of(giftReducePlan* p) {
+  std::vector<giftCoords_t> c(kCoordsBucket.size());
+  EXPECT_EQ(giftReducePlanCoords(p, c.data(), c.size()), GIFT_OK);
+  return c;
+}
+
+// Relative L2 error of tensor i of `out` against the exact sum of the inputs.
+double rel_error(const std::vector<Bucket>& in, const Bucket& out, size_t i) {
+  const size_t n = out[i].size() / 4;
+  const float* got = reinterpret_cast<const float*>(out[i].data());
+  double err = 0, ref = 0;
+  for (size_t k = 0; k < n; ++k) {
+    double exact = 0;
+    for (const Bucket& b : in) exact += reinterpret_cast<const float*>(b[i].data())[k];
+    err += (got[k] - exact) * (got[k] - exact);
+    ref += exact * exact;
+  }
+  return std::sqrt(err / ref);
+}
+
+giftAllReduceConfig coords_config(giftCoordsMode_t mode) {
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.threads = 1;
+  c.error_feedback = 0;
+  c.coords = mode;
+  return c;
+}
+
+TEST(LocalStepsCoords, GiftCoordinatesLowerTheErrorOfAnAnisotropicMatrixOnEveryRank) {
+  const int world = 3;
+  const BasisPtr basis = fit_basis(16);
+  std::vector<Bucket> in;
+  for (int r = 0; r < world; ++r) in.push_back(coords_input(r));
+  SimulatedWorld euclid(coords_config(GIFT_COORDS_MODE_EUCLIDEAN), world, kCoordsBucket);
+  SimulatedWorld gift(coords_config(GIFT_COORDS_MODE_GIFT), world, kCoordsBucket);
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(giftReducePlanSetBasis(euclid.plan(r), basis.get()), GIFT_OK);
+    ASSERT_EQ(giftReducePlanSetBasis(gift.plan(r), basis.get()), GIFT_OK);
+    EXPECT_EQ(coords_of(euclid.plan(r)), std::vector<giftCoords_t>(3, GIFT_COORDS_EUCLIDEAN));
+    EXPECT_EQ(
+        coords_of(gift.plan(r)),
+        (std::vector<giftCoords_t>{GIFT_COORDS_GIFT, GIFT_COORDS_GIFT, GIFT_COORDS_EUCLIDEAN}));
+  }
+  const std::vector<Bucket> e = euclid.allreduce(in), g = gift.allreduce(in);
+  for (int r = 1; r < world; ++r) EXPECT_EQ(g[r], g[0]) << "rank " << r;
+  const double err_e = rel_error(in, e[0], 0), err_g = rel_error(in, g[0], 0);
+  EXPECT_LT(err_g, 0.6 * err_e) << "euclidean " << err_e << ", gift " << err_g;
+  // The vector is encoded alike either way.
+  EXPECT_EQ(e[0][2], g[0][2]);
+}
+
+TEST(LocalStepsCoords, MeasuredChoiceIsMadeOnceForAllRanksAfterTheFirstCall) {
+  const int world = 2;
+  const BasisPtr basis = fit_basis(16);
+  SimulatedWorld sim(coords_config(GIFT_COORDS_MODE_AUTO), world, kCoordsBucket);
+  std::vector<Bucket> in;
+  for (int r = 0; r < world; ++r) {
+    in.push_back(coords_input(r));
+    ASSERT_EQ(giftReducePlanSetBasis(sim.plan(r), basis.get()), GIFT_OK);
+  }
+  // The first call measures and travels Euclidean; the decision applies from the second.
+  const std::vector<Bucket> first = sim.allreduce(in);
+  const std::vector<giftCoords_t> chosen = coords_of(sim.plan(0));
+  EXPECT_EQ(chosen[0], GIFT_COORDS_GIFT);
+  EXPECT_EQ(chosen[1], GIFT_COORDS_EUCLIDEAN);  // isotropic: no gain over the margin
+  EXPECT_EQ(chosen[2], GIFT_COORDS_EUCLIDEAN);
+  for (int r = 1; r < world; ++r) EXPECT_EQ(coords_of(sim.plan(r)), chosen) << "rank " << r;
+  const std::vector<Bucket> second = sim.allreduce(in);
+  for (int r = 1; r < world; ++r) EXPECT_EQ(second[r], second[0]);
+  EXPECT_LT(rel_error(in, second[0], 0), 0.6 * rel_error(in, first[0], 0));
+}
+
+TEST(LocalStepsCoords, ARankInAnotherBasisIsNamedByTheReceiver) {
+  const int world = 2;
+  const BasisPtr a = fit_basis(16), b = fit_basis(8);
+  SimulatedWorld sim(coords_config(GIFT_COORDS_MODE_GIFT), world, kCoordsBucket);
+  ASSERT_EQ(giftReducePlanSetBasis(sim.plan(0), a.get()), GIFT_OK);
+  ASSERT_EQ(giftReducePlanSetBasis(sim.plan(1), b.get()), GIFT_OK);
+  std::vector<Bucket> in = {coords_input(0), coords_input(1)};
+  const auto recv = sim.scatter(in);
+  std::vector<uint8_t> out(sim.message_bytes());
+  EXPECT_EQ(sim.reduce(0, recv[0], out.data()), GIFT_ERROR_BASIS_MISSING);
+  const std::string m = giftGetLastErrorMessage();
+  EXPECT_NE(m.find("from rank 1"), std::string::npos) << m;
+  char hex[33];
+  giftBasisIdFormat(giftBasisGetId(b.get()), hex);
+  EXPECT_NE(m.find(hex), std::string::npos) << m;
+}
+
+TEST(LocalStepsCoords, ErrorFeedbackKeptInOriginalCoordinatesMakesTheMeanConverge) {
+  // A fixed gradient sent T times: with the residual mapped back to original coordinates,
+  // the running mean of the results approaches the exact mean as 1/T.
+  const int world = 2;
+  const BasisPtr basis = fit_basis(16);
+  giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_GIFT);
+  c.error_feedback = 1;
+  c.op = GIFT_REDUCE_AVG;
+  SimulatedWorld sim(c, world, kCoordsBucket);
+  std::vector<Bucket> in;
+  for (int r = 0; r < world; ++r) {
+    in.push_back(coords_input(r));
+    ASSERT_EQ(giftReducePlanSetBasis(sim.plan(r), basis.get()), GIFT_OK);
+  }
+  const size_t n = in[0][0].size() / 4;
+  std::vector<double> exact(n, 0.0), sum(n, 0.0);
+  for (const Bucket& b : in)
+    for (size_t k = 0; k < n; ++k)
+      exact[k] += reinterpret_cast<const float*>(b[0].data())[k] / double(world);
+  auto mean_error = [&](int t) {
+    double e = 0, r = 0;
+    for (size_t k = 0; k < n; ++k) {
+      e += (sum[k] / t - exact[k]) * (sum[k] / t - exact[k]);
+      r += exact[k] * exact[k];
+    }
+    return std::sqrt(e / r);
+  };
+  double first = 0;
+  for (int t = 1; t <= 32; ++t) {
+    const std::vector<Bucket> out = sim.allreduce(in);
+    for (size_t k = 0; k < n; ++k) sum[k] += reinterpret_cast<const float*>(out[0][0].data())[k];
+    if (t == 1) first = mean_error(1);
+  }
+  EXPECT_LT(mean_error(32), first / 8) << "first " << first << ", after 32 " << mean_error(32);
 }
 
 }  // namespace

@@ -261,6 +261,102 @@ void test_dump(const std::string& dir) {
   CHECK(files == 1, "%zu dump files in %s, expected 1 (call 2)", files, dir.c_str());
 }
 
+// A dim x dim second moment of a rank's activations: a shared low-rank part (so every rank's
+// fit is alike) plus the rank's own diagonal, so the ranks' statistics differ.
+std::vector<float> moment(uint32_t dim, int rank) {
+  std::vector<float> a(uint64_t(dim) * dim);
+  for (uint32_t i = 0; i < dim; ++i)
+    for (uint32_t j = 0; j < dim; ++j)
+      a[uint64_t(i) * dim + j] =
+          float(std::cos(0.1 * i) * std::cos(0.1 * j) + (i == j ? 0.01 * (1 + rank) : 0.0));
+  return a;
+}
+
+// A basis fitted here, on this rank's statistics only.
+giftBasis* local_basis(uint32_t dim, int rank) {
+  const std::vector<float> m = moment(dim, rank);
+  const std::vector<double> a(m.begin(), m.end());
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  fp.rank = 4;
+  giftBasisBuilder* b = nullptr;
+  giftBasis* basis = nullptr;
+  CHECK(giftBasisBuilderCreate(&fp, &b) == GIFT_OK &&
+            giftBasisBuilderAdd(b, "w", a.data(), dim, "activations", nullptr, 0, nullptr, 0,
+                                nullptr, nullptr) == GIFT_OK &&
+            giftBasisBuilderFinish(b, &basis) == GIFT_OK,
+        "fitting a local basis: %s", giftGetLastErrorMessage());
+  giftBasisBuilderFree(b);
+  return basis;
+}
+
+bool same_id_on_every_rank(giftBasisId id) {
+  std::vector<giftBasisId> all(g_world);
+  MPI_Allgather(&id, sizeof id, MPI_BYTE, all.data(), sizeof id, MPI_BYTE, MPI_COMM_WORLD);
+  for (const giftBasisId& x : all)
+    if (x.lo != id.lo || x.hi != id.hi) return false;
+  return true;
+}
+
+void test_basis_agreement() {
+  const uint32_t dim = 64;
+  giftAllReduceConfig c = base_config();
+  c.coords = GIFT_COORDS_MODE_GIFT;
+  Comm comm(c);
+  // The last rank fits on its own statistics: its id differs, and every rank says so.
+  giftBasis* own = local_basis(dim, g_world > 1 && g_rank == g_world - 1 ? 1 : 0);
+  giftResult_t rc = giftCommSetBasis(comm.c, own);
+  const std::string msg = giftGetLastErrorMessage();
+  if (g_world > 1) {
+    const std::string named = "rank " + std::to_string(g_world - 1) + " holds";
+    CHECK(rc == GIFT_ERROR_BASIS_MISSING && msg.find(named) != std::string::npos,
+          "a rank with another basis: got %d (%s)", int(rc), msg.c_str());
+  } else {
+    CHECK(rc == GIFT_OK, "%s", msg.c_str());
+  }
+  giftBasisFree(own);
+
+  // Statistics summed over the ranks, fitted on rank 0 and broadcast: one basis everywhere.
+  const std::vector<float> m = moment(dim, g_rank);
+  const char* names[] = {"w"};
+  const float* moments[] = {m.data()};
+  const uint32_t dims[] = {dim};
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  fp.rank = 4;
+  giftBasis* fitted = nullptr;
+  rc = giftCommRefreshBasis(comm.c, 1, names, moments, dims, &fp, &fitted);
+  CHECK(rc == GIFT_OK && fitted, "refresh: %s", giftGetLastErrorMessage());
+  CHECK(same_id_on_every_rank(giftBasisGetId(fitted)), "ranks hold different refreshed bases");
+  // A matrix in GIFT coordinates then all-reduces to the same bytes on every rank.
+  // Gradients of the geometry the statistics describe: rows along the shared direction plus
+  // a little of everything else.
+  const uint64_t rows = 16;
+  const std::vector<TensorSpec> specs = {{"w", GIFT_DTYPE_F32, {rows, dim}}};
+  auto gradient = [&](int rank) {
+    std::vector<float> w(rows * dim);
+    for (uint64_t i = 0; i < rows; ++i)
+      for (uint32_t j = 0; j < dim; ++j)
+        w[i * dim + j] = float(std::sin(1.0 + i + 7.0 * rank) * std::cos(0.1 * j) +
+                               0.05 * std::sin(3.7 * (i * dim + j) + rank));
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(w.data());
+    return Bucket{std::vector<uint8_t>(p, p + w.size() * sizeof(float))};
+  };
+  const Bucket out = allreduce(comm.c, specs, gradient(g_rank), &rc);
+  CHECK(rc == GIFT_OK, "all-reduce in GIFT coordinates: %s", giftGetLastErrorMessage());
+  CHECK(same_on_every_rank(out), "results differ between ranks in GIFT coordinates");
+  // Whitening moves the per-element bound; the result is still the sum to FP8 accuracy.
+  std::vector<std::vector<double>> x;
+  for (int r = 0; r < g_world; ++r) x.push_back(gift::test::flat(specs, gradient(r)));
+  const std::vector<double> exact = gift::test::exact_reduce(x, c.op);
+  const std::vector<double> got = gift::test::flat(specs, out);
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (got[i] - exact[i]) * (got[i] - exact[i]);
+    ref += exact[i] * exact[i];
+  }
+  CHECK(std::sqrt(err / ref) < 0.05, "GIFT coordinates: relative error %g", std::sqrt(err / ref));
+  giftBasisFree(fitted);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -274,6 +370,7 @@ int main(int argc, char** argv) {
   test_error_feedback();
   test_corruption_is_reported_everywhere();
   test_dump(dump_dir);
+  test_basis_agreement();
   int failures = 0;
   MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (g_rank == 0) printf("%d rank(s): %d failed check(s)\n", g_world, failures);

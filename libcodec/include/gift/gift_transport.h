@@ -21,6 +21,7 @@
 #define GIFT_GIFT_TRANSPORT_H
 
 #include "gift/gift.h"
+#include "gift/gift_basis.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,13 +50,20 @@ typedef struct {
   uint32_t dump_every;
   const char* dump_path;
   int threads; /* codec threads per rank: 0 all hardware threads (see giftQuantParams) */
+  /* Coordinates of the bucket's matrices once a basis is set (giftReducePlanSetBasis,
+   * giftCommSetBasis): GIFT whitens every matrix the basis covers; AUTO whitens those where
+   * the encoder's estimate, summed over the ranks, is lower by the margin (measured on the
+   * first call after a basis is set and every reselect_every calls, decided once for all
+   * ranks by rank 0); EUCLIDEAN never. */
+  giftCoordsMode_t coords;
+  uint32_t reselect_every;
 } giftAllReduceConfig;
 
 #define GIFT_ALLREDUCE_CONFIG_INITIALIZER                                                          \
   {                                                                                                \
     sizeof(giftAllReduceConfig), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, GIFT_FP8_E4M3,            \
         GIFT_BLOCK_DEFAULT, GIFT_SCALE_DTYPE_F32, GIFT_ROUND_NEAREST, 0, GIFT_REDUCE_SUM, 1, 1, 0, \
-        NULL, 0                                                                                    \
+        NULL, 0, GIFT_COORDS_MODE_AUTO, 50                                                         \
   }
 
 /* One tensor of a bucket. ndim 0 is a scalar; a zero in shape makes it empty. */
@@ -76,6 +84,21 @@ GIFT_API giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, in
                                            const giftBucketTensor* tensors, size_t n,
                                            giftReducePlan** plan);
 GIFT_API void giftReducePlanDestroy(giftReducePlan* plan);
+
+/* The basis whose coordinates the bucket's matrices travel in from the next call (NULL: none,
+ * all Euclidean). A 2-D-or-more tensor whose name the basis covers, with its last dimension
+ * the whitener's width, is eligible; 1-D tensors and scalars stay Euclidean. Every rank must
+ * set the same basis: messages carry its id, and a message in another basis fails the
+ * receiving step with GIFT_ERROR_BASIS_MISSING naming the sender (giftCommSetBasis checks
+ * the ids on all ranks first). The error-feedback residual of this rank's encode is kept in
+ * original coordinates and survives; the reduced shard's residual, in the coordinates of the
+ * flat bucket, is dropped for the tensors whose coordinates change. The plan keeps its own
+ * copy of the whiteners it needs. */
+GIFT_API giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis);
+
+/* Which tensors currently travel in GIFT coordinates: coords[i] for tensor i (n entries). */
+GIFT_API giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoords_t* coords,
+                                           size_t n);
 
 /* Bytes of every message of the plan (equal on all ranks, for fixed-size collectives). */
 GIFT_API uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan);
@@ -134,6 +157,21 @@ GIFT_API void giftCommDestroy(giftComm* comm);
  * rank is returned on every rank, and the message names the rank and step that failed. */
 GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
                                     giftDType_t dtype, void* stream);
+
+/* Sets `basis` (NULL: none) for every bucket, present and future, after checking that every
+ * rank sets the same one: the 16-byte ids are all-gathered, and a mismatch fails on every
+ * rank with GIFT_ERROR_BASIS_MISSING naming the ranks and their ids. Collective. */
+GIFT_API giftResult_t giftCommSetBasis(giftComm* comm, const giftBasis* basis);
+
+/* Refits the basis from activation statistics and sets it (collective): moments[i] is this
+ * rank's dims[i] x dims[i] fp32 second moment of the inputs of matrix names[i]; they are
+ * summed over the ranks in rank order in fp32 and averaged, rank 0 fits a whitener to each
+ * (giftBasisBuilderAdd with `params`, source "activations"), and broadcasts the basis's bytes,
+ * so every rank ends with the same basis id. *basis (may be NULL) receives a copy for the
+ * caller (giftBasisFree). */
+GIFT_API giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char* const* names,
+                                           const float* const* moments, const uint32_t* dims,
+                                           const giftFitParams* params, giftBasis** basis);
 
 /* All-reduce of a bucket of n tensors (send[i] == recv[i] allowed). */
 GIFT_API giftResult_t giftAllReduceBucket(giftComm* comm, const giftBucketTensor* tensors,
