@@ -1,6 +1,8 @@
-// The compressed all-reduce (gift_mpi, Euclidean coordinates) against MPI_Allreduce on fp32:
-// bytes sent per rank, median time, peak memory, and the link bandwidth below which the
-// compressed form wins given its measured local cost. Run by run_allreduce_bench.sh.
+// The compressed all-reduce (gift_mpi) against MPI_Allreduce on fp32: bytes sent per rank,
+// median time in Euclidean and in GIFT coordinates (the bucket as one matrix of kCols
+// columns, every row whitened with a rank-32 basis), peak memory, and the link bandwidth
+// below which the compressed form wins given its measured local cost (Euclidean). Run by
+// run_allreduce_bench.sh.
 //   mpirun -np N bench_allreduce [MiB ...]   (GIFT_BENCH_REPS: repetitions, default 5)
 #include <mpi.h>
 #include <sys/resource.h>
@@ -16,6 +18,28 @@
 namespace {
 
 int g_rank = 0, g_world = 1;
+constexpr uint64_t kCols = 1024;
+
+// One whitener for the matrix "w", fitted to a second moment with a decaying spectrum (the
+// same on every rank, so every rank holds the same basis).
+giftBasis* bench_basis() {
+  std::vector<double> a(kCols * kCols);
+  for (uint64_t i = 0; i < kCols; ++i)
+    for (uint64_t j = 0; j < kCols; ++j)
+      a[i * kCols + j] = (i == j ? 1.0 : 0.0) + 4.0 / (1.0 + double(i > j ? i - j : j - i));
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  giftBasisBuilder* b = nullptr;
+  giftBasis* basis = nullptr;
+  if (giftBasisBuilderCreate(&fp, &b) != GIFT_OK ||
+      giftBasisBuilderAdd(b, "w", a.data(), uint32_t(kCols), "activations", nullptr, 0, nullptr, 0,
+                          nullptr, nullptr) != GIFT_OK ||
+      giftBasisBuilderFinish(b, &basis) != GIFT_OK) {
+    fprintf(stderr, "rank %d: %s\n", g_rank, giftGetLastErrorMessage());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  giftBasisBuilderFree(b);
+  return basis;
+}
 
 // The slowest rank's time of `f`, after a barrier: what a synchronous step waits for.
 template <class F>
@@ -56,7 +80,7 @@ uint64_t message_bytes(uint64_t n) {
   return m;
 }
 
-void bench(giftComm* comm, uint64_t mib, int reps) {
+void bench(giftComm* comm, giftComm* gift_comm, uint64_t mib, int reps) {
   const uint64_t n = mib << 18;
   std::vector<float> in(n), out(n);
   std::mt19937 gen(static_cast<unsigned>(g_rank));
@@ -68,6 +92,16 @@ void bench(giftComm* comm, uint64_t mib, int reps) {
   });
   const double t_gift = median_time(reps, [&] {
     if (giftAllReduce(comm, in.data(), out.data(), n, GIFT_DTYPE_F32, nullptr) != GIFT_OK) {
+      fprintf(stderr, "rank %d: %s\n", g_rank, giftGetLastErrorMessage());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  });
+  const uint64_t shape[2] = {n / kCols, kCols};
+  const giftBucketTensor matrix = {"w", GIFT_DTYPE_F32, 2, shape};
+  const void* send = in.data();
+  void* recv = out.data();
+  const double t_coords = median_time(reps, [&] {
+    if (giftAllReduceBucket(gift_comm, &matrix, &send, &recv, 1) != GIFT_OK) {
       fprintf(stderr, "rank %d: %s\n", g_rank, giftGetLastErrorMessage());
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -88,10 +122,11 @@ void bench(giftComm* comm, uint64_t mib, int reps) {
   // Bandwidth-bound links: fp32 takes sent_fp32 / B, ours local + sent_gift / B.
   const double breakeven = (sent_fp32 - sent_gift) / local;
   if (g_rank == 0) {
-    printf("%-5s %2d %6llu %10.1f %10.1f %5.3f %9.1f %9.1f %9.1f %9.1f %9.2f\n",
+    printf("%-5s %2d %6llu %10.1f %10.1f %5.3f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f\n",
            getenv("GIFT_BENCH_LINK") ? getenv("GIFT_BENCH_LINK") : "?", g_world,
            static_cast<unsigned long long>(mib), sent_fp32 / 1048576.0, sent_gift / 1048576.0,
-           sent_gift / sent_fp32, t_mpi * 1e3, t_gift * 1e3, local * 1e3, rss, breakeven * 8 / 1e9);
+           sent_gift / sent_fp32, t_mpi * 1e3, t_gift * 1e3, t_coords * 1e3, local * 1e3, rss,
+           breakeven * 8 / 1e9);
     fflush(stdout);
   }
 }
@@ -107,7 +142,17 @@ int main(int argc, char** argv) {
   c.threads = 1;  // one rank per core
   giftComm* comm = nullptr;
   if (giftCommInitMpi(MPI_COMM_WORLD, &c, &comm) != GIFT_OK) MPI_Abort(MPI_COMM_WORLD, 1);
-  for (int i = 1; i < argc; ++i) bench(comm, strtoull(argv[i], nullptr, 10), reps);
+  c.coords = GIFT_COORDS_MODE_GIFT;
+  giftComm* gift_comm = nullptr;
+  giftBasis* basis = bench_basis();
+  if (giftCommInitMpi(MPI_COMM_WORLD, &c, &gift_comm) != GIFT_OK ||
+      giftCommSetBasis(gift_comm, basis) != GIFT_OK) {
+    fprintf(stderr, "rank %d: %s\n", g_rank, giftGetLastErrorMessage());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  giftBasisFree(basis);
+  for (int i = 1; i < argc; ++i) bench(comm, gift_comm, strtoull(argv[i], nullptr, 10), reps);
+  giftCommDestroy(gift_comm);
   giftCommDestroy(comm);
   MPI_Finalize();
   return 0;
