@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -21,19 +22,14 @@ namespace {
 
 void must(cudaError_t e, const char* what);
 
-// One device allocation, freed on every path.
-struct DeviceMemory {
+using DevicePtr = std::unique_ptr<void, cudaError_t (*)(void*)>;
+
+// `bytes` of device memory, freed on every path.
+DevicePtr device_alloc(uint64_t bytes) {
   void* p = nullptr;
-  DeviceMemory() = default;
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  ~DeviceMemory() { cudaFree(p); }
-  void alloc(uint64_t bytes) { must(cudaMalloc(&p, std::max<uint64_t>(bytes, 1)), "cudaMalloc"); }
-  template <typename T = uint8_t>
-  T* get() const {
-    return static_cast<T*>(p);
-  }
-};
+  must(cudaMalloc(&p, std::max<uint64_t>(bytes, 1)), "cudaMalloc");
+  return DevicePtr(p, cudaFree);
+}
 
 // Throws the failure of a CUDA call made by the benchmark (exit status 3).
 void must(cudaError_t e, const char* what) {
@@ -106,27 +102,25 @@ DeviceTimes time_on_device(const giftQuantParams& p, giftDType_t dtype, uint64_t
   for (float& x : values) x = nd(gen) * 1e-3f;
   std::vector<uint8_t> host(n * (dtype == GIFT_DTYPE_F32 ? 4 : 2));
   check(giftConvert(values.data(), GIFT_DTYPE_F32, host.data(), dtype, n));
-  DeviceMemory src, dst, codes, scales, ws;
-  src.alloc(host.size());
-  dst.alloc(std::max<uint64_t>(host.size(), n * 4));
-  codes.alloc(n);
-  scales.alloc(sb);
-  ws.alloc(wsb);
-  must(cudaMemcpy(src.p, host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  const DevicePtr src = device_alloc(host.size()),
+                  dst = device_alloc(std::max<uint64_t>(host.size(), n * 4)),
+                  codes = device_alloc(n), scales = device_alloc(sb), ws = device_alloc(wsb);
+  must(cudaMemcpy(src.get(), host.data(), host.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
   cudaDeviceProp prop{};
   must(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   DeviceTimes t;
   t.device = prop.name;
   t.copy = best_device_seconds([&] {
-    must(cudaMemcpyAsync(dst.p, src.p, host.size(), cudaMemcpyDeviceToDevice), "cudaMemcpyAsync");
+    must(cudaMemcpyAsync(dst.get(), src.get(), host.size(), cudaMemcpyDeviceToDevice),
+         "cudaMemcpyAsync");
   });
   t.encode = best_device_seconds([&] {
-    check(giftEncodeDevice(&p, src.p, dtype, rows, cols, codes.get(), scales.p, sb, nullptr, ws.p,
-                           wsb, nullptr));
+    check(giftEncodeDevice(&p, src.get(), dtype, rows, cols, static_cast<uint8_t*>(codes.get()),
+                           scales.get(), sb, nullptr, ws.get(), wsb, nullptr));
   });
   t.decode = best_device_seconds([&] {
-    check(giftDecodeDevice(&p, codes.get(), scales.p, sb, rows, cols, dst.p, GIFT_DTYPE_F32,
-                           nullptr));
+    check(giftDecodeDevice(&p, static_cast<uint8_t*>(codes.get()), scales.get(), sb, rows, cols,
+                           dst.get(), GIFT_DTYPE_F32, nullptr));
   });
   return t;
 #else
