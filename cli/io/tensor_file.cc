@@ -342,6 +342,19 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
   out->tensors = std::move(sorted);
 }
 
+// libgift reads elements of their own size at aligned addresses; a tensor that lies at an
+// odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside.
+void align_data(TensorFile* f) {
+  for (TensorRef& t : f->tensors) {
+    const uint64_t width = dtype_bytes(t.dtype);
+    if (reinterpret_cast<uintptr_t>(t.data) % width == 0) continue;
+    auto copy = std::make_shared<std::vector<uint64_t>>((t.bytes + 7) / 8);
+    std::memcpy(copy->data(), t.data, t.bytes);
+    t.data = reinterpret_cast<const uint8_t*>(copy->data());
+    f->storage.push_back(copy);
+  }
+}
+
 void read_tensor_file(const std::string& path, TensorFile* out) {
   const FileKind kind = kind_of_path(path);
   if (kind == FileKind::kUnknown)
@@ -359,6 +372,7 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
     parse_npz(b, size, path, out);
   }
   check_names(*out, path);
+  align_data(out);
 }
 
 std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,

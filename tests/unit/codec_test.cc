@@ -510,6 +510,28 @@ TEST(Codec, InvalidArgumentsAreRejectedWithAMessage) {
   EXPECT_STREQ(giftGetErrorString(GIFT_ERROR_NONFINITE_INPUT), "non-finite input");
 }
 
+TEST(Codec, MisalignedBuffersAreRefusedNotMisread) {
+  giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
+  std::vector<uint8_t> bytes(4 * 40 + 4), codes(40), scales(4 * 5 + 4);
+  float* aligned = reinterpret_cast<float*>(bytes.data());
+  EXPECT_EQ(giftEncode(nullptr, &p, reinterpret_cast<uint8_t*>(aligned) + 1, GIFT_DTYPE_F32, 5, 8,
+                       codes.data(), scales.data(), 20, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("not aligned"), std::string::npos);
+  EXPECT_EQ(giftEncode(nullptr, &p, aligned, GIFT_DTYPE_F32, 5, 8, codes.data(), scales.data() + 2,
+                       20, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftDecode(nullptr, &p, codes.data(), scales.data(), 20, 5, 8,
+                       reinterpret_cast<uint8_t*>(aligned) + 2, GIFT_DTYPE_F32),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  // Two-byte types need two-byte alignment only; E8M0 scales none.
+  p.scale_dtype = GIFT_SCALE_DTYPE_E8M0;
+  EXPECT_EQ(giftEncode(nullptr, &p, bytes.data() + 2, GIFT_DTYPE_BF16, 5, 8, codes.data(),
+                       scales.data() + 1, 5, nullptr),
+            GIFT_OK)
+      << giftGetLastErrorMessage();
+}
+
 TEST(Codec, ScaleCountsFollowTheGrid) {
   uint64_t n = 0;
   giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 128);

@@ -152,7 +152,9 @@ GIFT_API void giftCtxFree(giftCtx* ctx);
 GIFT_API giftResult_t giftCtxSetThreads(giftCtx* ctx, int threads);
 
 /* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same
- * order as the input) and the scales. `stats` may be NULL. */
+ * order as the input) and the scales. `stats` may be NULL. `src` must be aligned to its
+ * element size and fp32 scales to 4 bytes (GIFT_ERROR_INVALID_ARGUMENT otherwise); so must
+ * `dst` and the scales of giftDecode. */
 GIFT_API giftResult_t giftEncode(const giftCtx* ctx, const giftQuantParams* params, const void* src,
                                  giftDType_t src_dtype, uint64_t rows, uint64_t cols,
                                  uint8_t* codes, void* scales, uint64_t scales_bytes,

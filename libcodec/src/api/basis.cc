@@ -43,9 +43,10 @@ giftResult_t new_basis(gift::coords::Basis b, giftBasis** out) {
 giftResult_t load_select(const giftSelectParams* in, gift::coords::SelectOptions* out) {
   giftSelectParams s;
   if (const giftResult_t r = gift::read_sized(in, kDefaultSelect, &s, "giftSelectParams")) return r;
-  if (s.mode != GIFT_COORDS_MODE_EUCLIDEAN && s.mode != GIFT_COORDS_MODE_GIFT &&
-      s.mode != GIFT_COORDS_MODE_AUTO)
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown coordinates mode %d", int(s.mode));
+  const int mode = gift::enum_value(s.mode);
+  if (mode != GIFT_COORDS_MODE_EUCLIDEAN && mode != GIFT_COORDS_MODE_GIFT &&
+      mode != GIFT_COORDS_MODE_AUTO)
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown coordinates mode %d", mode);
   if (!(s.margin >= 0 && s.margin < 1))
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "margin %g is not in [0, 1)", s.margin);
   if (!(s.flops_budget >= 0))

@@ -42,6 +42,15 @@ giftResult_t gift::check_codec_buffers(const giftQuantParams& p, const void* dat
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "data or codes pointer is NULL");
   }
   if (need > 0 && !scales) return fail(GIFT_ERROR_INVALID_ARGUMENT, "scales pointer is NULL");
+  // Elements and fp32 scales are read and written as what they are: their addresses must
+  // suit their size (a caller holding data at an odd address copies it first).
+  if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "data pointer is not aligned to its %zu-byte elements",
+                dtype_size(dtype));
+  }
+  if (p.scale_dtype == GIFT_SCALE_DTYPE_F32 && reinterpret_cast<uintptr_t>(scales) % 4 != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "fp32 scales pointer is not 4-byte aligned");
+  }
   if (scales_bytes < need) {
     return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
                 "scales buffer holds %" PRIu64 " bytes, %" PRIu64 " needed", scales_bytes, need);
@@ -61,10 +70,14 @@ namespace {
 
 // Enums are compared as integers: a C caller can pass any value.
 giftResult_t validate_fields(const giftQuantParams* p) {
-  if (p->kind != GIFT_FP8_E4M3 && p->kind != GIFT_FP8_E5M2) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown FP8 kind %d", int(p->kind));
+  using gift::enum_value;
+  const int kind = enum_value(p->kind), layout = enum_value(p->layout);
+  const int scale_dtype = enum_value(p->scale_dtype), rounding = enum_value(p->rounding);
+  const int nonfinite = enum_value(p->nonfinite);
+  if (kind != GIFT_FP8_E4M3 && kind != GIFT_FP8_E5M2) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown FP8 kind %d", kind);
   }
-  switch (p->layout) {
+  switch (layout) {
     case GIFT_SCALE_TENSOR:
     case GIFT_SCALE_ROW:
       break;
@@ -82,16 +95,16 @@ giftResult_t validate_fields(const giftQuantParams* p) {
       }
       break;
     default:
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown scale layout %d", int(p->layout));
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown scale layout %d", layout);
   }
-  if (p->scale_dtype != GIFT_SCALE_DTYPE_F32 && p->scale_dtype != GIFT_SCALE_DTYPE_E8M0) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown scale dtype %d", int(p->scale_dtype));
+  if (scale_dtype != GIFT_SCALE_DTYPE_F32 && scale_dtype != GIFT_SCALE_DTYPE_E8M0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown scale dtype %d", scale_dtype);
   }
-  if (p->rounding != GIFT_ROUND_NEAREST && p->rounding != GIFT_ROUND_STOCHASTIC) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown rounding mode %d", int(p->rounding));
+  if (rounding != GIFT_ROUND_NEAREST && rounding != GIFT_ROUND_STOCHASTIC) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown rounding mode %d", rounding);
   }
-  if (p->nonfinite != GIFT_NONFINITE_ERROR && p->nonfinite != GIFT_NONFINITE_KEEP) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown non-finite policy %d", int(p->nonfinite));
+  if (nonfinite != GIFT_NONFINITE_ERROR && nonfinite != GIFT_NONFINITE_KEEP) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown non-finite policy %d", nonfinite);
   }
   return GIFT_OK;
 }
