@@ -65,6 +65,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
         {"rel_l2", m.rel_l2}, {"cosine", m.cosine}, {"max_abs", m.max_abs}, {"bias", m.bias}};
     j["rel_anorm"] =
         m.rel_anorm < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(m.rel_anorm);
+    j["nonfinite"] = m.nonfinite;
     return j;
   };
   // Two single-tensor files (two .npy, say) are compared whatever their names.
@@ -112,6 +113,10 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   };
   for (const auto& j : doc["tensors"]) print(j["name"].get<std::string>(), j);
   print("total", doc["total"]);
+  if (const uint64_t n = doc["total"]["nonfinite"].get<uint64_t>()) {
+    std::printf("%llu element pair(s) hold NaN or Inf and are left out of the metrics\n",
+                (unsigned long long)n);
+  }
 }
 
 }  // namespace

@@ -88,6 +88,23 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"total\s+" + re.escape(f"{want:.4e}"))
 
+    def test_compare_leaves_out_nonfinite_pairs_and_counts_them(self):
+        # A reference with NaNs must not hide the error of every other element.
+        a = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
+        a[1, 2] = a[3, 4] = np.nan
+        b = a * 100 + 5
+        pa, pb = self.path("nan_ref.npy"), self.path("nan_dec.npy")
+        np.save(pa, a)
+        np.save(pb, b)
+        r = run("compare", pa, pb, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        t = json.loads(r.stdout)["total"]
+        self.assertEqual(t["nonfinite"], 2)
+        fin = np.isfinite(a)
+        want = np.linalg.norm((b - a)[fin].astype(np.float64)) / np.linalg.norm(a[fin].astype(np.float64))
+        self.assertAlmostEqual(t["rel_l2"], want, delta=1e-6 * want)
+        self.assertIn("2 element pair(s) hold NaN or Inf", run("compare", pa, pb).stdout)
+
     def test_safetensors_in_and_out(self):
         rng = np.random.default_rng(0)
         tensors = {

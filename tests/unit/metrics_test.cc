@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -113,6 +114,24 @@ TEST(Metrics, ZeroReferenceIsDefined) {
   EXPECT_EQ(m.cosine, 1.0);
   EXPECT_EQ(giftComputeErrorMetrics(nullptr, z.data(), 1, 3, nullptr, &m),
             GIFT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Metrics, NonFinitePairsAreLeftOutAndCounted) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float ref[] = {1, nan, 3, 4, inf}, approx[] = {2, 5, nan, 4, 1};
+  giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
+  ASSERT_EQ(giftComputeErrorMetrics(ref, approx, 1, 5, nullptr, &m), GIFT_OK);
+  EXPECT_EQ(m.nonfinite, 3u);
+  EXPECT_EQ(m.count, 2u);
+  // Over the pairs (1, 2) and (4, 4): ||e|| = 1, ||ref|| = sqrt(17).
+  EXPECT_DOUBLE_EQ(m.rel_l2, 1.0 / std::sqrt(17.0));
+  EXPECT_DOUBLE_EQ(m.max_abs, 1.0);
+  giftErrorMetrics total = GIFT_ERROR_METRICS_INIT;
+  ASSERT_EQ(giftErrorMetricsMerge(&total, &m), GIFT_OK);
+  ASSERT_EQ(giftErrorMetricsMerge(&total, &m), GIFT_OK);
+  EXPECT_EQ(total.nonfinite, 6u);
+  EXPECT_DOUBLE_EQ(total.rel_l2, m.rel_l2);
 }
 
 }  // namespace

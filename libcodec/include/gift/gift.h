@@ -187,13 +187,16 @@ typedef struct {
   uint64_t count;
   /* ||ref A^1/2||_F^2 and ||(approx - ref) A^1/2||_F^2; 0 without A. */
   double sum_ref_asq, sum_err_asq;
+  /* Pairs left out of every sum because ref or approx holds NaN or Inf there; `count` is the
+   * pairs measured. */
+  uint64_t nonfinite;
 } giftErrorMetrics;
 
 /* All sums zero, ratios as for two empty tensors: the start of a merge. */
 #define GIFT_ERROR_METRICS_INIT                                                                 \
   {                                                                                             \
     sizeof(giftErrorMetrics), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 0.0, 1.0, 0.0, 0.0, -1.0, \
-        0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0                                                    \
+        0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0                                                 \
   }
 GIFT_API void giftErrorMetricsInit(giftErrorMetrics* metrics);
 

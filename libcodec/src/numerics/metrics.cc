@@ -45,9 +45,8 @@ void merge_metrics(giftErrorMetrics* total, const giftErrorMetrics* part) {
   total->sum_dot += part->sum_dot;
   total->sum_err += part->sum_err;
   total->count += part->count;
-  total->max_abs = std::isnan(total->max_abs) || std::isnan(part->max_abs)
-                       ? NAN
-                       : std::max(total->max_abs, part->max_abs);
+  total->max_abs = std::max(total->max_abs, part->max_abs);
+  total->nonfinite += part->nonfinite;
   total->sum_ref_asq += part->sum_ref_asq;
   total->sum_err_asq += part->sum_err_asq;
   total->rel_anorm = total->sum_ref_asq > 0
@@ -69,32 +68,43 @@ giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t row
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
                 "giftComputeErrorMetrics: cols too large for the A-norm");
   }
+  // Pairs holding a NaN or an Inf are left out and counted: one of them would turn every sum
+  // into NaN or Inf and hide the error of all the others.
   double ee = 0, rr = 0, aa = 0, ra = 0, sum_e = 0, max_abs = 0;
+  uint64_t left_out = 0;
   for (uint64_t i = 0; i < n; ++i) {
     const double r = ref[i], x = approx[i], e = x - r;
+    if (!std::isfinite(r) || !std::isfinite(x)) {
+      ++left_out;
+      continue;
+    }
     ee += e * e;
     rr += r * r;
     aa += x * x;
     ra += r * x;
     sum_e += e;
-    // A NaN difference makes the maximum NaN rather than vanish from it.
-    max_abs = std::isnan(e) || std::isnan(max_abs) ? NAN : std::max(max_abs, std::fabs(e));
+    max_abs = std::max(max_abs, std::fabs(e));
   }
   out->max_abs = max_abs;
+  out->nonfinite = left_out;
   out->rel_anorm = -1.0;
   out->sum_ref_sq = rr;
   out->sum_approx_sq = aa;
   out->sum_err_sq = ee;
   out->sum_dot = ra;
   out->sum_err = sum_e;
-  out->count = n;
+  out->count = n - left_out;
   out->sum_ref_asq = out->sum_err_asq = 0.0;
   finish_ratios(out);
   if (a && n) try {
-      std::vector<float> diff(n);
-      for (uint64_t i = 0; i < n; ++i) diff[i] = approx[i] - ref[i];
+      std::vector<float> diff(n), kept(ref, ref + n);
+      for (uint64_t i = 0; i < n; ++i) {
+        const bool finite = std::isfinite(ref[i]) && std::isfinite(approx[i]);
+        diff[i] = finite ? approx[i] - ref[i] : 0.0f;
+        if (!finite) kept[i] = 0.0f;
+      }
       const double num = a_quadratic(diff.data(), rows, cols, a);
-      const double den = a_quadratic(ref, rows, cols, a);
+      const double den = a_quadratic(kept.data(), rows, cols, a);
       out->sum_err_asq = num;
       out->sum_ref_asq = den;
       out->rel_anorm = den > 0 ? std::sqrt(std::max(num, 0.0) / den) : (num > 0 ? INFINITY : 0.0);
