@@ -24,8 +24,6 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
                    const void* scales, uint64_t rows, uint64_t cols, void* dst,
                    giftDType_t dst_dtype);
 
-size_t dtype_size(giftDType_t dtype);
-
 // The argument checks of giftEncode/giftDecode and their device forms, after load_params:
 // known, pointers present, the scales buffer large enough (data and codes are `data` and
 // `codes` whichever way the call goes).
