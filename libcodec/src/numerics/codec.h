@@ -1,5 +1,5 @@
 // The CPU encoder and decoder of one tensor: scale groups, scales, codes. Thin C API
-// wrappers in c_api.cc validate arguments and call these.
+// wrappers in api/codec.cc validate arguments and call these.
 #pragma once
 
 #include <cstdint>
