@@ -48,7 +48,7 @@ struct Times {
 // copy of the input measured in the same run; printed or as JSON.
 void report(const BenchOptions& o, const giftQuantParams& p, giftDType_t dt, uint64_t rows,
             uint64_t cols, const Times& t) {
-  const uint64_t in_bytes = rows * cols * (dt == GIFT_DTYPE_F32 ? 4 : 2);
+  const uint64_t in_bytes = rows * cols * giftDTypeSize(dt);
   uint64_t scale_bytes = 0;
   check(giftScaleBytes(&p, rows, cols, &scale_bytes));
   const uint64_t codes = rows * cols, out = rows * cols * 4;
@@ -96,7 +96,7 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   check(giftCtxSetThreads(ctx.get(), o.threads));
   const giftDType_t dt = parse_dtype(o.dtype);
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
-  const uint64_t width = dt == GIFT_DTYPE_F32 ? 4 : 2;
+  const uint64_t width = giftDTypeSize(dt);
   const uint64_t n = o.size / width;
   if (n < 1024) throw Failure(kUsage, "--size: at least 4 KiB");
   const uint64_t cols = 4096, rows = n / cols;

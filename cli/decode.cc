@@ -57,7 +57,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
       throw Failure(kUsage, "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
     }
     gift::io::OwnedTensor t{e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt, {}};
-    t.data.resize(e.elements * (dt == GIFT_DTYPE_F32 ? 4 : 2));
+    t.data.resize(e.elements * giftDTypeSize(dt));
     check(
         giftFrameDecodeTensorWithBasis(f.get(), i, basis.get(), t.data.data(), t.data.size(), dt));
     tensors.push_back(std::move(t));

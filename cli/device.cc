@@ -100,7 +100,7 @@ DeviceTimes time_on_device(const giftQuantParams& p, giftDType_t dtype, uint64_t
   std::mt19937 gen(1);
   std::normal_distribution<float> nd;
   for (float& x : values) x = nd(gen) * 1e-3f;
-  std::vector<uint8_t> host(n * (dtype == GIFT_DTYPE_F32 ? 4 : 2));
+  std::vector<uint8_t> host(n * giftDTypeSize(dtype));
   check(giftConvert(values.data(), GIFT_DTYPE_F32, host.data(), dtype, n));
   const DevicePtr src = device_alloc(host.size()),
                   dst = device_alloc(std::max<uint64_t>(host.size(), n * 4)),

@@ -50,7 +50,7 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   uint64_t total_original = 0, total_stored = 0;
   for (uint64_t i = 0; i < info.tensor_count; ++i) {
     const giftTensorInfo e = tensor_info(f.get(), i);
-    const uint64_t original = e.elements * (e.dtype == GIFT_DTYPE_F32 ? 4 : 2);
+    const uint64_t original = e.elements * giftDTypeSize(e.dtype);
     total_original += original;
     total_stored += e.stored_bytes;
     nlohmann::ordered_json j;

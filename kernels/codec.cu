@@ -1,6 +1,7 @@
-// GPU encode and decode (gift_cuda.h): the CPU path's bytes on the GPU. Scale groups come
-// from numerics/groups.h and every scale, code and value from numerics/elementwise.h, the
-// functions the CPU encoder calls, so the same input gives the same bytes.
+// GPU encode and decode (kernels/codec.h, behind gift_cuda.h): the CPU path's bytes on the
+// GPU. Scale groups come from numerics/groups.h and every scale, code and value from
+// numerics/elementwise.h, the functions the CPU encoder calls, so the same input gives the
+// same bytes.
 //
 // Block scales, the hot path, take one fused pass: the threads of a group (a power of two,
 // at most a warp) each load 16 elements at a time with 16-byte loads, agree on the group's
@@ -13,16 +14,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <climits>
 #include <type_traits>
 
-#include "common/error.h"
-#include "gift/gift_cuda.h"
+#include "kernels/codec.h"
 #include "kernels/cuda_check.h"
-#include "numerics/codec.h"
 #include "numerics/elementwise.h"
 #include "numerics/groups.h"
+#include "numerics/shapes.h"
 
 namespace gift::kernels {
 namespace {
@@ -65,7 +64,7 @@ giftResult_t dispatch(giftDType_t dt, giftFp8Kind_t kind, F&& f) {
 }
 
 template <giftDType_t DT>
-constexpr int kSize = DT == GIFT_DTYPE_F32 ? 4 : 2;
+constexpr int kSize = int(dtype_size(DT));
 
 __device__ __forceinline__ uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
@@ -501,38 +500,9 @@ giftResult_t launch_encode(const giftQuantParams& p, const GroupGrid& grid, Enco
   });
 }
 
-// Elements and fp32 scales are accessed as what they are: a misaligned pointer would be a
-// sticky error that breaks the caller's CUDA context, so it is refused up front.
-giftResult_t check_alignment(const giftQuantParams& p, const void* data, giftDType_t dtype,
-                             const void* scales) {
-  const uintptr_t d = reinterpret_cast<uintptr_t>(data), s = reinterpret_cast<uintptr_t>(scales);
-  if (d % (dtype == GIFT_DTYPE_F32 ? 4 : 2) != 0) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "device data pointer is not aligned to its element size");
-  }
-  if (p.scale_dtype == GIFT_SCALE_DTYPE_F32 && s % 4 != 0) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "device fp32 scales pointer is not 4-byte aligned");
-  }
-  return GIFT_OK;
-}
-
-giftResult_t check_stats_alignment(const giftEncodeStats* stats) {
-  if (reinterpret_cast<uintptr_t>(stats) % alignof(giftEncodeStats) != 0) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "device stats pointer is not %zu-byte aligned",
-                alignof(giftEncodeStats));
-  }
-  return GIFT_OK;
-}
-
 }  // namespace
-}  // namespace gift::kernels
 
-using gift::fail;
-using namespace gift::kernels;
-
-extern "C" {
-
-int giftCudaDeviceCount(void) {
+int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // a missing driver is not an error to keep
@@ -541,42 +511,15 @@ int giftCudaDeviceCount(void) {
   return n;
 }
 
-giftResult_t giftEncodeDeviceWorkspaceSize(const giftQuantParams* params, uint64_t rows,
-                                           uint64_t cols, uint64_t* bytes) {
-  gift::clear_error();
-  giftQuantParams q;
-  if (const giftResult_t r = gift::load_params(params, &q)) return r;
-  const giftQuantParams* p = &q;
-  uint64_t count = 0;
-  if (const giftResult_t r = giftScaleCount(p, rows, cols, &count)) return r;
-  if (!bytes) return fail(GIFT_ERROR_INVALID_ARGUMENT, "bytes is NULL");
-  *bytes = workspace_bytes(*p, gift::group_grid(*p, rows, cols));
-  return GIFT_OK;
+uint64_t encode_workspace_bytes(const giftQuantParams& p, uint64_t rows, uint64_t cols) {
+  return workspace_bytes(p, group_grid(p, rows, cols));
 }
 
-giftResult_t giftEncodeDevice(const giftQuantParams* params, const void* src, giftDType_t src_dtype,
-                              uint64_t rows, uint64_t cols, uint8_t* codes, void* scales,
-                              uint64_t scales_bytes, giftEncodeStats* stats, void* workspace,
-                              uint64_t workspace_bytes_given, cudaStream_t stream) {
-  gift::clear_error();
-  giftQuantParams q;
-  if (const giftResult_t r = gift::load_params(params, &q)) return r;
-  const giftQuantParams* p = &q;
-  if (const giftResult_t r =
-          gift::check_codec_buffers(*p, src, src_dtype, rows, cols, codes, scales, scales_bytes))
-    return r;
-  if (const giftResult_t r = check_alignment(*p, src, src_dtype, scales)) return r;
-  if (const giftResult_t r = check_stats_alignment(stats)) return r;
-  const gift::GroupGrid grid = gift::group_grid(*p, rows, cols);
-  const uint64_t need = workspace_bytes(*p, grid);
-  if (workspace && workspace_bytes_given < need) {
-    return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
-                "workspace holds %" PRIu64 " bytes, %" PRIu64 " needed", workspace_bytes_given,
-                need);
-  }
-  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "workspace is not 256-byte aligned");
-  }
+giftResult_t encode(const giftQuantParams& p, const void* src, giftDType_t src_dtype, uint64_t rows,
+                    uint64_t cols, uint8_t* codes, void* scales, giftEncodeStats* stats,
+                    void* workspace, cudaStream_t stream) {
+  const GroupGrid grid = group_grid(p, rows, cols);
+  const uint64_t need = workspace_bytes(p, grid);
   void* ws = workspace;
   if (!ws) GIFT_CUDA_TRY(cudaMallocAsync(&ws, need, stream));
   auto* census = static_cast<Census*>(ws);
@@ -590,20 +533,18 @@ giftResult_t giftEncodeDevice(const giftQuantParams* params, const void* src, gi
                    cols,
                    codes,
                    scales,
-                   p->scale_dtype == GIFT_SCALE_DTYPE_E8M0,
-                   p->nonfinite == GIFT_NONFINITE_KEEP,
-                   p->rounding == GIFT_ROUND_STOCHASTIC,
-                   p->seed,
-                   p->tensor_index,
+                   p.scale_dtype == GIFT_SCALE_DTYPE_E8M0,
+                   p.nonfinite == GIFT_NONFINITE_KEEP,
+                   p.rounding == GIFT_ROUND_STOCHASTIC,
+                   p.seed,
+                   p.tensor_index,
                    census,
                    reinterpret_cast<unsigned int*>(static_cast<char*>(ws) + kCensusBytes)};
-      if (const giftResult_t r = launch_encode(*p, grid, a, src_dtype, stream)) return r;
+      if (const giftResult_t r = launch_encode(p, grid, a, src_dtype, stream)) return r;
     } else if (grid.count()) {
       // An empty tensor's groups (tensor and row layouts have some) all have amax 0, whose
       // scale is stored as zero bytes in both scale types (FORMAT.md 1.7, 1.8).
-      uint64_t bytes = 0;
-      if (const giftResult_t r = giftScaleBytes(p, rows, cols, &bytes)) return r;
-      GIFT_CUDA_TRY(cudaMemsetAsync(scales, 0, bytes, stream));
+      GIFT_CUDA_TRY(cudaMemsetAsync(scales, 0, grid.count() * scale_size(p.scale_dtype), stream));
     }
     if (stats) {
       write_stats_kernel<<<1, 1, 0, stream>>>(census, stats);
@@ -618,29 +559,20 @@ giftResult_t giftEncodeDevice(const giftQuantParams* params, const void* src, gi
   return result;
 }
 
-giftResult_t giftDecodeDevice(const giftQuantParams* params, const uint8_t* codes,
-                              const void* scales, uint64_t scales_bytes, uint64_t rows,
-                              uint64_t cols, void* dst, giftDType_t dst_dtype,
-                              cudaStream_t stream) {
-  gift::clear_error();
-  giftQuantParams q;
-  if (const giftResult_t r = gift::load_params(params, &q)) return r;
-  const giftQuantParams* p = &q;
-  if (const giftResult_t r =
-          gift::check_codec_buffers(*p, dst, dst_dtype, rows, cols, codes, scales, scales_bytes))
-    return r;
-  if (const giftResult_t r = check_alignment(*p, dst, dst_dtype, scales)) return r;
+giftResult_t decode(const giftQuantParams& p, const uint8_t* codes, const void* scales,
+                    uint64_t rows, uint64_t cols, void* dst, giftDType_t dst_dtype,
+                    cudaStream_t stream) {
   if (rows * cols == 0) return GIFT_OK;
-  const gift::GroupGrid grid = gift::group_grid(*p, rows, cols);
-  const bool e8m0 = p->scale_dtype == GIFT_SCALE_DTYPE_E8M0;
-  return dispatch(dst_dtype, p->kind, [&](auto dt, auto kind) -> giftResult_t {
+  const GroupGrid grid = group_grid(p, rows, cols);
+  const bool e8m0 = p.scale_dtype == GIFT_SCALE_DTYPE_E8M0;
+  return dispatch(dst_dtype, p.kind, [&](auto dt, auto kind) -> giftResult_t {
     constexpr giftDType_t DT = decltype(dt)::value;
-    constexpr gift::num::Fp8 K = decltype(kind)::value;
+    constexpr Fp8 K = decltype(kind)::value;
     unsigned blocks = 0;
-    if (p->layout == GIFT_SCALE_BLOCK) {
-      const BlockLanes l = block_lanes(*p, grid);
-      if (const giftResult_t r = grid_size(decode_blocks_kernel<DT, K>,
-                                           gift::ceil_div(l.groups * l.tpg, kThreads), &blocks))
+    if (p.layout == GIFT_SCALE_BLOCK) {
+      const BlockLanes l = block_lanes(p, grid);
+      if (const giftResult_t r =
+              grid_size(decode_blocks_kernel<DT, K>, ceil_div(l.groups * l.tpg, kThreads), &blocks))
         return r;
       decode_blocks_kernel<DT, K>
           <<<blocks, kThreads, 0, stream>>>(codes, scales, e8m0, cols, dst, l);
@@ -656,4 +588,4 @@ giftResult_t giftDecodeDevice(const giftQuantParams* params, const uint8_t* code
   });
 }
 
-}  // extern "C"
+}  // namespace gift::kernels

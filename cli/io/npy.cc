@@ -111,7 +111,7 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
     count *= d;
     out->shape.push_back(d);
   }
-  const uint64_t width = dtype_bytes(out->dtype);
+  const uint64_t width = giftDTypeSize(out->dtype);
   if (count > UINT64_MAX / width) bad(name, "byte count overflows 64 bits");
   const uint64_t bytes = count * width;
   if (bytes != size - offset) {

@@ -18,9 +18,6 @@ struct NpyArray {
   uint64_t count() const;
 };
 
-// Bytes per element of the dtypes tensor files hold.
-inline uint64_t dtype_bytes(giftDType_t d) { return d == GIFT_DTYPE_F32 ? 4 : 2; }
-
 // Reads `path`. On failure throws a giftc::Failure whose message names the file and the
 // problem: kIoError for a file that cannot be read, kBadInput for one that is not a
 // supported .npy.

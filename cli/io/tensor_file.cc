@@ -315,9 +315,9 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
     }
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
     if (begin > end || end > data_size) bad(name, tn + "data_offsets out of bounds");
-    if (end - begin != n * dtype_bytes(ref.dtype)) {
+    if (end - begin != n * giftDTypeSize(ref.dtype)) {
       bad(name, tn + "data_offsets hold " + std::to_string(end - begin) +
-                    " bytes, shape and dtype need " + std::to_string(n * dtype_bytes(ref.dtype)));
+                    " bytes, shape and dtype need " + std::to_string(n * giftDTypeSize(ref.dtype)));
     }
     ref.data = base + begin;
     ref.bytes = end - begin;

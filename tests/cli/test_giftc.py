@@ -246,6 +246,28 @@ class Giftc(unittest.TestCase):
         self.assertIn("has 512 columns", r.stderr)
         self.assertFalse(os.path.exists(self.path("x.giftb")))
 
+    def test_deprecated_frame_alias(self):
+        # --frame, the old name of --coords, keeps working for one release with a warning.
+        rng = np.random.default_rng(1)
+        structure = (rng.standard_normal((64, 4)) * np.array([10, 5, 2, 1])) @ rng.standard_normal((4, 128))
+        src = self.path("g.safetensors")
+        save_file({"w": (structure + 0.01 * rng.standard_normal(structure.shape)).astype(np.float32)}, src)
+        basis = self.path("b.giftb")
+        self.assertEqual(run("fit", src, "-o", basis, "-q").returncode, 0)
+        new, old = self.path("new.gift"), self.path("old.gift")
+        r = run("encode", src, "--basis", basis, "--coords", "gift", "-o", new)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("deprecated", r.stderr)
+        r = run("encode", src, "--basis", basis, "--frame", "gift", "-o", old)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("warning: --frame is deprecated; use --coords", r.stderr)
+        with open(new, "rb") as a, open(old, "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        r = run("encode", src, "--basis", basis, "--frame", "gift", "--coords", "gift", "-o", self.path("both.gift"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--frame is the old name of --coords: give one", r.stderr)
+        self.assertFalse(os.path.exists(self.path("both.gift")))
+
     def test_real_dump_gift_frame_target(self):
         # Issue target: with a basis from same-step activation statistics and default
         # settings, --coords auto lowers the geomean relative L2 error over all 2-D tensors by

@@ -35,8 +35,6 @@ void check(bool ok, const char* what) {
   }
 }
 
-size_t dtype_bytes(giftDType_t t) { return t == GIFT_DTYPE_F32 ? 4 : 2; }
-
 // FORMAT.md 2.2: names are UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool valid_utf8(const char* s) {
   const auto* p = reinterpret_cast<const uint8_t*>(s);
@@ -111,7 +109,7 @@ void exercise(const uint8_t* data, size_t size) {
       continue;
     }
     for (giftDType_t to : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
-      const uint64_t need = info.elements * dtype_bytes(to);
+      const uint64_t need = info.elements * giftDTypeSize(to);
       out.assign(need, 0);
       // One byte short must be refused before anything is written.
       if (need > 0) {

@@ -39,7 +39,7 @@ uint16_t to_f16(float f) {  // small normal values only, enough for seeds
 
 // Values of `n` elements in `dtype`; `smooth` makes them compressible.
 std::vector<uint8_t> values(uint64_t n, giftDType_t dtype, bool smooth, unsigned salt) {
-  std::vector<uint8_t> out(n * (dtype == GIFT_DTYPE_F32 ? 4 : 2));
+  std::vector<uint8_t> out(n * giftDTypeSize(dtype));
   uint32_t x = 2463534242u + salt;
   for (uint64_t i = 0; i < n; ++i) {
     x ^= x << 13;

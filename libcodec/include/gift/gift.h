@@ -172,6 +172,9 @@ GIFT_API giftResult_t giftDecode(const giftCtx* ctx, const giftQuantParams* para
 GIFT_API giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void* dst,
                                   giftDType_t dst_dtype, uint64_t n);
 
+/* Bytes of one element of `dtype` (4 or 2); 0 for a value that is not a giftDType_t. */
+GIFT_API size_t giftDTypeSize(giftDType_t dtype);
+
 /* Error of `approx` against `ref` (both rows x cols fp32). */
 typedef struct {
   size_t size; /* sizeof(giftErrorMetrics) */

@@ -16,6 +16,7 @@
 #include "gift/gift_basis.h"
 #include "numerics/codec.h"
 #include "numerics/convert.h"
+#include "numerics/shapes.h"
 
 using gift::fail;
 
@@ -205,7 +206,7 @@ giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t
   return guarded("giftGradientSecondMoment", [&] {
     if (!a || (rows && cols && !w))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftGradientSecondMoment: null pointer");
-    if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16)
+    if (!gift::known_dtype(dtype))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dtype));
     if (rows == 0 || cols == 0 || cols > UINT32_MAX || rows > UINT64_MAX / cols)
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape %llux%llu has no second moment",
@@ -361,7 +362,7 @@ giftResult_t giftFrameWriterAddTensorInBasis(giftFrameWriter* writer, const char
     gift::container::TensorShape s;
     if (const giftResult_t r = gift::container::make_shape(shape, ndim, &s))
       return fail(r, "tensor '%s': %s", name, giftGetLastErrorMessage());
-    if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16)
+    if (!gift::known_dtype(dtype))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name, int(dtype));
     if (s.elements && !data)
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': null data", name);

@@ -12,6 +12,7 @@
 #include "common/sized.h"
 #include "gift/gift.h"
 #include "numerics/groups.h"
+#include "numerics/shapes.h"
 #include "numerics/simd.h"
 
 using gift::fail;
@@ -35,7 +36,7 @@ giftResult_t gift::check_codec_buffers(const giftQuantParams& p, const void* dat
                                        uint64_t scales_bytes) {
   uint64_t need = 0;
   if (const giftResult_t r = giftScaleBytes(&p, rows, cols, &need)) return r;
-  if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16) {
+  if (!gift::known_dtype(dtype)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dtype));
   }
   if (rows * cols > 0 && (!data || !codes)) {
@@ -167,7 +168,7 @@ giftResult_t giftScaleBytes(const giftQuantParams* params, uint64_t rows, uint64
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "%" PRIu64 " scales overflow a 64-bit byte count",
                 count);
   }
-  *bytes = count * (p->scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1);
+  *bytes = count * gift::scale_size(p->scale_dtype);
   return GIFT_OK;
 }
 

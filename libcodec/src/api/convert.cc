@@ -7,24 +7,20 @@
 
 #include "common/error.h"
 #include "gift/gift.h"
-#include "numerics/codec.h"
-
-namespace {
+#include "numerics/shapes.h"
 
 using gift::fail;
 
-bool known(giftDType_t d) {
-  return d == GIFT_DTYPE_F32 || d == GIFT_DTYPE_BF16 || d == GIFT_DTYPE_F16;
+extern "C" size_t giftDTypeSize(giftDType_t dtype) {
+  return gift::known_dtype(dtype) ? gift::dtype_size(dtype) : 0;
 }
-
-}  // namespace
 
 extern "C" giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void* dst,
                                     giftDType_t dst_dtype, uint64_t n) {
   gift::clear_error();
-  if (!known(src_dtype))
+  if (!gift::known_dtype(src_dtype))
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(src_dtype));
-  if (!known(dst_dtype))
+  if (!gift::known_dtype(dst_dtype))
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dst_dtype));
   if (n == 0) return GIFT_OK;
   if (!src || !dst) return fail(GIFT_ERROR_INVALID_ARGUMENT, "src or dst pointer is NULL");

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "gift/gift_cuda.h"
 #include "numerics/codec.h"
+#include "numerics/shapes.h"
 
 using gift::fail;
 
@@ -43,8 +44,6 @@ giftResult_t copy(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kin
   return e == cudaSuccess ? GIFT_OK : cuda_failed(e, "cudaMemcpy");
 }
 
-size_t width(giftDType_t d) { return d == GIFT_DTYPE_F32 ? 4 : 2; }
-
 giftResult_t cuda_encode(const giftCtx*, const giftQuantParams* params, const void* src,
                          giftDType_t dtype, uint64_t rows, uint64_t cols, uint8_t* codes,
                          void* scales, uint64_t scales_bytes, giftEncodeStats* stats) {
@@ -56,12 +55,14 @@ giftResult_t cuda_encode(const giftCtx*, const giftQuantParams* params, const vo
     return r;
   const uint64_t n = rows * cols;
   DeviceMemory d_src, d_codes, d_scales, d_stats;
-  for (auto [m, bytes] : {std::pair{&d_src, n * width(dtype)}, std::pair{&d_codes, n},
+  for (auto [m, bytes] : {std::pair{&d_src, n * gift::dtype_size(dtype)}, std::pair{&d_codes, n},
                           std::pair{&d_scales, scales_bytes},
                           std::pair{&d_stats, uint64_t(sizeof(giftEncodeStats))}}) {
     if (const giftResult_t r = m->alloc(bytes)) return r;
   }
-  if (const giftResult_t r = copy(d_src.p, src, n * width(dtype), cudaMemcpyHostToDevice)) return r;
+  if (const giftResult_t r =
+          copy(d_src.p, src, n * gift::dtype_size(dtype), cudaMemcpyHostToDevice))
+    return r;
   if (const giftResult_t r =
           giftEncodeDevice(p, d_src.p, dtype, rows, cols, d_codes.get(), d_scales.p, scales_bytes,
                            d_stats.get<giftEncodeStats>(), nullptr, 0, nullptr))
@@ -90,14 +91,14 @@ giftResult_t cuda_decode(const giftCtx*, const giftQuantParams* params, const ui
   DeviceMemory d_codes, d_scales, d_dst;
   if (const giftResult_t r = d_codes.alloc(n)) return r;
   if (const giftResult_t r = d_scales.alloc(scales_bytes)) return r;
-  if (const giftResult_t r = d_dst.alloc(n * width(dtype))) return r;
+  if (const giftResult_t r = d_dst.alloc(n * gift::dtype_size(dtype))) return r;
   if (const giftResult_t r = copy(d_codes.p, codes, n, cudaMemcpyHostToDevice)) return r;
   if (const giftResult_t r = copy(d_scales.p, scales, scales_bytes, cudaMemcpyHostToDevice))
     return r;
   if (const giftResult_t r = giftDecodeDevice(p, d_codes.get(), d_scales.p, scales_bytes, rows,
                                               cols, d_dst.p, dtype, nullptr))
     return r;
-  return copy(dst, d_dst.p, n * width(dtype), cudaMemcpyDeviceToHost);
+  return copy(dst, d_dst.p, n * gift::dtype_size(dtype), cudaMemcpyDeviceToHost);
 }
 
 }  // namespace

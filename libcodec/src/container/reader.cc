@@ -18,6 +18,7 @@
 #include "numerics/codec.h"
 #include "numerics/elementwise.h"
 #include "numerics/groups.h"
+#include "numerics/shapes.h"
 
 namespace gift::container {
 namespace {
@@ -205,17 +206,15 @@ giftResult_t FrameReader::verify_structure() {
       return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %u dimensions (at most %u)", n, tn,
                   ndim, kMaxDims);
     }
-    for (uint32_t d = 0; d < ndim; ++d) {
-      const uint64_t dim = shape->Get(d);
-      if (dim && e.elements > UINT64_MAX / 8 / dim) {
-        return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': shape's element count overflows", n,
-                    tn);
-      }
-      e.elements *= dim;
-      e.shape.push_back(dim);
+    for (uint32_t d = 0; d < ndim; ++d) e.shape.push_back(shape->Get(d));
+    MatrixView view;
+    if (!matrix_view(e.shape.data(), ndim, &view)) {
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': shape's element count overflows", n,
+                  tn);
     }
-    e.cols = ndim ? e.shape.back() : 1;
-    for (uint32_t d = 0; d + 1 < ndim; ++d) e.rows *= e.shape[d];
+    e.rows = view.rows;
+    e.cols = view.cols;
+    e.elements = view.elements;
     if (uint8_t(t->dtype()) > uint8_t(fb::DType::MAX) ||
         uint8_t(t->encoding()) > uint8_t(fb::Encoding::MAX) ||
         uint8_t(t->coords()) > uint8_t(fb::Coords::MAX)) {
@@ -428,7 +427,7 @@ giftResult_t FrameReader::check_output(size_t index, const void* dst, uint64_t d
                 tensors_.size());
   }
   const TensorEntry& e = tensors_[index];
-  if (dst_dtype != GIFT_DTYPE_F32 && dst_dtype != GIFT_DTYPE_BF16 && dst_dtype != GIFT_DTYPE_F16) {
+  if (!known_dtype(dst_dtype)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown output dtype %d", int(dst_dtype));
   }
   const uint64_t need = e.elements * dtype_size(dst_dtype);
@@ -507,7 +506,6 @@ giftResult_t FrameReader::verify_all() const {
         std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * e.cols));
     const uint64_t band_rows =
         e.params.layout == GIFT_SCALE_TENSOR ? e.rows : unit * units_per_band;
-    const size_t scale_size = e.params.scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1;
     for (uint64_t r0 = 0; r0 < e.rows; r0 += band_rows) {
       const uint64_t rows = std::min(band_rows, e.rows - r0);
       const uint64_t first_group =
@@ -517,8 +515,9 @@ giftResult_t FrameReader::verify_all() const {
       giftScaleBytes(&p, rows, e.cols, &band_scale_bytes);
       out.resize(rows * e.cols);
       if (const giftResult_t r =
-              giftDecode(&ctx_, &p, codes + r0 * e.cols, scales + first_group * scale_size,
-                         band_scale_bytes, rows, e.cols, out.data(), GIFT_DTYPE_F32)) {
+              giftDecode(&ctx_, &p, codes + r0 * e.cols,
+                         scales + first_group * scale_size(e.params.scale_dtype), band_scale_bytes,
+                         rows, e.cols, out.data(), GIFT_DTYPE_F32)) {
         return r;
       }
     }

@@ -25,20 +25,10 @@ giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "%u dimensions, at most %u supported", ndim, kMaxDims);
   }
   if (ndim && !dims) return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape is NULL");
+  if (!matrix_view(dims, ndim, out)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape's element count overflows");
+  }
   out->dims.assign(dims, dims + ndim);
-  out->elements = 1;
-  for (uint32_t i = 0; i < ndim; ++i) {
-    if (dims[i] && out->elements > UINT64_MAX / 8 / dims[i]) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape's element count overflows");
-    }
-    out->elements *= dims[i];
-  }
-  out->cols = ndim ? dims[ndim - 1] : 1;
-  out->rows = ndim == 0 ? 1 : (out->cols ? out->elements / out->cols : 1);
-  if (out->cols == 0) {  // rows are the product of the leading dims even when cols is 0
-    out->rows = 1;
-    for (uint32_t i = 0; i + 1 < ndim; ++i) out->rows *= dims[i];
-  }
   return GIFT_OK;
 }
 
@@ -91,7 +81,7 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s' added twice", name.c_str());
     }
   }
-  if (dtype != GIFT_DTYPE_F32 && dtype != GIFT_DTYPE_BF16 && dtype != GIFT_DTYPE_F16) {
+  if (!known_dtype(dtype)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name.c_str(),
                 int(dtype));
   }

@@ -10,13 +10,12 @@
 #include "common/ctx.h"
 #include "container/sections.h"
 #include "gift/gift.h"
+#include "numerics/shapes.h"
 
 namespace gift::container {
 
-struct TensorShape {
+struct TensorShape : MatrixView {
   std::vector<uint64_t> dims;
-  uint64_t rows = 1, cols = 1;  // the codec's view: cols = last dim, rows = the rest
-  uint64_t elements = 1;
 };
 
 // Checks dims (count, overflow) and derives the codec's view.

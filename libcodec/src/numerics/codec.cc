@@ -12,6 +12,7 @@
 #include "numerics/elementwise.h"
 #include "numerics/fp_env.h"
 #include "numerics/groups.h"
+#include "numerics/shapes.h"
 #include "numerics/simd.h"
 
 namespace gift {
@@ -193,7 +194,6 @@ void for_each_block_run(const giftQuantParams& p, const GroupGrid& grid, int thr
 simd::BlockRun block_run(const giftQuantParams& p, const void* src, giftDType_t dtype,
                          uint64_t first_group, uint64_t first_elem, uint64_t n, uint8_t* codes,
                          void* scales) {
-  const size_t scale_size = p.scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1;
   return {src ? at(src, dtype, first_elem) : nullptr,
           dtype,
           n,
@@ -201,7 +201,7 @@ simd::BlockRun block_run(const giftQuantParams& p, const void* src, giftDType_t 
           p.kind,
           p.scale_dtype,
           codes + first_elem,
-          static_cast<uint8_t*>(scales) + first_group * scale_size};
+          static_cast<uint8_t*>(scales) + first_group * scale_size(p.scale_dtype)};
 }
 
 // Round to nearest in blocks, the hot path: whole runs in vector code. A run that meets
@@ -231,8 +231,6 @@ bool split_groups(const GroupGrid& grid, int threads) {
 }
 
 }  // namespace
-
-size_t dtype_size(giftDType_t dtype) { return dtype == GIFT_DTYPE_F32 ? 4 : 2; }
 
 giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const void* src,
                            giftDType_t src_dtype, uint64_t rows, uint64_t cols, uint8_t* codes,

@@ -1,5 +1,5 @@
 // The CPU encoder and decoder of one tensor: scale groups, scales, codes. Thin C API
-// wrappers in c_api.cc validate arguments and call these.
+// wrappers in api/codec.cc validate arguments and call these.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +23,6 @@ giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s
 void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* codes,
                    const void* scales, uint64_t rows, uint64_t cols, void* dst,
                    giftDType_t dst_dtype);
-
-size_t dtype_size(giftDType_t dtype);
 
 // The argument checks of giftEncode/giftDecode and their device forms, after load_params:
 // known, pointers present, the scales buffer large enough (data and codes are `data` and

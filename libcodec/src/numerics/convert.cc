@@ -4,6 +4,7 @@
 
 #include "numerics/elementwise.h"
 #include "numerics/fp_env.h"
+#include "numerics/shapes.h"
 
 namespace gift {
 namespace {
@@ -30,20 +31,18 @@ void store(uint8_t* p, giftDType_t d, float f) {
   std::memcpy(p, &h, 2);
 }
 
-size_t width(giftDType_t d) { return d == GIFT_DTYPE_F32 ? 4 : 2; }
-
 }  // namespace
 
 void convert_elements(const void* src, giftDType_t src_dtype, void* dst, giftDType_t dst_dtype,
                       uint64_t n) {
   if (src_dtype == dst_dtype) {
-    if (src != dst && n) std::memmove(dst, src, n * width(dst_dtype));
+    if (src != dst && n) std::memmove(dst, src, n * dtype_size(dst_dtype));
     return;
   }
   const num::FpEnvGuard fp_env;  // fp16 subnormals are rounded in float arithmetic
   const uint8_t* in = static_cast<const uint8_t*>(src);
   uint8_t* out = static_cast<uint8_t*>(dst);
-  const size_t si = width(src_dtype), so = width(dst_dtype);
+  const size_t si = dtype_size(src_dtype), so = dtype_size(dst_dtype);
   // Through fp32: widening is exact, so bf16 <-> fp16 rounds once.
   for (uint64_t i = 0; i < n; ++i) store(out + i * so, dst_dtype, load(in + i * si, src_dtype));
 }

@@ -10,6 +10,7 @@
 #include <hwy/highway.h>
 
 #include "numerics/elementwise.h"
+#include "numerics/shapes.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace gift::simd {
@@ -340,7 +341,7 @@ uint32_t EncodeBlocksRN(const BlockRun& run) {
 }
 
 void DecodeBlocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
-  const size_t width = dst_dtype == GIFT_DTYPE_F32 ? 4 : 2;
+  const size_t width = dtype_size(dst_dtype);
   for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
     const float s = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0

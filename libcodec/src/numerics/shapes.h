@@ -1,0 +1,49 @@
+// Sizes and the rows x cols view of FORMAT.md 1.6, stated once for the codec, the frame
+// writer and reader, and the kernels (so a frame the writer accepts is one the reader
+// accepts, and both agree with the encoder on every byte count).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gift/gift.h"
+#include "numerics/hd.h"
+
+namespace gift {
+
+// A C caller can pass any integer as an enum.
+GIFT_HD constexpr bool known_dtype(giftDType_t dtype) {
+  return dtype == GIFT_DTYPE_F32 || dtype == GIFT_DTYPE_BF16 || dtype == GIFT_DTYPE_F16;
+}
+
+// Assumes a known dtype.
+GIFT_HD constexpr size_t dtype_size(giftDType_t dtype) { return dtype == GIFT_DTYPE_F32 ? 4 : 2; }
+
+// Assumes a known scale dtype.
+GIFT_HD constexpr size_t scale_size(giftScaleDType_t scale_dtype) {
+  return scale_dtype == GIFT_SCALE_DTYPE_F32 ? 4 : 1;
+}
+
+// The most elements a tensor may have: any per-element byte count the library forms (at
+// most 8 bytes, a double, per element) then fits in 64 bits without further checks.
+constexpr uint64_t kMaxElements = UINT64_MAX / 8;
+
+struct MatrixView {
+  uint64_t rows = 1, cols = 1;  // cols: the last dimension; rows: the product of the others
+  uint64_t elements = 1;
+};
+
+// The view of a tensor of `ndim` dimensions (a 0-d tensor is 1 x 1, a 1-d one 1 x d_0);
+// false when its element count exceeds kMaxElements. rows stays exact when cols is 0.
+inline bool matrix_view(const uint64_t* dims, uint32_t ndim, MatrixView* view) {
+  *view = MatrixView{};
+  for (uint32_t i = 0; i < ndim; ++i) {
+    if (dims[i] && view->elements > kMaxElements / dims[i]) return false;
+    if (i + 1 == ndim) view->rows = view->elements;
+    view->elements *= dims[i];
+  }
+  if (ndim) view->cols = dims[ndim - 1];
+  return true;
+}
+
+}  // namespace gift
