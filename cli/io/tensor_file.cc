@@ -346,7 +346,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
 // odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside.
 void align_data(TensorFile* f) {
   for (TensorRef& t : f->tensors) {
-    const uint64_t width = dtype_bytes(t.dtype);
+    const uint64_t width = giftDTypeSize(t.dtype);
     if (reinterpret_cast<uintptr_t>(t.data) % width == 0) continue;
     auto copy = std::make_shared<std::vector<uint64_t>>((t.bytes + 7) / 8);
     std::memcpy(copy->data(), t.data, t.bytes);
