@@ -414,6 +414,18 @@ class ReducePlan:
         self._plan.decode_result(g.address, [b.address for b in held])
         return out_tensors
 
+    def encode_shards_at(self, addresses, out):
+        """encode_shards for tensors given by address, in the plan's order and of its dtypes
+        and shapes, unchecked: for callers that own the memory (the DDP hook's bucket)."""
+        send = _byte_buffer(out, "out", self.world * self.message_bytes, writable=True)
+        self._plan.encode_shards(list(addresses), send.address)
+        return out
+
+    def decode_result_at(self, gathered, addresses):
+        """decode_result into tensors given by address (see encode_shards_at)."""
+        g = _byte_buffer(gathered, "gathered", self.world * self.message_bytes)
+        self._plan.decode_result(g.address, list(addresses))
+
     def save_state(self):
         """The call counter and error-feedback residuals, for checkpoints."""
         return self._plan.save_state()
