@@ -1,10 +1,11 @@
-# Optional parts (CUDA, NCCL, MPI) switch on when found; GIFT_WITH_<X>=ON makes a missing one
+# Optional parts (CUDA, NCCL, MPI, the Python package) switch on when found; GIFT_WITH_<X>=ON makes a missing one
 # an error, OFF skips it. Everything else is required.
 
 set(GIFT_WITH_CUDA AUTO CACHE STRING "Build CUDA parts: AUTO, ON or OFF")
 set(GIFT_WITH_NCCL AUTO CACHE STRING "Build the NCCL transport: AUTO, ON or OFF")
 set(GIFT_WITH_MPI AUTO CACHE STRING "Build the MPI transport: AUTO, ON or OFF")
-foreach(opt GIFT_WITH_CUDA GIFT_WITH_NCCL GIFT_WITH_MPI)
+set(GIFT_PYTHON AUTO CACHE STRING "Build the Python package (pybind11): AUTO, ON or OFF")
+foreach(opt GIFT_WITH_CUDA GIFT_WITH_NCCL GIFT_WITH_MPI GIFT_PYTHON)
   set_property(CACHE ${opt} PROPERTY STRINGS AUTO ON OFF)
 endforeach()
 
@@ -76,3 +77,17 @@ if(NOT GIFT_WITH_MPI STREQUAL "OFF")
   endif()
 endif()
 gift_require_or_note(GIFT_WITH_MPI "${GIFT_HAVE_MPI}" "MPI")
+
+# The Python package needs the interpreter's development files and pybind11 (found first so
+# that pybind11 uses CMake's FindPython3 and builds for that interpreter).
+set(GIFT_HAVE_PYTHON OFF)
+if(NOT GIFT_PYTHON STREQUAL "OFF")
+  find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
+  if(Python3_Development.Module_FOUND)
+    find_package(pybind11 CONFIG QUIET)
+    if(pybind11_FOUND)
+      set(GIFT_HAVE_PYTHON ON)
+    endif()
+  endif()
+endif()
+gift_require_or_note(GIFT_PYTHON "${GIFT_HAVE_PYTHON}" "Python development files and pybind11")

@@ -14,6 +14,7 @@ debs=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev clang-format git
+  python3-dev pybind11-dev
 )
 
 missing=()
@@ -36,3 +37,18 @@ if ! "$py" -c 'import numpy, ml_dtypes, xxhash, zstandard, safetensors' 2>/dev/n
   echo "setup: installing Python packages: numpy ml_dtypes xxhash zstandard safetensors" >&2
   "$py" -m pip install --quiet numpy ml_dtypes xxhash zstandard safetensors
 fi
+
+# torch for the DDP hook's tests (Debian's, for /usr/bin/python3), only where those tests are
+# built (the Python package is not switched off) and no python3 has it yet.
+case " ${GIFT_CMAKE_ARGS:-} " in
+  *" -DGIFT_PYTHON=OFF "*) ;;
+  *)
+    if ! "$py" -c 'import torch' 2>/dev/null && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+      echo "setup: installing Debian packages: python3-torch" >&2
+      sudo=""
+      [ "$(id -u)" -eq 0 ] || sudo="sudo"
+      $sudo apt-get update -qq
+      $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+    fi
+    ;;
+esac

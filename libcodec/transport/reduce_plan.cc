@@ -347,6 +347,38 @@ giftResult_t check_plan(const giftReducePlan* p) {
   return p ? GIFT_OK : fail(GIFT_ERROR_INVALID_ARGUMENT, "plan is NULL");
 }
 
+// A saved state starts with this header; the fingerprint covers what decides the meaning of
+// the residuals (layout and numerics), so a state never loads into a plan it does not fit.
+// The choice of coordinates follows the residuals (the reduced shard's is in the flat
+// bucket's coordinates), and only into a plan holding the same basis.
+struct StateHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t fingerprint;
+  uint64_t call;
+  uint64_t residual_count;
+  uint64_t shard_residual_count;
+  uint64_t calls_with_basis;
+  uint64_t basis_lo, basis_hi;  // zero: none
+};
+constexpr uint32_t kStateMagic = 0x53544647u;  // "GFTS"
+constexpr uint32_t kStateVersion = 1;
+
+uint64_t state_fingerprint(const giftReducePlan& p) {
+  std::vector<uint64_t> words = {uint64_t(p.world),          uint64_t(p.rank),
+                                 uint64_t(p.config.kind),    p.config.block,
+                                 uint64_t(p.config.op),      uint64_t(p.config.scale_dtype),
+                                 uint64_t(p.config.rounding)};
+  words.insert(words.end(), p.offset.begin(), p.offset.end());
+  for (giftDType_t d : p.dtypes) words.push_back(uint64_t(d));
+  return XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+}
+
+uint64_t state_bytes(const giftReducePlan& p) {
+  return sizeof(StateHeader) + (p.residual.size() + p.shard_residual.size()) * sizeof(float) +
+         p.in_gift.size();
+}
+
 giftResult_t check_tensor_pointers(const giftReducePlan& p, const void* const* tensors) {
   for (size_t i = 0; i + 1 < p.offset.size(); ++i) {
     if (p.offset[i + 1] > p.offset[i] && (!tensors || !tensors[i])) {
@@ -441,6 +473,72 @@ giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoords_t* coor
 
 uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan) {
   return plan ? plan->message_bytes : 0;
+}
+
+uint64_t giftReducePlanStateBytes(const giftReducePlan* plan) {
+  return plan ? state_bytes(*plan) : 0;
+}
+
+giftResult_t giftReducePlanSaveState(const giftReducePlan* plan, void* state, uint64_t bytes) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  const giftReducePlan& p = *plan;
+  if (!state) return fail(GIFT_ERROR_INVALID_ARGUMENT, "state is NULL");
+  if (bytes < state_bytes(p)) {
+    return fail(GIFT_ERROR_BUFFER_TOO_SMALL, "the state takes %" PRIu64 " bytes, not %" PRIu64,
+                state_bytes(p), bytes);
+  }
+  const StateHeader h{
+      kStateMagic,       kStateVersion,           state_fingerprint(p), p.call,
+      p.residual.size(), p.shard_residual.size(), p.calls_with_basis,   p.basis_id.lo,
+      p.basis_id.hi};
+  uint8_t* out = static_cast<uint8_t*>(state);
+  memcpy(out, &h, sizeof h);
+  out += sizeof h;
+  if (!p.residual.empty()) memcpy(out, p.residual.data(), p.residual.size() * sizeof(float));
+  out += p.residual.size() * sizeof(float);
+  if (!p.shard_residual.empty()) {
+    memcpy(out, p.shard_residual.data(), p.shard_residual.size() * sizeof(float));
+  }
+  out += p.shard_residual.size() * sizeof(float);
+  if (!p.in_gift.empty()) memcpy(out, p.in_gift.data(), p.in_gift.size());
+  return GIFT_OK;
+}
+
+giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* state, uint64_t bytes) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReducePlan& p = *plan;
+  if (!state) return fail(GIFT_ERROR_INVALID_ARGUMENT, "state is NULL");
+  StateHeader h{};
+  if (bytes >= sizeof h) memcpy(&h, state, sizeof h);
+  if (bytes != state_bytes(p) || h.magic != kStateMagic || h.version != kStateVersion ||
+      h.fingerprint != state_fingerprint(p) || h.residual_count != p.residual.size() ||
+      h.shard_residual_count != p.shard_residual.size()) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "the state (%" PRIu64
+                " bytes) was not saved from a plan of this config, world, "
+                "rank and tensors",
+                bytes);
+  }
+  if (h.basis_lo != p.basis_id.lo || h.basis_hi != p.basis_id.hi) {
+    return fail(GIFT_ERROR_BASIS_MISSING,
+                "the state was saved in basis %s, this plan holds %s: set that basis first",
+                h.basis_lo || h.basis_hi
+                    ? gift::coords::BasisId{h.basis_lo, h.basis_hi}.hex().c_str()
+                    : "none",
+                p.has_basis ? p.basis_id.hex().c_str() : "none");
+  }
+  const uint8_t* in = static_cast<const uint8_t*>(state) + sizeof h;
+  p.call = h.call;
+  if (!p.residual.empty()) memcpy(p.residual.data(), in, p.residual.size() * sizeof(float));
+  in += p.residual.size() * sizeof(float);
+  if (!p.shard_residual.empty()) {
+    memcpy(p.shard_residual.data(), in, p.shard_residual.size() * sizeof(float));
+  }
+  in += p.shard_residual.size() * sizeof(float);
+  for (size_t i = 0; i < p.in_gift.size(); ++i) p.in_gift[i] = in[i] && p.whitener[i];
+  p.coords_hash = coords_hash(p.in_gift);
+  p.calls_with_basis = h.calls_with_basis;
+  return GIFT_OK;
 }
 
 giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,

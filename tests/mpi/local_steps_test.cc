@@ -168,6 +168,33 @@ TEST(LocalSteps, MessagesStayNearOneBytePerElement) {
             64u + (1u << 16) / 128 * 4 + (1u << 16) + 64u);
 }
 
+// A checkpointed run resumes where it left off: the same bytes as the uninterrupted run,
+// because the call counter and both residuals travel with the state.
+TEST(LocalSteps, SavedStateResumesTheSameRun) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.rounding = GIFT_ROUND_STOCHASTIC;
+  SimulatedWorld run(c, 3, specs), resumed(c, 3, specs);
+  run.allreduce(inputs_for(specs, 3, 1));
+  for (int r = 0; r < 3; ++r) {
+    std::vector<uint8_t> state(giftReducePlanStateBytes(run.plan(r)));
+    ASSERT_EQ(giftReducePlanSaveState(run.plan(r), state.data(), state.size()), GIFT_OK);
+    ASSERT_EQ(giftReducePlanLoadState(resumed.plan(r), state.data(), state.size()), GIFT_OK)
+        << giftGetLastErrorMessage();
+  }
+  for (uint64_t seed = 2; seed < 4; ++seed) {
+    EXPECT_EQ(run.allreduce(inputs_for(specs, 3, seed)),
+              resumed.allreduce(inputs_for(specs, 3, seed)));
+  }
+  // A state does not load into a plan of another rank.
+  std::vector<uint8_t> state(giftReducePlanStateBytes(run.plan(0)));
+  ASSERT_EQ(giftReducePlanSaveState(run.plan(0), state.data(), state.size()), GIFT_OK);
+  EXPECT_EQ(giftReducePlanLoadState(resumed.plan(1), state.data(), state.size()),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftReducePlanSaveState(run.plan(0), state.data(), state.size() - 1),
+            GIFT_ERROR_BUFFER_TOO_SMALL);
+}
+
 TEST(LocalSteps, CorruptedMessageIsCaughtAndNamesTheSender) {
   const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
   giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;

@@ -120,6 +120,17 @@ GIFT_API giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* re
 GIFT_API giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                              void* const* out_tensors);
 
+/* The plan's state between calls (its call counter, error-feedback residuals and choice of
+ * coordinates) as bytes, so that a training run can be checkpointed and resumed with the
+ * same results. The state loads only into a plan of the same config, world, rank and tensors
+ * (GIFT_ERROR_INVALID_ARGUMENT otherwise) that holds the same basis (set it first;
+ * GIFT_ERROR_BASIS_MISSING otherwise). */
+GIFT_API uint64_t giftReducePlanStateBytes(const giftReducePlan* plan);
+GIFT_API giftResult_t giftReducePlanSaveState(const giftReducePlan* plan, void* state,
+                                              uint64_t bytes);
+GIFT_API giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* state,
+                                              uint64_t bytes);
+
 /* ---- Communicators -------------------------------------------------------------------- */
 
 /* What a backend provides: collectives over host buffers of fixed-size messages. Each

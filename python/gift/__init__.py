@@ -1,0 +1,434 @@
+"""gift: FP8 gradient frames (the GIFT format) and the replica-exact compressed all-reduce.
+
+A binding of libgift's public C API. Names and defaults are the command line's (giftc):
+
+    frame = gift.encode({"w": w, "b": b}, fp8="e4m3", scale="block:128")
+    out = gift.decode(frame)               # {"w": ndarray, "b": ndarray}
+    with gift.open(frame) as f: f.tensors  # what each tensor is and how it was encoded
+
+Tensors are NumPy arrays or CPU torch tensors of float32, float16 or bfloat16 (torch.bfloat16,
+or ml_dtypes.bfloat16 arrays, since NumPy itself has no bfloat16). C-contiguous buffers are
+read and written in place, never copied. As giftc does, matrices (2 dimensions and more) are
+encoded to FP8 and vectors and scalars are stored losslessly. A failing call raises
+gift.GiftError with the library's code and message.
+
+gift.ReducePlan exposes the local steps of the compressed all-reduce (gift_transport.h), and
+gift.ddp the PyTorch DDP communication hook built on them.
+"""
+import os
+
+from . import _gift
+from ._errors import GiftError
+
+__all__ = ["GiftError", "Basis", "Frame", "ReducePlan", "encode", "decode", "open", "quant_params"]
+
+_FP8 = {"e4m3": 0, "e5m2": 1}
+_SCALE_DTYPES = {"f32": 0, "e8m0": 1}
+_ROUNDING = {"nearest": 0, "stochastic": 1}
+_COORDS = {"euclidean": 0, "gift": 1, "auto": 2}
+_LAYOUTS = {0: "tensor", 1: "row", 2: "block", 3: "tile"}
+_REDUCE_OPS = {"sum": 0, "avg": 1}
+# giftDType_t codes by dtype name, and back (NumPy's, ml_dtypes' and torch's names agree).
+_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_ITEMSIZE = {0: 4, 1: 2, 2: 2}
+
+
+def _choice(what, table, value):
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        raise ValueError(f"{what}: {value!r} is not {', '.join(table)}") from None
+
+
+def _parse_scale(scale, params):
+    if scale == "tensor":
+        params["layout"] = 0
+    elif scale == "row":
+        params["layout"] = 1
+    elif isinstance(scale, str) and scale.startswith("block:"):
+        params["layout"] = 2
+        params["block"] = int(scale[6:])
+    elif isinstance(scale, str) and scale.startswith("tile:") and "x" in scale:
+        rows, cols = scale[5:].split("x", 1)
+        params["layout"] = 3
+        params["tile_rows"], params["tile_cols"] = int(rows), int(cols)
+    else:
+        raise ValueError(f"scale: {scale!r} is not tensor, row, block:N or tile:RxC")
+
+
+def quant_params(fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="nearest", seed=0,
+                 keep_nonfinite=False):
+    """The encoding parameters (giftQuantParams) for the command line's option values."""
+    p = _gift.default_params()
+    p["kind"] = _choice("fp8", _FP8, fp8)
+    _parse_scale(scale, p)
+    p["scale_dtype"] = _choice("scale_dtype", _SCALE_DTYPES, scale_dtype)
+    p["rounding"] = _choice("rounding", _ROUNDING, rounding)
+    p["seed"] = int(seed)
+    p["nonfinite"] = 1 if keep_nonfinite else 0
+    _gift.check_params(p)
+    return p
+
+
+def _dtype_name(dtype):
+    """float32, float16 or bfloat16 from a torch dtype, a NumPy dtype or type, or a name."""
+    if str(dtype).startswith("torch."):
+        return str(dtype)[6:]
+    if isinstance(dtype, str):
+        return dtype
+    import numpy as np
+    return np.dtype(dtype).name
+
+
+class _Buffer:
+    """A contiguous CPU buffer: its address, bytes, dtype name and shape. `owner` keeps the
+    array or tensor alive while the address is in use."""
+
+    __slots__ = ("owner", "address", "nbytes", "dtype", "shape")
+
+    def __init__(self, owner, address, nbytes, dtype, shape):
+        self.owner, self.address, self.nbytes, self.dtype, self.shape = (
+            owner, address, nbytes, dtype, tuple(int(d) for d in shape))
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _buffer(x, what, writable=False):
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"{what}: a {x.device.type} tensor; gift works on CPU tensors")
+        if not x.is_contiguous():
+            raise ValueError(f"{what}: not contiguous (call .contiguous() first)")
+        dtype = str(x.dtype).replace("torch.", "")
+        return _Buffer(x, x.data_ptr(), x.numel() * x.element_size(), dtype, x.shape)
+    import numpy as np
+    if not isinstance(x, np.ndarray):
+        if writable:
+            raise TypeError(f"{what}: needs a NumPy array or a torch tensor to write into")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{what}: not C-contiguous (np.ascontiguousarray makes a copy that is)")
+    if writable and not x.flags.writeable:
+        raise ValueError(f"{what}: read-only array")
+    return _Buffer(x, x.__array_interface__["data"][0], x.nbytes, x.dtype.name, x.shape)
+
+
+def _float_buffer(x, what, writable=False):
+    b = _buffer(x, what, writable)
+    if b.dtype not in _DTYPES:
+        raise TypeError(f"{what}: dtype {b.dtype}; gift takes float32, float16 and bfloat16")
+    return b
+
+
+def _byte_buffer(x, what, nbytes, writable=False):
+    b = _buffer(x, what, writable)
+    if b.dtype != "uint8":
+        raise TypeError(f"{what}: dtype {b.dtype}, not uint8")
+    if b.nbytes != nbytes:
+        raise ValueError(f"{what}: {b.nbytes} bytes, not {nbytes}")
+    return b
+
+
+def _empty_bytes(like, n):
+    """n uninitialized bytes: a uint8 torch tensor when `like` is a torch tensor, else NumPy."""
+    if _is_torch(like):
+        import torch
+        return torch.empty(n, dtype=torch.uint8)
+    import numpy as np
+    return np.empty(n, dtype=np.uint8)
+
+
+class Basis:
+    """A set of per-matrix whiteners (GIFT coordinates) named by a 128-bit id."""
+
+    def __init__(self, handle):
+        self._b = handle
+
+    @classmethod
+    def load(cls, path):
+        return cls(_gift.Basis.load(os.fspath(path)))
+
+    @classmethod
+    def from_bytes(cls, data):
+        return cls(_gift.Basis.from_bytes(bytes(data)))
+
+    @classmethod
+    def fit(cls, moments, rank=32, damping=1e-3, damping_relative=True, seed=1,
+            source="activations"):
+        """Fits a whitener per matrix from its input side's second moment: `moments` maps a
+        matrix name to a d_in x d_in symmetric positive semi-definite array (activation
+        statistics E[x x^T], or W^T W / rows of gradients with source="gradients")."""
+        import numpy as np
+        held = []
+        for name, a in moments.items():
+            a = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
+            if a.ndim != 2 or a.shape[0] != a.shape[1]:
+                raise ValueError(f"moment of {name!r}: shape {a.shape} is not square")
+            held.append((name, a))
+        entries = [(n, a.__array_interface__["data"][0], a.shape[0], source) for n, a in held]
+        return cls(_gift.Basis.fit(entries, rank, damping, damping_relative, seed))
+
+    def to_bytes(self, zstd=0):
+        return self._b.to_bytes(zstd)
+
+    def save(self, path, zstd=0):
+        self._b.save(os.fspath(path), zstd)
+
+    @property
+    def id(self):
+        """32 hexadecimal digits, high half first (as giftc prints it)."""
+        return self._b.id
+
+    @property
+    def id_bytes(self):
+        """The 16 bytes of the id (giftBasisId as the library stores it)."""
+        return self._b.id_bytes
+
+    @property
+    def entries(self):
+        return self._b.entries()
+
+    def __repr__(self):
+        return f"gift.Basis(id={self.id}, {len(self.entries)} matrices)"
+
+    def __reduce__(self):
+        return (Basis.from_bytes, (self.to_bytes(),))
+
+
+def _handle(basis):
+    return None if basis is None else basis._b
+
+
+def _named_tensors(tensors):
+    if isinstance(tensors, dict):
+        return list(tensors.items())
+    return [("tensor", tensors)]
+
+
+def encode(tensors, fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="nearest",
+           seed=0, basis=None, coords=None, metadata=None, keep_nonfinite=False, zstd=0,
+           threads=0, embed_basis=False, margin=0.05, min_dim=16):
+    """Encodes a dict of name -> tensor (or one tensor, named "tensor") to frame bytes, as
+    `giftc encode` does: matrices in FP8, in the order given (tensor i is seeded with index
+    i), vectors and scalars losslessly. coords (euclidean, gift or auto) picks the
+    coordinates of matrices the basis covers; without it, auto with a basis, else
+    euclidean."""
+    params = quant_params(fp8, scale, scale_dtype, rounding, seed, keep_nonfinite)
+    mode = coords or ("auto" if basis is not None else "euclidean")
+    mode_code = _choice("coords", _COORDS, mode)
+    if mode != "euclidean" and basis is None:
+        raise ValueError(f"coords={mode!r} needs a basis")
+    if embed_basis and basis is None:
+        raise ValueError("embed_basis needs a basis")
+    w = _gift.Writer()
+    w.set_compression(zstd)
+    w.set_threads(threads)
+    for key, value in (metadata or {}).items():
+        w.add_metadata(key, value)
+    if embed_basis:
+        w.embed_basis(basis._b)
+    for i, (name, t) in enumerate(_named_tensors(tensors)):
+        b = _float_buffer(t, f"tensor {name!r}")
+        fp8_coded = len(b.shape) >= 2
+        w.add(name, list(b.shape), _DTYPES[b.dtype], b.address, params if fp8_coded else None,
+              i, _handle(basis), mode_code, margin, min_dim)
+    return w.finish()
+
+
+class Frame:
+    """An open, verified frame (bytes-like or a file, memory-mapped) for inspection and
+    decoding. Use as a context manager or call close()."""
+
+    def __init__(self, source):
+        if isinstance(source, (str, os.PathLike)):
+            self._f = _gift.Frame(os.fspath(source))
+        else:
+            self._f = _gift.Frame(source)
+
+    def close(self):
+        self._f = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def info(self):
+        return self._f.info()
+
+    @property
+    def metadata(self):
+        return self._f.metadata()
+
+    @property
+    def tensors(self):
+        """One dict per tensor: name, shape, dtype, raw, coords, basis_id, params (with the
+        command line's names: fp8, scale, scale_dtype, rounding), sizes, statistics."""
+        return [self._describe(self._f.tensor_info(i)) for i in range(self._f.count())]
+
+    @staticmethod
+    def _describe(t):
+        t["dtype"] = _DTYPE_NAMES[t["dtype"]]
+        p = t["params"]
+        if p is not None:
+            scale = _LAYOUTS[p["layout"]]
+            if scale == "block":
+                scale = f"block:{p['block']}"
+            elif scale == "tile":
+                scale = f"tile:{p['tile_rows']}x{p['tile_cols']}"
+            t["fp8"] = {v: k for k, v in _FP8.items()}[p["kind"]]
+            t["scale"] = scale
+            t["scale_dtype"] = {v: k for k, v in _SCALE_DTYPES.items()}[p["scale_dtype"]]
+            t["rounding"] = {v: k for k, v in _ROUNDING.items()}[p["rounding"]]
+        return t
+
+    def _index(self, key):
+        if isinstance(key, int):
+            return key
+        for i in range(self._f.count()):
+            if self._f.tensor_info(i)["name"] == key:
+                return i
+        raise KeyError(key)
+
+    def decode(self, key, basis=None, dtype=None, out=None):
+        """Tensor `key` (name or index) as a NumPy array of its own dtype (bf16 as
+        ml_dtypes.bfloat16 when installed, else float32), of `dtype`, or written into `out`
+        (an array or CPU tensor of its shape, decoded in place)."""
+        import numpy as np
+        i = self._index(key)
+        t = self._f.tensor_info(i)
+        if out is None:
+            name = dtype or _DTYPE_NAMES[t["dtype"]]
+            if name == "bfloat16":
+                try:
+                    import ml_dtypes
+                    np_dtype = ml_dtypes.bfloat16
+                except ImportError:
+                    name, np_dtype = "float32", np.float32
+            else:
+                np_dtype = np.dtype(name)
+            out = np.empty(t["shape"], dtype=np_dtype)
+        b = _float_buffer(out, f"out for {t['name']!r}", writable=True)
+        if b.nbytes != t["elements"] * _ITEMSIZE[_DTYPES[b.dtype]]:
+            raise ValueError(f"out for {t['name']!r}: shape {b.shape}, not {t['shape']}")
+        self._f.decode_into(i, _handle(basis), b.address, b.nbytes, _DTYPES[b.dtype])
+        return out
+
+    def codes(self, key):
+        """The FP8 codes (uint8, the tensor's shape) and the scales (float32, or uint8 for
+        e8m0) of tensor `key` as stored."""
+        import numpy as np
+        i = self._index(key)
+        t = self._f.tensor_info(i)
+        codes, scales = self._f.tensor_data(i)
+        e8m0 = t["params"]["scale_dtype"] == _SCALE_DTYPES["e8m0"]
+        return (np.frombuffer(codes, np.uint8).reshape(t["shape"]),
+                np.frombuffer(scales, np.uint8 if e8m0 else np.float32))
+
+    def verify(self):
+        """Reads every section (checksums, decompression) and decodes every tensor."""
+        self._f.verify()
+
+
+def open(source):  # noqa: A001 (the package's name for it, as giftc inspect)
+    """Frame over bytes (bytes, bytearray, a uint8 array) or a .gift file."""
+    return Frame(source)
+
+
+def decode(frame, basis=None, dtype=None):
+    """Every tensor of a frame (bytes-like or a path) as a dict of NumPy arrays; tensors in
+    GIFT coordinates need `basis` unless the frame carries it."""
+    with Frame(frame) as f:
+        return {t["name"]: f.decode(i, basis, dtype) for i, t in enumerate(f.tensors)}
+
+
+class ReducePlan:
+    """The local steps of the compressed all-reduce for one bucket shape on one rank
+    (gift_transport.h): encode_shards -> all-to-all of message_bytes per rank -> sum_shard
+    -> all-gather -> decode_result. Buffers are NumPy arrays or CPU torch tensors, used in
+    place; `tensors` is [(name, dtype, shape), ...] in bucket order."""
+
+    def __init__(self, world, rank, tensors, fp8="e4m3", block=128, scale_dtype="f32",
+                 rounding="nearest", seed=0, op="avg", error_feedback=True, integrity=True,
+                 threads=0):
+        config = {
+            "kind": _choice("fp8", _FP8, fp8), "block": int(block),
+            "scale_dtype": _choice("scale_dtype", _SCALE_DTYPES, scale_dtype),
+            "rounding": _choice("rounding", _ROUNDING, rounding), "seed": int(seed),
+            "op": _choice("op", _REDUCE_OPS, op), "error_feedback": bool(error_feedback),
+            "integrity": bool(integrity), "threads": int(threads),
+        }
+        self._specs = []
+        for name, dtype, shape in tensors:
+            self._specs.append((str(name), _choice("dtype", _DTYPES, _dtype_name(dtype)),
+                                [int(d) for d in shape]))
+        self.world, self.rank = world, rank
+        self._plan = _gift.ReducePlan(config, world, rank, self._specs)
+
+    @property
+    def message_bytes(self):
+        return self._plan.message_bytes
+
+    def _tensor_addresses(self, tensors, writable):
+        if len(tensors) != len(self._specs):
+            raise ValueError(f"{len(tensors)} tensors for a plan of {len(self._specs)}")
+        held = []
+        for t, (name, code, shape) in zip(tensors, self._specs):
+            b = _float_buffer(t, f"tensor {name!r}", writable)
+            n = 1
+            for d in shape:
+                n *= d
+            if b.dtype != _DTYPE_NAMES[code] or b.nbytes != n * _ITEMSIZE[code]:
+                raise ValueError(f"tensor {name!r}: {b.dtype} {b.shape}, the plan has "
+                                 f"{_DTYPE_NAMES[code]} {tuple(shape)}")
+            held.append(b)
+        return held
+
+    def encode_shards(self, tensors, out=None):
+        """Step 1: `world` messages, message r for rank r (world * message_bytes uint8)."""
+        held = self._tensor_addresses(tensors, False)
+        n = self.world * self.message_bytes
+        out = _empty_bytes(tensors[0] if tensors else None, n) if out is None else out
+        send = _byte_buffer(out, "out", n, writable=True)
+        self._plan.encode_shards([b.address for b in held], send.address)
+        return out
+
+    def sum_shard(self, recv, out=None):
+        """Step 3: this rank's reduced shard from the `world` messages it received."""
+        r = _byte_buffer(recv, "recv", self.world * self.message_bytes)
+        out = _empty_bytes(recv, self.message_bytes) if out is None else out
+        o = _byte_buffer(out, "out", self.message_bytes, writable=True)
+        self._plan.sum_shard(r.address, o.address)
+        return out
+
+    def decode_result(self, gathered, out_tensors):
+        """Step 5: the all-gathered reduced messages decoded into out_tensors (which may be
+        the tensors given to encode_shards: in place)."""
+        g = _byte_buffer(gathered, "gathered", self.world * self.message_bytes)
+        held = self._tensor_addresses(out_tensors, True)
+        self._plan.decode_result(g.address, [b.address for b in held])
+        return out_tensors
+
+    def encode_shards_at(self, addresses, out):
+        """encode_shards for tensors given by address, in the plan's order and of its dtypes
+        and shapes, unchecked: for callers that own the memory (the DDP hook's bucket)."""
+        send = _byte_buffer(out, "out", self.world * self.message_bytes, writable=True)
+        self._plan.encode_shards(list(addresses), send.address)
+        return out
+
+    def decode_result_at(self, gathered, addresses):
+        """decode_result into tensors given by address (see encode_shards_at)."""
+        g = _byte_buffer(gathered, "gathered", self.world * self.message_bytes)
+        self._plan.decode_result(g.address, list(addresses))
+
+    def save_state(self):
+        """The call counter and error-feedback residuals, for checkpoints."""
+        return self._plan.save_state()
+
+    def load_state(self, state):
+        self._plan.load_state(bytes(state))

@@ -1,0 +1,435 @@
+// gift._gift: the binding of libgift's public C API (gift.h, gift_basis.h, gift_transport.h).
+// It stays thin on purpose: buffers arrive as addresses and byte counts that the Python layer
+// (gift/__init__.py) takes from NumPy arrays and torch tensors after checking their dtype,
+// contiguity and size, so the binding needs neither NumPy's nor torch's headers and works
+// with any version of either (zero-copy on both).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gift/gift.h"
+#include "gift/gift_basis.h"
+#include "gift/gift_transport.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// A failed libgift call; translated into gift.GiftError(code, name, message).
+struct Failure {
+  giftResult_t code;
+  std::string message;
+};
+
+void check(giftResult_t rc) {
+  if (rc != GIFT_OK) throw Failure{rc, giftGetLastErrorMessage()};
+}
+
+template <typename T>
+T* address(uintptr_t a) {
+  return reinterpret_cast<T*>(a);
+}
+
+giftQuantParams quant_params(const py::dict& d) {
+  giftQuantParams p = GIFT_QUANT_PARAMS_INIT;
+  p.kind = giftFp8Kind_t(d["kind"].cast<int>());
+  p.layout = giftScaleLayout_t(d["layout"].cast<int>());
+  p.block = d["block"].cast<uint32_t>();
+  p.tile_rows = d["tile_rows"].cast<uint32_t>();
+  p.tile_cols = d["tile_cols"].cast<uint32_t>();
+  p.scale_dtype = giftScaleDType_t(d["scale_dtype"].cast<int>());
+  p.rounding = giftRounding_t(d["rounding"].cast<int>());
+  p.seed = d["seed"].cast<uint64_t>();
+  p.nonfinite = giftNonFinite_t(d["nonfinite"].cast<int>());
+  check(giftQuantParamsValidate(&p));
+  return p;
+}
+
+py::dict params_dict(const giftQuantParams& p) {
+  py::dict d;
+  d["kind"] = int(p.kind);
+  d["layout"] = int(p.layout);
+  d["block"] = p.block;
+  d["tile_rows"] = p.tile_rows;
+  d["tile_cols"] = p.tile_cols;
+  d["scale_dtype"] = int(p.scale_dtype);
+  d["rounding"] = int(p.rounding);
+  d["seed"] = p.seed;
+  d["tensor_index"] = p.tensor_index;
+  d["nonfinite"] = int(p.nonfinite);
+  return d;
+}
+
+std::string id_hex(giftBasisId id) {
+  char hex[33];
+  giftBasisIdFormat(id, hex);
+  return hex;
+}
+
+py::bytes id_bytes(giftBasisId id) {
+  return py::bytes(reinterpret_cast<const char*>(&id), sizeof id);
+}
+
+class Basis {
+ public:
+  explicit Basis(giftBasis* b) : b_(b, giftBasisFree) {}
+  static std::shared_ptr<Basis> load(const std::string& path) {
+    giftBasis* b = nullptr;
+    check(giftBasisLoad(path.c_str(), &b));
+    return std::make_shared<Basis>(b);
+  }
+  static std::shared_ptr<Basis> from_bytes(const py::bytes& data) {
+    const std::string_view v = data;
+    giftBasis* b = nullptr;
+    check(giftBasisFromBytes(v.data(), v.size(), &b));
+    return std::make_shared<Basis>(b);
+  }
+  py::bytes to_bytes(int zstd_level) const {
+    void* data = nullptr;
+    uint64_t size = 0;
+    check(giftBasisSerialize(b_.get(), zstd_level, &data, &size));
+    std::unique_ptr<void, decltype(&giftFree)> owned(data, giftFree);
+    return py::bytes(static_cast<const char*>(data), size);
+  }
+  void save(const std::string& path, int zstd_level) const {
+    check(giftBasisSave(b_.get(), path.c_str(), zstd_level));
+  }
+  std::string id() const { return id_hex(giftBasisGetId(b_.get())); }
+  py::bytes id_raw() const { return id_bytes(giftBasisGetId(b_.get())); }
+  py::list entries() const {
+    py::list out;
+    for (uint64_t i = 0; i < giftBasisEntryCount(b_.get()); ++i) {
+      giftBasisEntryInfo e = GIFT_BASIS_ENTRY_INFO_INIT;
+      check(giftBasisGetEntry(b_.get(), i, &e));
+      py::dict d;
+      d["name"] = e.name;
+      d["dim"] = e.dim;
+      d["rank"] = e.rank;
+      d["damping"] = e.damping;
+      d["source"] = e.source;
+      out.append(d);
+    }
+    return out;
+  }
+  const giftBasis* get() const { return b_.get(); }
+
+ private:
+  std::unique_ptr<giftBasis, decltype(&giftBasisFree)> b_;
+};
+
+const giftBasis* basis_of(const std::shared_ptr<Basis>& b) { return b ? b->get() : nullptr; }
+
+// moments: (name, address of dim x dim doubles, dim, source) per matrix.
+std::shared_ptr<Basis> fit_basis(
+    const std::vector<std::tuple<std::string, uintptr_t, uint32_t, std::string>>& moments,
+    uint32_t rank, double damping, bool damping_relative, uint64_t seed) {
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  fp.rank = rank;
+  fp.damping = damping;
+  fp.damping_relative = damping_relative;
+  fp.seed = seed;
+  giftBasisBuilder* raw = nullptr;
+  check(giftBasisBuilderCreate(&fp, &raw));
+  std::unique_ptr<giftBasisBuilder, decltype(&giftBasisBuilderFree)> builder(raw,
+                                                                             giftBasisBuilderFree);
+  for (const auto& [name, a, dim, source] : moments) {
+    check(giftBasisBuilderAdd(builder.get(), name.c_str(), address<const double>(a), dim,
+                              source.c_str(), nullptr, 0, nullptr, 0, nullptr, nullptr));
+  }
+  giftBasis* b = nullptr;
+  check(giftBasisBuilderFinish(builder.get(), &b));
+  return std::make_shared<Basis>(b);
+}
+
+class Writer {
+ public:
+  Writer() {
+    giftFrameWriter* w = nullptr;
+    check(giftFrameWriterCreate(&w));
+    w_.reset(w);
+  }
+  void set_threads(int threads) { check(giftFrameWriterSetThreads(w_.get(), threads)); }
+  void set_compression(int level) { check(giftFrameWriterSetCompression(w_.get(), level)); }
+  void add_metadata(const std::string& key, const std::string& value) {
+    check(giftFrameWriterAddMetadata(w_.get(), key.c_str(), value.c_str()));
+  }
+  void embed_basis(const std::shared_ptr<Basis>& b) {
+    check(giftFrameWriterEmbedBasis(w_.get(), basis_of(b)));
+  }
+  // params None stores the tensor losslessly; coords_mode is a giftCoordsMode_t.
+  void add(const std::string& name, const std::vector<uint64_t>& shape, int dtype, uintptr_t data,
+           const py::object& params, uint32_t tensor_index, const std::shared_ptr<Basis>& basis,
+           int coords_mode, double margin, uint32_t min_dim) {
+    if (params.is_none()) {
+      py::gil_scoped_release nogil;
+      check(giftFrameWriterAddTensor(w_.get(), name.c_str(), shape.data(), uint32_t(shape.size()),
+                                     giftDType_t(dtype), address<const void>(data), nullptr));
+      return;
+    }
+    giftQuantParams p = quant_params(params.cast<py::dict>());
+    p.tensor_index = tensor_index;
+    giftSelectParams select = GIFT_SELECT_PARAMS_INIT;
+    select.mode = giftCoordsMode_t(coords_mode);
+    select.margin = margin;
+    select.min_dim = min_dim;
+    py::gil_scoped_release nogil;
+    check(giftFrameWriterAddTensorInBasis(
+        w_.get(), name.c_str(), shape.data(), uint32_t(shape.size()), giftDType_t(dtype),
+        address<const void>(data), &p, basis_of(basis), &select, nullptr));
+  }
+  py::bytes finish() {
+    void* data = nullptr;
+    uint64_t size = 0;
+    check(giftFrameWriterFinish(w_.get(), &data, &size));
+    std::unique_ptr<void, decltype(&giftFree)> owned(data, giftFree);
+    return py::bytes(static_cast<const char*>(data), size);
+  }
+  void write_file(const std::string& path) {
+    check(giftFrameWriterWriteFile(w_.get(), path.c_str()));
+  }
+
+ private:
+  std::unique_ptr<giftFrameWriter, decltype(&giftFrameWriterFree)> w_{nullptr, giftFrameWriterFree};
+};
+
+// A verified frame over a buffer it holds (bytes, bytearray, a NumPy array: the exporter stays
+// locked while the frame is open), or over a mapped file.
+class Frame {
+ public:
+  explicit Frame(const py::buffer& data)
+      : view_(std::make_unique<py::buffer_info>(data.request())) {
+    giftFrame* f = nullptr;
+    check(giftFrameOpen(view_->ptr, uint64_t(view_->size * view_->itemsize), &f));
+    f_.reset(f);
+  }
+  explicit Frame(const std::string& path) {
+    giftFrame* f = nullptr;
+    check(giftFrameOpenFile(path.c_str(), &f));
+    f_.reset(f);
+  }
+  void set_threads(int threads) { check(giftFrameSetThreads(f_.get(), threads)); }
+  py::dict info() const {
+    giftFrameInfo i = GIFT_FRAME_INFO_INIT;
+    check(giftFrameGetInfo(f_.get(), &i));
+    py::dict d;
+    d["format_version"] = py::make_tuple(i.format_major, i.format_minor);
+    d["kind"] = i.kind == GIFT_FRAME_BASIS ? "basis" : "tensors";
+    d["producer"] = i.producer;
+    d["tensor_count"] = i.tensor_count;
+    d["has_basis"] = bool(i.has_basis);
+    d["basis_id"] = i.has_basis || i.kind == GIFT_FRAME_BASIS
+                        ? py::object(py::str(id_hex(i.basis_id)))
+                        : py::object(py::none());
+    d["bytes"] = i.bytes;
+    return d;
+  }
+  py::dict metadata() const {
+    py::dict d;
+    giftFrameInfo i = GIFT_FRAME_INFO_INIT;
+    check(giftFrameGetInfo(f_.get(), &i));
+    for (uint64_t k = 0; k < i.metadata_count; ++k) {
+      const char* key = nullptr;
+      const char* value = nullptr;
+      check(giftFrameMetadata(f_.get(), k, &key, &value));
+      d[py::str(key)] = py::str(value);
+    }
+    return d;
+  }
+  uint64_t count() const { return giftFrameTensorCount(f_.get()); }
+  py::dict tensor_info(uint64_t index) const {
+    giftTensorInfo t = GIFT_TENSOR_INFO_INIT;
+    check(giftFrameTensorInfo(f_.get(), index, &t));
+    py::dict d;
+    d["name"] = py::str(t.name);
+    d["shape"] = py::tuple(py::cast(std::vector<uint64_t>(t.shape, t.shape + t.ndim)));
+    d["elements"] = t.elements;
+    d["dtype"] = int(t.dtype);
+    d["raw"] = bool(t.raw);
+    d["coords"] = t.coords == GIFT_COORDS_GIFT ? "gift" : "euclidean";
+    d["basis_id"] = t.coords == GIFT_COORDS_GIFT ? py::object(py::str(id_hex(t.basis_id)))
+                                                 : py::object(py::none());
+    d["params"] = t.raw ? py::object(py::none()) : py::object(params_dict(t.params));
+    d["stored_bytes"] = t.stored_bytes;
+    d["raw_bytes"] = t.raw_bytes;
+    d["compressed"] = bool(t.compressed);
+    if (t.selection.made) {
+      py::dict s;
+      s["chosen"] = t.selection.chosen == GIFT_COORDS_GIFT ? "gift" : "euclidean";
+      s["euclidean_error"] = t.selection.euclidean_error;
+      s["gift_error"] = t.selection.gift_error;
+      s["transform_flops"] = t.selection.transform_flops;
+      s["reason"] = py::str(t.selection.reason);
+      d["selection"] = s;
+    } else {
+      d["selection"] = py::none();
+    }
+    if (t.has_stats) {
+      d["amax"] = t.amax;
+      d["rms"] = t.rms;
+      d["nonfinite_count"] = t.nonfinite_count;
+    }
+    return d;
+  }
+  void decode_into(uint64_t index, const std::shared_ptr<Basis>& basis, uintptr_t dst,
+                   uint64_t bytes, int dtype) {
+    py::gil_scoped_release nogil;
+    check(giftFrameDecodeTensorWithBasis(f_.get(), index, basis_of(basis), address<void>(dst),
+                                         bytes, giftDType_t(dtype)));
+  }
+  // Codes and scales as they lie in the frame (copies: the frame may be closed first).
+  py::tuple tensor_data(uint64_t index) {
+    giftTensorInfo t = GIFT_TENSOR_INFO_INIT;
+    check(giftFrameTensorInfo(f_.get(), index, &t));
+    const uint8_t* codes = nullptr;
+    const void* scales = nullptr;
+    uint64_t scale_bytes = 0;
+    check(giftFrameTensorData(f_.get(), index, &codes, &scales, &scale_bytes));
+    return py::make_tuple(py::bytes(reinterpret_cast<const char*>(codes), t.elements),
+                          py::bytes(static_cast<const char*>(scales), scale_bytes));
+  }
+  void verify() { check(giftFrameVerify(f_.get())); }
+
+ private:
+  std::unique_ptr<py::buffer_info> view_;  // declared first: outlives the frame
+  std::unique_ptr<giftFrame, decltype(&giftFrameClose)> f_{nullptr, giftFrameClose};
+};
+
+class ReducePlan {
+ public:
+  // tensors: (name, dtype, shape) per tensor of the bucket, in bucket order.
+  ReducePlan(const py::dict& config, int world, int rank,
+             const std::vector<std::tuple<std::string, int, std::vector<uint64_t>>>& tensors)
+      : tensors_(tensors) {
+    giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+    c.kind = giftFp8Kind_t(config["kind"].cast<int>());
+    c.block = config["block"].cast<uint32_t>();
+    c.scale_dtype = giftScaleDType_t(config["scale_dtype"].cast<int>());
+    c.rounding = giftRounding_t(config["rounding"].cast<int>());
+    c.seed = config["seed"].cast<uint64_t>();
+    c.op = giftReduceOp_t(config["op"].cast<int>());
+    c.error_feedback = config["error_feedback"].cast<bool>();
+    c.integrity = config["integrity"].cast<bool>();
+    c.threads = config["threads"].cast<int>();
+    std::vector<giftBucketTensor> d;
+    for (const auto& [name, dtype, shape] : tensors_) {
+      d.push_back({name.c_str(), giftDType_t(dtype), uint32_t(shape.size()), shape.data()});
+    }
+    giftReducePlan* p = nullptr;
+    check(giftReducePlanCreate(&c, world, rank, d.data(), d.size(), &p));
+    p_.reset(p);
+  }
+  uint64_t message_bytes() const { return giftReducePlanMessageBytes(p_.get()); }
+  void encode_shards(const std::vector<uintptr_t>& tensors, uintptr_t send) {
+    const std::vector<const void*> t = pointers<const void*>(tensors);
+    py::gil_scoped_release nogil;
+    check(giftReduceEncodeShards(p_.get(), t.data(), address<uint8_t>(send)));
+  }
+  void sum_shard(uintptr_t recv, uintptr_t out) {
+    py::gil_scoped_release nogil;
+    check(giftReduceSumShard(p_.get(), address<const uint8_t>(recv), address<uint8_t>(out)));
+  }
+  void decode_result(uintptr_t gathered, const std::vector<uintptr_t>& out) {
+    const std::vector<void*> t = pointers<void*>(out);
+    py::gil_scoped_release nogil;
+    check(giftReduceDecodeResult(p_.get(), address<const uint8_t>(gathered), t.data()));
+  }
+  py::bytes save_state() const {
+    std::string s(giftReducePlanStateBytes(p_.get()), '\0');
+    check(giftReducePlanSaveState(p_.get(), s.data(), s.size()));
+    return py::bytes(s);
+  }
+  void load_state(const py::bytes& state) {
+    const std::string_view v = state;
+    check(giftReducePlanLoadState(p_.get(), v.data(), v.size()));
+  }
+
+ private:
+  template <typename P>
+  std::vector<P> pointers(const std::vector<uintptr_t>& a) const {
+    if (a.size() != tensors_.size()) {
+      throw Failure{GIFT_ERROR_INVALID_ARGUMENT, "the plan has " + std::to_string(tensors_.size()) +
+                                                     " tensors, not " + std::to_string(a.size())};
+    }
+    std::vector<P> p;
+    for (uintptr_t x : a) p.push_back(reinterpret_cast<P>(x));
+    return p;
+  }
+
+  // The names and shapes giftBucketTensor points at while the plan is created.
+  std::vector<std::tuple<std::string, int, std::vector<uint64_t>>> tensors_;
+  std::unique_ptr<giftReducePlan, decltype(&giftReducePlanDestroy)> p_{nullptr,
+                                                                       giftReducePlanDestroy};
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_gift, m) {
+  m.doc() = "libgift's C API; use the gift package, which checks buffers before they get here";
+  py::register_exception_translator([](std::exception_ptr e) {
+    try {
+      if (e) std::rethrow_exception(e);
+    } catch (const Failure& f) {
+      const py::object cls = py::module_::import("gift._errors").attr("GiftError");
+      const py::object err = cls(int(f.code), giftGetErrorString(f.code), f.message);
+      PyErr_SetObject(cls.ptr(), err.ptr());
+    }
+  });
+  m.def("version_number", &giftVersionNumber);
+  m.def("cpu_target", &giftCpuTargetName);
+  m.def("default_params", [] { return params_dict(GIFT_QUANT_PARAMS_INIT); });
+  m.def("check_params", [](const py::dict& d) { quant_params(d); });
+  m.def(
+      "convert",
+      [](uintptr_t src, int src_dtype, uintptr_t dst, int dst_dtype, uint64_t n) {
+        check(giftConvert(address<const void>(src), giftDType_t(src_dtype), address<void>(dst),
+                          giftDType_t(dst_dtype), n));
+      },
+      py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Basis, std::shared_ptr<Basis>>(m, "Basis")
+      .def_static("load", &Basis::load)
+      .def_static("from_bytes", &Basis::from_bytes)
+      .def_static("fit", &fit_basis)
+      .def("to_bytes", &Basis::to_bytes)
+      .def("save", &Basis::save)
+      .def_property_readonly("id", &Basis::id)
+      .def_property_readonly("id_bytes", &Basis::id_raw)
+      .def("entries", &Basis::entries);
+
+  py::class_<Writer>(m, "Writer")
+      .def(py::init<>())
+      .def("set_threads", &Writer::set_threads)
+      .def("set_compression", &Writer::set_compression)
+      .def("add_metadata", &Writer::add_metadata)
+      .def("embed_basis", &Writer::embed_basis)
+      .def("add", &Writer::add)
+      .def("finish", &Writer::finish)
+      .def("write_file", &Writer::write_file);
+
+  py::class_<Frame>(m, "Frame")
+      .def(py::init<const py::buffer&>())
+      .def(py::init<const std::string&>())
+      .def("set_threads", &Frame::set_threads)
+      .def("info", &Frame::info)
+      .def("metadata", &Frame::metadata)
+      .def("count", &Frame::count)
+      .def("tensor_info", &Frame::tensor_info)
+      .def("decode_into", &Frame::decode_into)
+      .def("tensor_data", &Frame::tensor_data)
+      .def("verify", &Frame::verify);
+
+  py::class_<ReducePlan>(m, "ReducePlan")
+      .def(py::init<const py::dict&, int, int,
+                    const std::vector<std::tuple<std::string, int, std::vector<uint64_t>>>&>())
+      .def_property_readonly("message_bytes", &ReducePlan::message_bytes)
+      .def("encode_shards", &ReducePlan::encode_shards)
+      .def("sum_shard", &ReducePlan::sum_shard)
+      .def("decode_result", &ReducePlan::decode_result)
+      .def("save_state", &ReducePlan::save_state)
+      .def("load_state", &ReducePlan::load_state);
+}

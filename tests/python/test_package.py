@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""The Python package `gift` against giftc: the same input encodes to the same frame bytes
+and decodes to the same values; inspection, errors, bases and the all-reduce's local steps.
+
+Usage: test_package.py PATH/TO/giftc (with PYTHONPATH=<build>/python)
+"""
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+import gift
+
+GIFTC = None
+
+
+def sample_tensors(seed=0):
+    rng = np.random.default_rng(seed)
+    # Sorted names: giftc reads safetensors in name order, and encodes in that order.
+    return {
+        "a.weight": (rng.standard_normal((64, 256)) * np.logspace(-3, 1, 256)).astype(np.float32),
+        "b.bias": rng.standard_normal(64).astype(np.float32),
+        "c.weight": rng.standard_normal((32, 96)).astype(np.float16),
+    }
+
+
+class Package(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def giftc(self, *args):
+        r = subprocess.run([GIFTC, "-q", *map(str, args)], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def giftc_frame(self, tensors, *options):
+        save_file(tensors, self.path("in.safetensors"))
+        self.giftc("encode", "-f", "-o", self.path("in.gift"), *options, self.path("in.safetensors"))
+        with open(self.path("in.gift"), "rb") as f:
+            return f.read()
+
+    def test_encode_gives_giftcs_bytes_and_decode_its_values(self):
+        t = sample_tensors()
+        cases = [
+            ({}, []),
+            ({"fp8": "e5m2", "scale": "row"}, ["--fp8", "e5m2", "--scale", "row"]),
+            ({"scale": "tile:16x32", "scale_dtype": "e8m0", "rounding": "stochastic", "seed": 7},
+             ["--scale", "tile:16x32", "--scale-dtype", "e8m0", "--rounding", "stochastic",
+              "--seed", "7"]),
+            ({"scale": "block:32", "zstd": 3}, ["--scale", "block:32", "--zstd=3"]),
+        ]
+        for kwargs, options in cases:
+            with self.subTest(options=options):
+                ours = gift.encode(t, **kwargs)
+                self.assertEqual(ours, self.giftc_frame(t, *options))
+                self.giftc("decode", "-f", "-o", self.path("out.safetensors"), self.path("in.gift"))
+                theirs = load_file(self.path("out.safetensors"))
+                got = gift.decode(ours)
+                self.assertEqual(list(got), list(t))
+                for name in t:
+                    self.assertEqual(got[name].dtype, t[name].dtype)
+                    np.testing.assert_array_equal(got[name], theirs[name])
+                np.testing.assert_array_equal(got["b.bias"], t["b.bias"])  # vectors stay raw
+
+    def test_npy_input_and_inspection(self):
+        x = np.random.default_rng(1).standard_normal((48, 200)).astype(np.float32)
+        np.save(self.path("g.npy"), x)
+        self.giftc("encode", "-f", "--fp8", "e5m2", "-o", self.path("g.gift"), self.path("g.npy"))
+        self.giftc("decode", "-f", "-o", self.path("g_out.npy"), self.path("g.gift"))
+        ours = gift.encode(x, fp8="e5m2")
+        (value,) = gift.decode(ours).values()
+        np.testing.assert_array_equal(value, np.load(self.path("g_out.npy")))
+        with gift.open(ours) as mine, gift.open(self.path("g.gift")) as theirs:
+            (info,) = mine.tensors
+            self.assertEqual((info["fp8"], info["scale"], info["scale_dtype"], info["rounding"]),
+                             ("e5m2", "block:128", "f32", "nearest"))
+            self.assertEqual(info["shape"], (48, 200))
+            self.assertEqual(mine.info["producer"], theirs.info["producer"])
+            for a, b in zip(mine.codes(0), theirs.codes(0)):
+                np.testing.assert_array_equal(a, b)
+            self.assertEqual(mine.codes(0)[0].shape, (48, 200))
+            mine.verify()
+
+    def test_bf16_and_metadata_and_decoding_in_place(self):
+        x = np.random.default_rng(2).standard_normal((16, 64)).astype(ml_dtypes.bfloat16)
+        frame = gift.encode({"w": x}, metadata={"step": "12"})
+        with gift.open(frame) as f:
+            self.assertEqual(f.metadata, {"step": "12"})
+            self.assertEqual(f.tensors[0]["dtype"], "bfloat16")
+            out = np.zeros((16, 64), np.float32)
+            self.assertIs(f.decode("w", out=out), out)
+        self.assertEqual(gift.decode(frame)["w"].dtype, ml_dtypes.bfloat16)
+        np.testing.assert_allclose(out, x.astype(np.float32), rtol=0.07, atol=1e-3)
+
+    def test_errors_carry_the_librarys_code_and_message(self):
+        with self.assertRaises(gift.GiftError) as e:
+            gift.decode(b"not a frame at all, not even close" * 4)
+        self.assertEqual((e.exception.code, e.exception.name), (10, "GIFT_ERROR_FRAME_MAGIC"))
+        self.assertTrue(e.exception.message)
+        self.assertEqual(pickle.loads(pickle.dumps(e.exception)).code, 10)
+        with self.assertRaises(gift.GiftError) as e:
+            gift.encode({"w": np.full((4, 32), np.nan, np.float32)})
+        self.assertEqual(e.exception.code, 2)
+        self.assertIn("w", e.exception.message)
+        with self.assertRaises(ValueError):
+            gift.encode(np.zeros((4, 4), np.float32), scale="block:7x")
+        with self.assertRaises(ValueError):
+            gift.encode(np.zeros((4, 8), np.float32)[:, ::2])
+
+    def test_basis_fit_save_load_and_giftcs_bytes_in_gift_coordinates(self):
+        rng = np.random.default_rng(3)
+        acts = rng.standard_normal((512, 64)) * np.logspace(-2, 1, 64)
+        basis = gift.Basis.fit({"a.weight": acts.T @ acts / 512}, rank=8)
+        basis.save(self.path("b.giftb"))
+        again = gift.Basis.load(self.path("b.giftb"))
+        self.assertEqual(again.id, basis.id)
+        self.assertEqual(len(basis.id), 32)
+        self.assertEqual(pickle.loads(pickle.dumps(basis)).id, basis.id)
+        self.assertEqual(basis.entries[0]["name"], "a.weight")
+        grad = {"a.weight": (rng.standard_normal((32, 64)) * np.logspace(-2, 1, 64)).astype(
+            np.float32)}
+        ours = gift.encode(grad, basis=basis, coords="gift")
+        self.assertEqual(ours, self.giftc_frame(grad, "--basis", self.path("b.giftb"),
+                                                "--coords", "gift"))
+        with gift.open(ours) as f:
+            self.assertEqual(f.tensors[0]["coords"], "gift")
+            self.assertEqual(f.tensors[0]["basis_id"], basis.id)
+        with self.assertRaises(gift.GiftError) as e:
+            gift.decode(ours)
+        self.assertEqual(e.exception.name, "GIFT_ERROR_BASIS_MISSING")
+        np.testing.assert_allclose(gift.decode(ours, basis=again)["a.weight"], grad["a.weight"],
+                                   atol=0.15 * np.abs(grad["a.weight"]).max())
+
+    def test_reduce_plan_steps_in_one_process(self):
+        world = 3
+        specs = [("w", "float32", (40, 50)), ("b", np.float16, (50,))]
+        plans = [gift.ReducePlan(world, r, specs) for r in range(world)]
+        m = plans[0].message_bytes
+        rng = np.random.default_rng(4)
+        inputs = [[rng.standard_normal((40, 50)).astype(np.float32),
+                   rng.standard_normal(50).astype(np.float16)] for _ in range(world)]
+        sends = [p.encode_shards(x) for p, x in zip(plans, inputs)]
+        recv = [np.concatenate([s[r * m:(r + 1) * m] for s in sends]) for r in range(world)]
+        gathered = np.concatenate([p.sum_shard(x) for p, x in zip(plans, recv)])
+        for p, x in zip(plans, inputs):
+            p.decode_result(gathered, x)  # in place
+        for x in inputs[1:]:
+            np.testing.assert_array_equal(x[0], inputs[0][0])
+            np.testing.assert_array_equal(x[1], inputs[0][1])
+        state = plans[0].save_state()
+        plans[0].load_state(state)
+        with self.assertRaises(gift.GiftError):
+            plans[1].load_state(state)
+        with self.assertRaises(ValueError):
+            plans[0].encode_shards([inputs[0][0]])
+
+
+if __name__ == "__main__":
+    GIFTC = sys.argv.pop(1)
+    unittest.main(verbosity=2)
