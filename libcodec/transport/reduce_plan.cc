@@ -19,33 +19,16 @@
 #include "numerics/elementwise.h"
 #include "transport/config.h"
 #include "transport/dump.h"
+#include "transport/message.h"
 
 using gift::fail;
 
 namespace {
 
-// Every message starts with this header (little-endian hosts only, as the rest of libgift).
-// The call number, step, sender and shard let a receiver reject a stale or misrouted
-// message even with integrity checks off.
-struct MessageHeader {
-  uint64_t checksum;  // XXH3-64 of bytes [8, message bytes); 0 with integrity off
-  uint32_t magic;
-  uint32_t step;  // kScatter or kGather
-  uint32_t sender;
-  uint32_t shard;
-  uint64_t call;
-  uint64_t count;        // elements of the shard
-  uint8_t basis_id[16];  // basis of the coordinates encoded; zero: identity (no basis yet)
-  uint8_t reserved[8];
-};
-static_assert(sizeof(MessageHeader) == 64, "header keeps the payload 64-byte aligned");
-
-constexpr uint32_t kMessageMagic = 0x52544647u;  // "GFTR"
-constexpr uint32_t kScatter = 0;
-constexpr uint32_t kGather = 1;
-constexpr uint64_t kAlign = 64;
-
-uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+using gift::transport::kGather;
+using gift::transport::kMessageMagic;
+using gift::transport::kScatter;
+using gift::transport::MessageHeader;
 
 const char* step_name(uint32_t step) {
   return step == kScatter ? "the all-to-all of shards" : "the all-gather of reduced shards";
@@ -62,13 +45,8 @@ struct giftReducePlan {
   int rank = 0;
   uint64_t call = 0;
 
-  std::vector<std::string> names;
-  std::vector<giftDType_t> dtypes;
-  std::vector<std::vector<uint64_t>> shapes;
-  std::vector<uint64_t> offset;       // tensor i is flat[offset[i], offset[i+1])
-  std::vector<uint64_t> shard_begin;  // shard r is flat[shard_begin[r], shard_begin[r+1])
-  uint64_t max_shard = 0;
-  uint64_t scales_at = 0, codes_at = 0, message_bytes = 0;
+  gift::transport::BucketShape bucket;
+  gift::transport::Layout layout;
 
   std::vector<float> flat;            // the bucket in fp32 (input, then result)
   std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
@@ -76,72 +54,13 @@ struct giftReducePlan {
   std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
   std::vector<float> scratch;         // one decoded shard
 
-  uint64_t shard_count(int r) const { return shard_begin[r + 1] - shard_begin[r]; }
+  uint64_t shard_count(int r) const { return layout.shard_count(r); }
 };
 
 namespace {
 
-giftResult_t plan_layout(giftReducePlan& p) {
-  const uint64_t n = p.offset.back();
-  const uint64_t blocks = (n + p.config.block - 1) / p.config.block;
-  const uint64_t w = uint64_t(p.world);
-  p.shard_begin.resize(w + 1);
-  for (uint64_t r = 0; r <= w; ++r) {
-    p.shard_begin[r] = std::min(n, blocks * r / w * p.config.block);
-  }
-  for (uint64_t r = 0; r < w; ++r) p.max_shard = std::max(p.max_shard, p.shard_count(int(r)));
-  uint64_t scale_bytes = 0;
-  if (const giftResult_t rc = giftScaleBytes(&p.params, 1, p.max_shard, &scale_bytes)) return rc;
-  p.scales_at = sizeof(MessageHeader);
-  p.codes_at = p.scales_at + round_up(scale_bytes, kAlign);
-  p.message_bytes = p.codes_at + round_up(p.max_shard, kAlign);
-  return GIFT_OK;
-}
-
-giftResult_t plan_tensors(giftReducePlan& p, const giftBucketTensor* tensors, size_t n) {
-  if (n > 0 && !tensors) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensors is NULL");
-  p.offset.assign(1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const giftBucketTensor& t = tensors[i];
-    if (t.dtype != GIFT_DTYPE_F32 && t.dtype != GIFT_DTYPE_BF16 && t.dtype != GIFT_DTYPE_F16) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: unknown dtype %d", i, int(t.dtype));
-    }
-    if (t.ndim > 0 && !t.shape) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape is NULL", i);
-    }
-    uint64_t elements = 1;
-    for (uint32_t d = 0; d < t.ndim; ++d) {
-      if (t.shape[d] != 0 && elements > UINT64_MAX / 2 / t.shape[d]) {
-        return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape overflows", i);
-      }
-      elements *= t.shape[d];
-    }
-    p.names.push_back(t.name ? t.name : "t" + std::to_string(i));
-    p.dtypes.push_back(t.dtype);
-    p.shapes.emplace_back(t.shape, t.shape + t.ndim);
-    p.offset.push_back(p.offset.back() + elements);
-  }
-  return GIFT_OK;
-}
-
-giftQuantParams quant_params(const giftAllReduceConfig& c) {
-  giftQuantParams q;
-  giftQuantParamsInit(&q);
-  q.kind = c.kind;
-  q.layout = GIFT_SCALE_BLOCK;
-  q.block = c.block;
-  q.scale_dtype = c.scale_dtype;
-  q.rounding = c.rounding;
-  return q;
-}
-
-// Stochastic rounding draws fresh bits for every call, sender and shard (and for the second
-// encode of a shard), so no two encodes of a run share their random numbers.
 giftQuantParams encode_params(const giftReducePlan& p, uint32_t step, int sender, int shard) {
-  giftQuantParams q = p.params;
-  q.seed = p.config.seed ^ (p.call * 0x9E3779B97F4A7C15ull);
-  q.tensor_index = uint32_t(step * p.world * p.world + sender * p.world + shard);
-  return q;
+  return gift::transport::encode_params(p.params, p.config, p.call, step, p.world, sender, shard);
 }
 
 void to_fp32(const void* src, giftDType_t dtype, uint64_t n, float* dst) {
@@ -170,14 +89,15 @@ void from_fp32(const float* src, uint64_t n, giftDType_t dtype, void* dst) {
 
 // The tensor holding flat element `index`, for messages about non-finite inputs.
 size_t tensor_of(const giftReducePlan& p, uint64_t index) {
-  return size_t(std::upper_bound(p.offset.begin(), p.offset.end(), index) - p.offset.begin() - 1);
+  return size_t(std::upper_bound(p.bucket.offset.begin(), p.bucket.offset.end(), index) -
+                p.bucket.offset.begin() - 1);
 }
 
 // Encodes values[0, count) into `msg` and, with error feedback, leaves values - decoded in
 // `residual`: what the next call adds back so that rounding errors do not accumulate.
 giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const float* values,
                             uint64_t count, float* residual, uint8_t* msg) {
-  memset(msg, 0, p.message_bytes);
+  memset(msg, 0, p.layout.message_bytes);
   MessageHeader h{};
   h.magic = kMessageMagic;
   h.step = step;
@@ -187,28 +107,28 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const f
   h.count = count;
   if (count > 0) {
     const giftQuantParams q = encode_params(p, step, p.rank, shard);
-    const uint64_t scale_bytes = p.codes_at - p.scales_at;
+    const uint64_t scale_bytes = p.layout.codes_at - p.layout.scales_at;
     giftEncodeStats stats;
     if (const giftResult_t rc =
-            giftEncode(&p.ctx, &q, values, GIFT_DTYPE_F32, 1, count, msg + p.codes_at,
-                       msg + p.scales_at, scale_bytes, &stats)) {
+            giftEncode(&p.ctx, &q, values, GIFT_DTYPE_F32, 1, count, msg + p.layout.codes_at,
+                       msg + p.layout.scales_at, scale_bytes, &stats)) {
       if (rc != GIFT_ERROR_NONFINITE_INPUT) return rc;
-      const uint64_t at = p.shard_begin[shard] + stats.first_nonfinite;
+      const uint64_t at = p.layout.shard_begin[shard] + stats.first_nonfinite;
       const size_t t = tensor_of(p, at);
       return fail(
           rc, "%" PRIu64 " non-finite value(s) %s, the first at element %" PRIu64 " of tensor '%s'",
           stats.nonfinite_count, step == kScatter ? "in the input" : "in the reduced sum",
-          at - p.offset[t], p.names[t].c_str());
+          at - p.bucket.offset[t], p.bucket.names[t].c_str());
     }
     if (residual) {
-      giftDecode(&p.ctx, &q, msg + p.codes_at, msg + p.scales_at, scale_bytes, 1, count,
-                 p.scratch.data(), GIFT_DTYPE_F32);
+      giftDecode(&p.ctx, &q, msg + p.layout.codes_at, msg + p.layout.scales_at, scale_bytes, 1,
+                 count, p.scratch.data(), GIFT_DTYPE_F32);
       for (uint64_t i = 0; i < count; ++i) residual[i] = values[i] - p.scratch[i];
     }
   }
   memcpy(msg, &h, sizeof h);
   if (p.config.integrity) {
-    h.checksum = XXH3_64bits(msg + 8, p.message_bytes - 8);
+    h.checksum = XXH3_64bits(msg + 8, p.layout.message_bytes - 8);
     memcpy(msg, &h.checksum, sizeof h.checksum);
   }
   return GIFT_OK;
@@ -220,7 +140,7 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
                            const uint8_t* msg) {
   MessageHeader h;
   memcpy(&h, msg, sizeof h);
-  if (p.config.integrity && h.checksum != XXH3_64bits(msg + 8, p.message_bytes - 8)) {
+  if (p.config.integrity && h.checksum != XXH3_64bits(msg + 8, p.layout.message_bytes - 8)) {
     return fail(GIFT_ERROR_SECTION_CHECKSUM,
                 "the message from rank %d in %s (call %" PRIu64 ") fails its checksum", sender,
                 step_name(step), p.call);
@@ -244,23 +164,13 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
 
 void decode_message(const giftReducePlan& p, const uint8_t* msg, uint64_t count, float* dst) {
   if (count == 0) return;
-  giftDecode(&p.ctx, &p.params, msg + p.codes_at, msg + p.scales_at, p.codes_at - p.scales_at, 1,
-             count, dst, GIFT_DTYPE_F32);
+  giftDecode(&p.ctx, &p.params, msg + p.layout.codes_at, msg + p.layout.scales_at,
+             p.layout.codes_at - p.layout.scales_at, 1, count, dst, GIFT_DTYPE_F32);
 }
 
 giftResult_t check_plan(const giftReducePlan* p) {
   gift::clear_error();
   return p ? GIFT_OK : fail(GIFT_ERROR_INVALID_ARGUMENT, "plan is NULL");
-}
-
-giftResult_t check_tensor_pointers(const giftReducePlan& p, const void* const* tensors) {
-  for (size_t i = 0; i + 1 < p.offset.size(); ++i) {
-    if (p.offset[i + 1] > p.offset[i] && (!tensors || !tensors[i])) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu ('%s') has no buffer", i,
-                  p.names[i].c_str());
-    }
-  }
-  return GIFT_OK;
 }
 
 }  // namespace
@@ -279,21 +189,22 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
   try {
     auto p = std::make_unique<giftReducePlan>();
     if (const giftResult_t rc = gift::transport::read_config(config, &p->config)) return rc;
-    p->params = quant_params(p->config);
+    p->params = gift::transport::quant_params(p->config);
     p->ctx.threads = p->config.threads;
     if (const giftResult_t rc = giftQuantParamsValidate(&p->params)) return rc;
     p->dump = gift::transport::dump_settings(p->config);
     p->world = world;
     p->rank = rank;
-    if (const giftResult_t rc = plan_tensors(*p, tensors, n)) return rc;
-    if (const giftResult_t rc = plan_layout(*p)) return rc;
-    const uint64_t total = p->offset.back();
+    if (const giftResult_t rc = gift::transport::read_bucket(tensors, n, &p->bucket)) return rc;
+    const uint64_t total = p->bucket.offset.back();
+    if (const giftResult_t rc = gift::transport::make_layout(p->params, total, world, &p->layout))
+      return rc;
     p->flat.resize(total);
-    p->sum.resize(p->max_shard);
-    p->scratch.resize(p->max_shard);
+    p->sum.resize(p->layout.max_shard);
+    p->scratch.resize(p->layout.max_shard);
     if (p->config.error_feedback) {
       p->residual.assign(total, 0.0f);
-      p->shard_residual.assign(p->max_shard, 0.0f);
+      p->shard_residual.assign(p->layout.max_shard, 0.0f);
     }
     *plan = p.release();
     return GIFT_OK;
@@ -305,7 +216,7 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
 void giftReducePlanDestroy(giftReducePlan* plan) { delete plan; }
 
 uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan) {
-  return plan ? plan->message_bytes : 0;
+  return plan ? plan->layout.message_bytes : 0;
 }
 
 giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
@@ -315,10 +226,11 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // Every call advances the counter, failed ones too, so that ranks stay on the same call
   // number after an error on one of them.
   ++p.call;
-  if (const giftResult_t rc = check_tensor_pointers(p, tensors)) return rc;
+  if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, tensors)) return rc;
   if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
-  for (size_t i = 0; i < p.dtypes.size(); ++i) {
-    to_fp32(tensors[i], p.dtypes[i], p.offset[i + 1] - p.offset[i], p.flat.data() + p.offset[i]);
+  for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+    to_fp32(tensors[i], p.bucket.dtypes[i], p.bucket.offset[i + 1] - p.bucket.offset[i],
+            p.flat.data() + p.bucket.offset[i]);
   }
   // GIFT coordinates go here once bases have a public API: whiten each matrix's slice of
   // `flat` with the shared basis (and set the message's basis id). The residual is added
@@ -326,11 +238,11 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // calls does not strand it.
   for (size_t i = 0; i < p.residual.size(); ++i) p.flat[i] += p.residual[i];
   for (int r = 0; r < p.world; ++r) {
-    const uint64_t begin = p.shard_begin[r];
+    const uint64_t begin = p.layout.shard_begin[r];
     float* residual = p.residual.empty() ? nullptr : p.residual.data() + begin;
     if (const giftResult_t rc =
             encode_message(p, kScatter, r, p.flat.data() + begin, p.shard_count(r), residual,
-                           send + uint64_t(r) * p.message_bytes)) {
+                           send + uint64_t(r) * p.layout.message_bytes)) {
       return rc;
     }
   }
@@ -344,14 +256,14 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   const uint64_t count = p.shard_count(p.rank);
   for (int s = 0; s < p.world; ++s) {
     if (const giftResult_t rc =
-            check_message(p, kScatter, s, p.rank, recv + uint64_t(s) * p.message_bytes)) {
+            check_message(p, kScatter, s, p.rank, recv + uint64_t(s) * p.layout.message_bytes)) {
       return rc;
     }
   }
   // Rank order, in fp32, so every owner reduces the same way whatever the arrival order.
   decode_message(p, recv, count, p.sum.data());
   for (int s = 1; s < p.world; ++s) {
-    decode_message(p, recv + uint64_t(s) * p.message_bytes, count, p.scratch.data());
+    decode_message(p, recv + uint64_t(s) * p.layout.message_bytes, count, p.scratch.data());
     for (uint64_t i = 0; i < count; ++i) p.sum[i] += p.scratch[i];
   }
   if (p.config.op == GIFT_REDUCE_AVG) {
@@ -369,27 +281,29 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
                                     void* const* out_tensors) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
-  if (const giftResult_t rc = check_tensor_pointers(p, out_tensors)) return rc;
+  if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, out_tensors))
+    return rc;
   if (!gathered) return fail(GIFT_ERROR_INVALID_ARGUMENT, "gathered buffer is NULL");
   for (int s = 0; s < p.world; ++s) {
     if (const giftResult_t rc =
-            check_message(p, kGather, s, s, gathered + uint64_t(s) * p.message_bytes)) {
+            check_message(p, kGather, s, s, gathered + uint64_t(s) * p.layout.message_bytes)) {
       return rc;
     }
   }
   for (int s = 0; s < p.world; ++s) {
-    decode_message(p, gathered + uint64_t(s) * p.message_bytes, p.shard_count(s),
-                   p.flat.data() + p.shard_begin[s]);
+    decode_message(p, gathered + uint64_t(s) * p.layout.message_bytes, p.shard_count(s),
+                   p.flat.data() + p.layout.shard_begin[s]);
   }
   // GIFT coordinates: unwhiten each matrix's slice of `flat` here (see EncodeShards).
-  for (size_t i = 0; i < p.dtypes.size(); ++i) {
-    from_fp32(p.flat.data() + p.offset[i], p.offset[i + 1] - p.offset[i], p.dtypes[i],
-              out_tensors[i]);
+  for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+    from_fp32(p.flat.data() + p.bucket.offset[i], p.bucket.offset[i + 1] - p.bucket.offset[i],
+              p.bucket.dtypes[i], out_tensors[i]);
   }
   if (p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     std::vector<gift::transport::DumpTensor> tensors;
-    for (size_t i = 0; i < p.dtypes.size(); ++i) {
-      tensors.push_back({p.names[i].c_str(), p.dtypes[i], &p.shapes[i], out_tensors[i]});
+    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+      tensors.push_back(
+          {p.bucket.names[i].c_str(), p.bucket.dtypes[i], &p.bucket.shapes[i], out_tensors[i]});
     }
     return gift::transport::write_dump(p.dump, p.config, p.world, p.call, tensors);
   }
