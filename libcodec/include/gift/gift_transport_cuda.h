@@ -41,7 +41,9 @@ GIFT_API void giftReduceDevicePlanDestroy(giftReduceDevicePlan* plan);
 GIFT_API uint64_t giftReduceDevicePlanMessageBytes(const giftReduceDevicePlan* plan);
 
 /* The steps of gift_transport.h, on device buffers: tensors in their dtypes, aligned to their
- * element size; message buffers 16-byte aligned. Step 1. */
+ * element size; message buffers 16-byte aligned. The steps write each message's header,
+ * scales and codes but never its padding, which the CPU plan writes as zeros: zero the
+ * message buffers once when allocating them. Step 1. */
 GIFT_API giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan,
                                                    const void* const* tensors, uint8_t* send,
                                                    cudaStream_t stream);
