@@ -34,18 +34,6 @@ struct Bucket {
   std::vector<uint8_t> reduced;  // this rank's reduced shard
 };
 
-// The cache key: everything a plan's layout and dumps depend on.
-std::string bucket_key(const giftBucketTensor* tensors, size_t n) {
-  std::string key;
-  for (size_t i = 0; i < n; ++i) {
-    key += std::to_string(int(tensors[i].dtype)) + ":";
-    for (uint32_t d = 0; d < tensors[i].ndim; ++d) key += std::to_string(tensors[i].shape[d]) + ",";
-    key += tensors[i].name ? tensors[i].name : "";
-    key += '\0';
-  }
-  return key;
-}
-
 }  // namespace
 
 struct giftComm {
@@ -94,7 +82,7 @@ void apply_test_corruption(const giftComm& c, int step, uint8_t* messages, uint6
 }
 
 giftResult_t bucket_for(giftComm& c, const giftBucketTensor* tensors, size_t n, Bucket** out) {
-  const std::string key = bucket_key(tensors, n);
+  const std::string key = gift::transport::bucket_key(tensors, n);
   auto it = c.buckets.find(key);
   if (it != c.buckets.end()) {
     *out = &it->second;

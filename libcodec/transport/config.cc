@@ -24,4 +24,77 @@ giftResult_t read_config(const giftAllReduceConfig* config, giftAllReduceConfig*
   return GIFT_OK;
 }
 
+giftResult_t read_device_config(const giftAllReduceConfig* config, giftAllReduceConfig* out) {
+  if (const giftResult_t rc = read_config(config, out)) return rc;
+  if (!config) out->integrity = 0;
+  if (out->integrity) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "integrity checksums are not computed on the device: set integrity to 0");
+  }
+  if (out->dump_every) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "dumps are not written from the device: set dump_every to 0");
+  }
+  return GIFT_OK;
+}
+
+giftQuantParams quant_params(const giftAllReduceConfig& c) {
+  giftQuantParams q;
+  giftQuantParamsInit(&q);
+  q.kind = c.kind;
+  q.layout = GIFT_SCALE_BLOCK;
+  q.block = c.block;
+  q.scale_dtype = c.scale_dtype;
+  q.rounding = c.rounding;
+  return q;
+}
+
+giftResult_t read_bucket(const giftBucketTensor* tensors, size_t n, BucketShape* out) {
+  BucketShape& b = *out;
+  if (n > 0 && !tensors) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensors is NULL");
+  b.offset.assign(1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const giftBucketTensor& t = tensors[i];
+    if (t.dtype != GIFT_DTYPE_F32 && t.dtype != GIFT_DTYPE_BF16 && t.dtype != GIFT_DTYPE_F16) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: unknown dtype %d", i, int(t.dtype));
+    }
+    if (t.ndim > 0 && !t.shape) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape is NULL", i);
+    }
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < t.ndim; ++d) {
+      if (t.shape[d] != 0 && elements > UINT64_MAX / 2 / t.shape[d]) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape overflows", i);
+      }
+      elements *= t.shape[d];
+    }
+    b.names.push_back(t.name ? t.name : "t" + std::to_string(i));
+    b.dtypes.push_back(t.dtype);
+    b.shapes.emplace_back(t.shape, t.shape + t.ndim);
+    b.offset.push_back(b.offset.back() + elements);
+  }
+  return GIFT_OK;
+}
+
+giftResult_t check_tensor_pointers(const BucketShape& b, const void* const* tensors) {
+  for (size_t i = 0; i + 1 < b.offset.size(); ++i) {
+    if (b.offset[i + 1] > b.offset[i] && (!tensors || !tensors[i])) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu ('%s') has no buffer", i,
+                  b.names[i].c_str());
+    }
+  }
+  return GIFT_OK;
+}
+
+std::string bucket_key(const giftBucketTensor* tensors, size_t n) {
+  std::string key;
+  for (size_t i = 0; i < n; ++i) {
+    key += std::to_string(int(tensors[i].dtype)) + ":";
+    for (uint32_t d = 0; d < tensors[i].ndim; ++d) key += std::to_string(tensors[i].shape[d]) + ",";
+    key += tensors[i].name ? tensors[i].name : "";
+    key += '\0';
+  }
+  return key;
+}
+
 }  // namespace gift::transport

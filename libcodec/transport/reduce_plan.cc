@@ -23,38 +23,18 @@
 #include "numerics/convert.h"
 #include "transport/config.h"
 #include "transport/dump.h"
+#include "transport/message.h"
 
 using gift::fail;
 
 namespace {
 
-// Every message starts with this header (little-endian hosts only, as the rest of libgift).
-// The call number, step, sender and shard let a receiver reject a stale or misrouted
-// message even with integrity checks off.
-struct MessageHeader {
-  uint64_t checksum;  // XXH3-64 of bytes [8, message bytes); 0 with integrity off
-  uint32_t magic;
-  uint32_t step;  // kScatter or kGather
-  uint32_t sender;
-  uint32_t shard;
-  uint64_t call;
-  uint64_t count;        // elements of the shard
-  uint8_t basis_id[16];  // the plan's basis; zero: none (every tensor Euclidean)
-  uint32_t coords_hash;  // which tensors are in GIFT coordinates (coords_hash below)
-  uint32_t flags;        // kCarriesEstimates / kCarriesDecision
-};
-static_assert(sizeof(MessageHeader) == 64, "header keeps the payload 64-byte aligned");
-
-constexpr uint32_t kMessageMagic = 0x52544647u;  // "GFTR"
-constexpr uint32_t kScatter = 0;
-constexpr uint32_t kGather = 1;
-constexpr uint64_t kAlign = 64;
-// Message 0 of a measuring call carries the sender's estimates (two floats per tensor) to
-// rank 0; rank 0's reduced message then carries the decision (one byte per tensor) to all.
-constexpr uint32_t kCarriesEstimates = 1;
-constexpr uint32_t kCarriesDecision = 2;
-
-uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+using gift::transport::kCarriesDecision;
+using gift::transport::kCarriesEstimates;
+using gift::transport::kGather;
+using gift::transport::kMessageMagic;
+using gift::transport::kScatter;
+using gift::transport::MessageHeader;
 
 const char* step_name(uint32_t step) {
   return step == kScatter ? "the all-to-all of shards" : "the all-gather of reduced shards";
@@ -71,13 +51,8 @@ struct giftReducePlan {
   int rank = 0;
   uint64_t call = 0;
 
-  std::vector<std::string> names;
-  std::vector<giftDType_t> dtypes;
-  std::vector<std::vector<uint64_t>> shapes;
-  std::vector<uint64_t> offset;       // tensor i is flat[offset[i], offset[i+1])
-  std::vector<uint64_t> shard_begin;  // shard r is flat[shard_begin[r], shard_begin[r+1])
-  uint64_t max_shard = 0;
-  uint64_t scales_at = 0, codes_at = 0, extra_at = 0, message_bytes = 0;
+  gift::transport::BucketShape bucket;
+  gift::transport::Layout layout;
 
   // GIFT coordinates: the plan's copy of the basis's whiteners for its tensors (null where a
   // tensor is not eligible), which tensors are whitened now, and calls since the basis came.
@@ -95,86 +70,24 @@ struct giftReducePlan {
   std::vector<float> scratch;         // one decoded shard
   std::vector<float> estimates;       // 2 per tensor: this rank's, or the sum over ranks
 
-  uint64_t shard_count(int r) const { return shard_begin[r + 1] - shard_begin[r]; }
+  uint64_t shard_count(int r) const { return layout.shard_count(r); }
 };
 
 namespace {
 
-giftResult_t plan_layout(giftReducePlan& p) {
-  const uint64_t n = p.offset.back();
-  const uint64_t blocks = (n + p.config.block - 1) / p.config.block;
-  const uint64_t w = uint64_t(p.world);
-  p.shard_begin.resize(w + 1);
-  for (uint64_t r = 0; r <= w; ++r) {
-    p.shard_begin[r] = std::min(n, blocks * r / w * p.config.block);
-  }
-  for (uint64_t r = 0; r < w; ++r) p.max_shard = std::max(p.max_shard, p.shard_count(int(r)));
-  uint64_t scale_bytes = 0;
-  if (const giftResult_t rc = giftScaleBytes(&p.params, 1, p.max_shard, &scale_bytes)) return rc;
-  p.scales_at = sizeof(MessageHeader);
-  p.codes_at = p.scales_at + round_up(scale_bytes, kAlign);
-  p.extra_at = p.codes_at + round_up(p.max_shard, kAlign);
-  // Only measured choices exchange estimates; the space is fixed at creation with the size.
-  const uint64_t extra = p.config.coords == GIFT_COORDS_MODE_AUTO ? 8 * (p.offset.size() - 1) : 0;
-  p.message_bytes = p.extra_at + round_up(extra, kAlign);
-  return GIFT_OK;
-}
-
-giftResult_t plan_tensors(giftReducePlan& p, const giftBucketTensor* tensors, size_t n) {
-  if (n > 0 && !tensors) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensors is NULL");
-  p.offset.assign(1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    const giftBucketTensor& t = tensors[i];
-    if (t.dtype != GIFT_DTYPE_F32 && t.dtype != GIFT_DTYPE_BF16 && t.dtype != GIFT_DTYPE_F16) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: unknown dtype %d", i, int(t.dtype));
-    }
-    if (t.ndim > 0 && !t.shape) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape is NULL", i);
-    }
-    uint64_t elements = 1;
-    for (uint32_t d = 0; d < t.ndim; ++d) {
-      if (t.shape[d] != 0 && elements > UINT64_MAX / 2 / t.shape[d]) {
-        return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape overflows", i);
-      }
-      elements *= t.shape[d];
-    }
-    p.names.push_back(t.name ? t.name : "t" + std::to_string(i));
-    p.dtypes.push_back(t.dtype);
-    p.shapes.emplace_back(t.shape, t.shape + t.ndim);
-    p.offset.push_back(p.offset.back() + elements);
-  }
-  return GIFT_OK;
-}
-
-giftQuantParams quant_params(const giftAllReduceConfig& c) {
-  giftQuantParams q;
-  giftQuantParamsInit(&q);
-  q.kind = c.kind;
-  q.layout = GIFT_SCALE_BLOCK;
-  q.block = c.block;
-  q.scale_dtype = c.scale_dtype;
-  q.rounding = c.rounding;
-  return q;
-}
-
-// Stochastic rounding draws fresh bits for every call, sender and shard (and for the second
-// encode of a shard), so no two encodes of a run share their random numbers.
 giftQuantParams encode_params(const giftReducePlan& p, uint32_t step, int sender, int shard) {
-  giftQuantParams q = p.params;
-  q.seed = p.config.seed ^ (p.call * 0x9E3779B97F4A7C15ull);
-  q.tensor_index = uint32_t(step * p.world * p.world + sender * p.world + shard);
-  return q;
+  return gift::transport::encode_params(p.params, p.config, p.call, step, p.world, sender, shard);
 }
 
 uint64_t tensor_elements(const giftReducePlan& p, size_t i) {
-  return p.offset[i + 1] - p.offset[i];
+  return p.bucket.offset[i + 1] - p.bucket.offset[i];
 }
 
 // A tensor's slice of the flat bucket as the whitener sees it: rows x (last dimension).
 void apply_whitener(const giftReducePlan& p, size_t i, float* flat, bool inverse) {
   const gift::coords::Whitener& t = *p.whitener[i];
   const uint64_t rows = tensor_elements(p, i) / t.dim;
-  float* w = flat + p.offset[i];
+  float* w = flat + p.bucket.offset[i];
   inverse ? gift::coords::unwhiten(t, w, rows) : gift::coords::whiten(t, w, rows);
 }
 
@@ -187,16 +100,18 @@ void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {
 // Identifies the set of tensors in GIFT coordinates, so that a rank whose choice differs is
 // caught at the first exchange instead of summing values in different coordinates.
 uint32_t coords_hash(const std::vector<uint8_t>& in_gift) {
-  return uint32_t(XXH3_64bits(in_gift.data(), in_gift.size()));
+  if (std::find(in_gift.begin(), in_gift.end(), 1) == in_gift.end()) return 0;
+  const uint32_t h = uint32_t(XXH3_64bits(in_gift.data(), in_gift.size()));
+  return h ? h : 1;
 }
 
 // Applies a new choice of coordinates; the reduced shard's residual of a tensor that changes
 // coordinates no longer means anything and is dropped.
 void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift) {
-  const uint64_t sb = p.shard_begin[p.rank], se = p.shard_begin[p.rank + 1];
+  const uint64_t sb = p.layout.shard_begin[p.rank], se = p.layout.shard_begin[p.rank + 1];
   for (size_t i = 0; i < in_gift.size(); ++i) {
     if (in_gift[i] == p.in_gift[i] || p.shard_residual.empty()) continue;
-    const uint64_t b = std::max(sb, p.offset[i]), e = std::min(se, p.offset[i + 1]);
+    const uint64_t b = std::max(sb, p.bucket.offset[i]), e = std::min(se, p.bucket.offset[i + 1]);
     for (uint64_t k = b; k < e; ++k) p.shard_residual[k - sb] = 0.0f;
   }
   p.in_gift = in_gift;
@@ -214,12 +129,12 @@ bool measuring(const giftReducePlan& p) {
 void measure(giftReducePlan& p) {
   gift::coords::SelectOptions o;
   o.mode = gift::coords::CoordsMode::kAuto;
-  for (size_t i = 0; i + 1 < p.offset.size(); ++i) {
+  for (size_t i = 0; i + 1 < p.bucket.offset.size(); ++i) {
     float e = NAN, g = NAN;
     if (p.whitener[i]) {
       const uint64_t cols = p.whitener[i]->dim, rows = tensor_elements(p, i) / cols;
       const gift::coords::Selection c = gift::coords::choose_coords(
-          p.flat.data() + p.offset[i], rows, cols, p.whitener[i].get(), p.params, o);
+          p.flat.data() + p.bucket.offset[i], rows, cols, p.whitener[i].get(), p.params, o);
       e = c.euclidean_error;
       g = c.gift_error;
     }
@@ -242,7 +157,8 @@ std::vector<uint8_t> decide(const giftReducePlan& p) {
 
 // The tensor holding flat element `index`, for messages about non-finite inputs.
 size_t tensor_of(const giftReducePlan& p, uint64_t index) {
-  return size_t(std::upper_bound(p.offset.begin(), p.offset.end(), index) - p.offset.begin() - 1);
+  return size_t(std::upper_bound(p.bucket.offset.begin(), p.bucket.offset.end(), index) -
+                p.bucket.offset.begin() - 1);
 }
 
 // Encodes values[0, count) into `msg` and, with error feedback, leaves values - decoded in
@@ -250,7 +166,7 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
 giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const float* values,
                             uint64_t count, float* residual, uint8_t* msg, uint32_t flags = 0,
                             const void* extra = nullptr, uint64_t extra_bytes = 0) {
-  memset(msg, 0, p.message_bytes);
+  memset(msg, 0, p.layout.message_bytes);
   MessageHeader h{};
   if (p.has_basis) {
     memcpy(h.basis_id, &p.basis_id.lo, 8);
@@ -258,7 +174,7 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const f
   }
   h.coords_hash = p.coords_hash;
   h.flags = flags;
-  if (extra_bytes) memcpy(msg + p.extra_at, extra, extra_bytes);
+  if (extra_bytes) memcpy(msg + p.layout.extra_at, extra, extra_bytes);
   h.magic = kMessageMagic;
   h.step = step;
   h.sender = uint32_t(p.rank);
@@ -267,28 +183,28 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const f
   h.count = count;
   if (count > 0) {
     const giftQuantParams q = encode_params(p, step, p.rank, shard);
-    const uint64_t scale_bytes = p.codes_at - p.scales_at;
+    const uint64_t scale_bytes = p.layout.codes_at - p.layout.scales_at;
     giftEncodeStats stats;
     if (const giftResult_t rc =
-            giftEncode(&p.ctx, &q, values, GIFT_DTYPE_F32, 1, count, msg + p.codes_at,
-                       msg + p.scales_at, scale_bytes, &stats)) {
+            giftEncode(&p.ctx, &q, values, GIFT_DTYPE_F32, 1, count, msg + p.layout.codes_at,
+                       msg + p.layout.scales_at, scale_bytes, &stats)) {
       if (rc != GIFT_ERROR_NONFINITE_INPUT) return rc;
-      const uint64_t at = p.shard_begin[shard] + stats.first_nonfinite;
+      const uint64_t at = p.layout.shard_begin[shard] + stats.first_nonfinite;
       const size_t t = tensor_of(p, at);
       return fail(
           rc, "%" PRIu64 " non-finite value(s) %s, the first at element %" PRIu64 " of tensor '%s'",
           stats.nonfinite_count, step == kScatter ? "in the input" : "in the reduced sum",
-          at - p.offset[t], p.names[t].c_str());
+          at - p.bucket.offset[t], p.bucket.names[t].c_str());
     }
     if (residual) {
-      giftDecode(&p.ctx, &q, msg + p.codes_at, msg + p.scales_at, scale_bytes, 1, count,
-                 p.scratch.data(), GIFT_DTYPE_F32);
+      giftDecode(&p.ctx, &q, msg + p.layout.codes_at, msg + p.layout.scales_at, scale_bytes, 1,
+                 count, p.scratch.data(), GIFT_DTYPE_F32);
       for (uint64_t i = 0; i < count; ++i) residual[i] = values[i] - p.scratch[i];
     }
   }
   memcpy(msg, &h, sizeof h);
   if (p.config.integrity) {
-    h.checksum = XXH3_64bits(msg + 8, p.message_bytes - 8);
+    h.checksum = XXH3_64bits(msg + 8, p.layout.message_bytes - 8);
     memcpy(msg, &h.checksum, sizeof h.checksum);
   }
   return GIFT_OK;
@@ -300,7 +216,7 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
                            const uint8_t* msg) {
   MessageHeader h;
   memcpy(&h, msg, sizeof h);
-  if (p.config.integrity && h.checksum != XXH3_64bits(msg + 8, p.message_bytes - 8)) {
+  if (p.config.integrity && h.checksum != XXH3_64bits(msg + 8, p.layout.message_bytes - 8)) {
     return fail(GIFT_ERROR_SECTION_CHECKSUM,
                 "the message from rank %d in %s (call %" PRIu64 ") fails its checksum", sender,
                 step_name(step), p.call);
@@ -338,8 +254,8 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
 
 void decode_message(const giftReducePlan& p, const uint8_t* msg, uint64_t count, float* dst) {
   if (count == 0) return;
-  giftDecode(&p.ctx, &p.params, msg + p.codes_at, msg + p.scales_at, p.codes_at - p.scales_at, 1,
-             count, dst, GIFT_DTYPE_F32);
+  giftDecode(&p.ctx, &p.params, msg + p.layout.codes_at, msg + p.layout.scales_at,
+             p.layout.codes_at - p.layout.scales_at, 1, count, dst, GIFT_DTYPE_F32);
 }
 
 giftResult_t check_plan(const giftReducePlan* p) {
@@ -369,24 +285,14 @@ uint64_t state_fingerprint(const giftReducePlan& p) {
                                  uint64_t(p.config.kind),    p.config.block,
                                  uint64_t(p.config.op),      uint64_t(p.config.scale_dtype),
                                  uint64_t(p.config.rounding)};
-  words.insert(words.end(), p.offset.begin(), p.offset.end());
-  for (giftDType_t d : p.dtypes) words.push_back(uint64_t(d));
+  words.insert(words.end(), p.bucket.offset.begin(), p.bucket.offset.end());
+  for (giftDType_t d : p.bucket.dtypes) words.push_back(uint64_t(d));
   return XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
 }
 
 uint64_t state_bytes(const giftReducePlan& p) {
   return sizeof(StateHeader) + (p.residual.size() + p.shard_residual.size()) * sizeof(float) +
          p.in_gift.size();
-}
-
-giftResult_t check_tensor_pointers(const giftReducePlan& p, const void* const* tensors) {
-  for (size_t i = 0; i + 1 < p.offset.size(); ++i) {
-    if (p.offset[i + 1] > p.offset[i] && (!tensors || !tensors[i])) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu ('%s') has no buffer", i,
-                  p.names[i].c_str());
-    }
-  }
-  return GIFT_OK;
 }
 
 }  // namespace
@@ -405,21 +311,23 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
   try {
     auto p = std::make_unique<giftReducePlan>();
     if (const giftResult_t rc = gift::transport::read_config(config, &p->config)) return rc;
-    p->params = quant_params(p->config);
+    p->params = gift::transport::quant_params(p->config);
     p->ctx.threads = p->config.threads;
     if (const giftResult_t rc = giftQuantParamsValidate(&p->params)) return rc;
     p->dump = gift::transport::dump_settings(p->config);
     p->world = world;
     p->rank = rank;
-    if (const giftResult_t rc = plan_tensors(*p, tensors, n)) return rc;
-    if (const giftResult_t rc = plan_layout(*p)) return rc;
-    const uint64_t total = p->offset.back();
+    if (const giftResult_t rc = gift::transport::read_bucket(tensors, n, &p->bucket)) return rc;
+    const uint64_t total = p->bucket.offset.back();
+    if (const giftResult_t rc =
+            gift::transport::make_layout(p->params, p->config, total, n, world, &p->layout))
+      return rc;
     p->flat.resize(total);
-    p->sum.resize(p->max_shard);
-    p->scratch.resize(p->max_shard);
+    p->sum.resize(p->layout.max_shard);
+    p->scratch.resize(p->layout.max_shard);
     if (p->config.error_feedback) {
       p->residual.assign(total, 0.0f);
-      p->shard_residual.assign(p->max_shard, 0.0f);
+      p->shard_residual.assign(p->layout.max_shard, 0.0f);
     }
     p->whitener.resize(n);
     p->in_gift.assign(n, 0);
@@ -442,9 +350,9 @@ giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis
     std::vector<uint8_t> in_gift(p.whitener.size(), 0);
     const bool use = basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN;
     for (size_t i = 0; use && i < w.size(); ++i) {
-      const gift::coords::Whitener* t = basis->basis.find(p.names[i]);
-      const bool eligible =
-          t && p.shapes[i].size() >= 2 && p.shapes[i].back() == t->dim && tensor_elements(p, i) > 0;
+      const gift::coords::Whitener* t = basis->basis.find(p.bucket.names[i]);
+      const bool eligible = t && p.bucket.shapes[i].size() >= 2 &&
+                            p.bucket.shapes[i].back() == t->dim && tensor_elements(p, i) > 0;
       if (!eligible) continue;
       w[i] = std::make_unique<gift::coords::Whitener>(*t);
       in_gift[i] = p.config.coords == GIFT_COORDS_MODE_GIFT;
@@ -472,7 +380,7 @@ giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoords_t* coor
 }
 
 uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan) {
-  return plan ? plan->message_bytes : 0;
+  return plan ? plan->layout.message_bytes : 0;
 }
 
 uint64_t giftReducePlanStateBytes(const giftReducePlan* plan) {
@@ -548,11 +456,11 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // Every call advances the counter, failed ones too, so that ranks stay on the same call
   // number after an error on one of them.
   ++p.call;
-  if (const giftResult_t rc = check_tensor_pointers(p, tensors)) return rc;
+  if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, tensors)) return rc;
   if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
-  for (size_t i = 0; i < p.dtypes.size(); ++i) {
-    gift::convert_elements(tensors[i], p.dtypes[i], p.flat.data() + p.offset[i], GIFT_DTYPE_F32,
-                           tensor_elements(p, i));
+  for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+    gift::convert_elements(tensors[i], p.bucket.dtypes[i], p.flat.data() + p.bucket.offset[i],
+                           GIFT_DTYPE_F32, tensor_elements(p, i));
   }
   // The residual is added in original coordinates, before whitening, and mapped back to them
   // after encoding, so a change of basis or coordinates between calls does not strand it.
@@ -562,13 +470,13 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   if (p.has_basis) ++p.calls_with_basis;
   apply_coords(p, p.flat.data(), false);
   for (int r = 0; r < p.world; ++r) {
-    const uint64_t begin = p.shard_begin[r];
+    const uint64_t begin = p.layout.shard_begin[r];
     float* residual = p.residual.empty() ? nullptr : p.residual.data() + begin;
     const bool carry = measure_now && r == 0;
-    if (const giftResult_t rc =
-            encode_message(p, kScatter, r, p.flat.data() + begin, p.shard_count(r), residual,
-                           send + uint64_t(r) * p.message_bytes, carry ? kCarriesEstimates : 0,
-                           p.estimates.data(), carry ? p.estimates.size() * sizeof(float) : 0)) {
+    if (const giftResult_t rc = encode_message(
+            p, kScatter, r, p.flat.data() + begin, p.shard_count(r), residual,
+            send + uint64_t(r) * p.layout.message_bytes, carry ? kCarriesEstimates : 0,
+            p.estimates.data(), carry ? p.estimates.size() * sizeof(float) : 0)) {
       return rc;
     }
   }
@@ -583,14 +491,14 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   const uint64_t count = p.shard_count(p.rank);
   for (int s = 0; s < p.world; ++s) {
     if (const giftResult_t rc =
-            check_message(p, kScatter, s, p.rank, recv + uint64_t(s) * p.message_bytes)) {
+            check_message(p, kScatter, s, p.rank, recv + uint64_t(s) * p.layout.message_bytes)) {
       return rc;
     }
   }
   // Rank order, in fp32, so every owner reduces the same way whatever the arrival order.
   decode_message(p, recv, count, p.sum.data());
   for (int s = 1; s < p.world; ++s) {
-    decode_message(p, recv + uint64_t(s) * p.message_bytes, count, p.scratch.data());
+    decode_message(p, recv + uint64_t(s) * p.layout.message_bytes, count, p.scratch.data());
     for (uint64_t i = 0; i < count; ++i) p.sum[i] += p.scratch[i];
   }
   if (p.config.op == GIFT_REDUCE_AVG) {
@@ -610,7 +518,7 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   std::fill(p.estimates.begin(), p.estimates.end(), 0.0f);
   std::vector<float> theirs(p.estimates.size());
   for (int s = 0; s < p.world; ++s) {
-    memcpy(theirs.data(), recv + uint64_t(s) * p.message_bytes + p.extra_at,
+    memcpy(theirs.data(), recv + uint64_t(s) * p.layout.message_bytes + p.layout.extra_at,
            theirs.size() * sizeof(float));
     for (size_t k = 0; k < theirs.size(); ++k) p.estimates[k] += theirs[k];
   }
@@ -623,34 +531,36 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
                                     void* const* out_tensors) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
-  if (const giftResult_t rc = check_tensor_pointers(p, out_tensors)) return rc;
+  if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, out_tensors))
+    return rc;
   if (!gathered) return fail(GIFT_ERROR_INVALID_ARGUMENT, "gathered buffer is NULL");
   for (int s = 0; s < p.world; ++s) {
     if (const giftResult_t rc =
-            check_message(p, kGather, s, s, gathered + uint64_t(s) * p.message_bytes)) {
+            check_message(p, kGather, s, s, gathered + uint64_t(s) * p.layout.message_bytes)) {
       return rc;
     }
   }
   for (int s = 0; s < p.world; ++s) {
-    decode_message(p, gathered + uint64_t(s) * p.message_bytes, p.shard_count(s),
-                   p.flat.data() + p.shard_begin[s]);
+    decode_message(p, gathered + uint64_t(s) * p.layout.message_bytes, p.shard_count(s),
+                   p.flat.data() + p.layout.shard_begin[s]);
   }
   apply_coords(p, p.flat.data(), true);
-  for (size_t i = 0; i < p.dtypes.size(); ++i) {
-    gift::convert_elements(p.flat.data() + p.offset[i], GIFT_DTYPE_F32, out_tensors[i], p.dtypes[i],
-                           tensor_elements(p, i));
+  for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+    gift::convert_elements(p.flat.data() + p.bucket.offset[i], GIFT_DTYPE_F32, out_tensors[i],
+                           p.bucket.dtypes[i], tensor_elements(p, i));
   }
   // Every rank reads rank 0's decision from the same gathered bytes, so all switch together.
   MessageHeader zero;
   memcpy(&zero, gathered, sizeof zero);
   if (zero.flags & kCarriesDecision) {
-    set_coords(
-        p, std::vector<uint8_t>(gathered + p.extra_at, gathered + p.extra_at + p.in_gift.size()));
+    set_coords(p, std::vector<uint8_t>(gathered + p.layout.extra_at,
+                                       gathered + p.layout.extra_at + p.in_gift.size()));
   }
   if (p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     std::vector<gift::transport::DumpTensor> tensors;
-    for (size_t i = 0; i < p.dtypes.size(); ++i) {
-      tensors.push_back({p.names[i].c_str(), p.dtypes[i], &p.shapes[i], out_tensors[i]});
+    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+      tensors.push_back(
+          {p.bucket.names[i].c_str(), p.bucket.dtypes[i], &p.bucket.shapes[i], out_tensors[i]});
     }
     return gift::transport::write_dump(p.dump, p.config, p.world, p.call, tensors);
   }

@@ -176,7 +176,7 @@ done
 # the older packages' config files.
 # GIFT_GPU_CMAKE_ARGS: more configure arguments, split on spaces.
 read -ra cmake_extra <<<"${GIFT_GPU_CMAKE_ARGS:-}"
-targets=(cuda_device_tests bench_cuda giftc)
+targets=(cuda_device_tests nccl_allreduce_tests bench_cuda giftc)
 [ "${GIFT_GPU_CPU_STEPS:-0}" = 1 ] && targets+=(cuda_reference_tests bench_codec)
 echo "==== configure and build ($build: ${targets[*]}) ===="
 if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGIFT_WITH_CUDA=ON \
@@ -203,6 +203,8 @@ nvcc --version | tail -n 2
 # ---- Tests ---------------------------------------------------------------------------------
 # Device tests first: they are the reason for this run and take seconds.
 run_gtest cuda_device_tests "$build/tests/cuda/cuda_device_tests" "$device_timeout"
+# The NCCL all-reduce on one GPU (world 1) and on all GPUs of the machine, against the CPU.
+run_gtest nccl_allreduce_tests "$build/tests/cuda/nccl_allreduce_tests" "$device_timeout"
 # ---- GPU benchmark: encode/decode against a device-to-device copy, and the whitener --------
 gpu_bench="$build/tests/bench/bench_cuda"
 if [ -x "$gpu_bench" ]; then

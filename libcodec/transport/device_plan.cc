@@ -1,0 +1,334 @@
+// The local steps of the compressed all-reduce on a CUDA device (gift_transport_cuda.h): the
+// CPU plan's steps (reduce_plan.cc) over the same layout (transport/message.h), with the
+// device codec (gift_cuda.h) for every encode and decode and kernels/reduce.h for the rest,
+// all enqueued on the caller's stream.
+#include <cuda_runtime_api.h>
+
+#include <cinttypes>
+#include <memory>
+#include <new>
+#include <vector>
+
+#include "common/error.h"
+#include "gift/gift_cuda.h"
+#include "gift/gift_transport_cuda.h"
+#include "kernels/cuda_check.h"
+#include "kernels/reduce.h"
+#include "transport/config.h"
+#include "transport/message.h"
+
+using gift::fail;
+namespace tr = gift::transport;
+namespace kn = gift::kernels;
+
+struct giftReduceDevicePlan {
+  giftAllReduceConfig config;
+  giftQuantParams params;
+  int world = 1;
+  int rank = 0;
+  uint64_t call = 0;
+  tr::BucketShape bucket;
+  tr::Layout layout;
+
+  std::vector<void*> allocations;
+  float* flat = nullptr;             // the bucket in fp32 plus the residual (see encode_source)
+  float* residual = nullptr;         // error feedback of this rank's encode, over the bucket
+  float* sum = nullptr;              // this rank's shard: the sum being reduced
+  float* shard_residual = nullptr;   // error feedback of the reduced shard's encode
+  uint64_t* shard_begin = nullptr;   // layout.shard_begin, for the header kernels
+  giftEncodeStats* stats = nullptr;  // world scatter encodes, then the gather encode
+  void* workspace = nullptr;
+  uint64_t workspace_bytes = 0;
+  kn::ReduceRecord* record = nullptr;
+  cudaEvent_t done = nullptr;  // the end of the last step enqueued
+
+  giftReduceDevicePlan() = default;
+  giftReduceDevicePlan(const giftReduceDevicePlan&) = delete;
+  giftReduceDevicePlan& operator=(const giftReduceDevicePlan&) = delete;
+  ~giftReduceDevicePlan() {
+    for (void* a : allocations) cudaFree(a);
+    if (done) cudaEventDestroy(done);
+  }
+
+  // Zeroed device memory for n elements of T (zero residuals; never-written message padding
+  // and empty shards' statistics stay zero).
+  template <typename T>
+  giftResult_t alloc(uint64_t n, T** out) {
+    void* p = nullptr;
+    const uint64_t bytes = n ? n * sizeof(T) : 1;
+    GIFT_CUDA_TRY(cudaMalloc(&p, bytes));
+    allocations.push_back(p);
+    GIFT_CUDA_TRY(cudaMemset(p, 0, bytes));
+    *out = static_cast<T*>(p);
+    return GIFT_OK;
+  }
+
+  uint64_t count(int shard) const { return layout.shard_count(shard); }
+  uint64_t scale_capacity() const { return layout.codes_at - layout.scales_at; }
+  bool e8m0() const { return params.scale_dtype == GIFT_SCALE_DTYPE_E8M0; }
+  // One tensor without error feedback is encoded straight from the caller's buffer: the
+  // encoder widens bf16 and fp16 exactly as the fp32 copy would.
+  bool direct() const { return bucket.dtypes.size() == 1 && !config.error_feedback; }
+};
+
+namespace {
+
+size_t dtype_size(giftDType_t t) { return t == GIFT_DTYPE_F32 ? 4 : 2; }
+
+giftResult_t check_plan(const giftReduceDevicePlan* p) {
+  gift::clear_error();
+  return p ? GIFT_OK : fail(GIFT_ERROR_INVALID_ARGUMENT, "plan is NULL");
+}
+
+// Message buffers hold 8-byte header fields and fp32 scales, and are read 16 bytes at a time.
+giftResult_t check_messages(const void* msgs, const char* what) {
+  if (!msgs) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", what);
+  if (reinterpret_cast<uintptr_t>(msgs) % 16 != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s buffer is not 16-byte aligned", what);
+  }
+  return GIFT_OK;
+}
+
+tr::MessageHeader header(const giftReduceDevicePlan& p, uint32_t step) {
+  tr::MessageHeader h{};
+  h.magic = tr::kMessageMagic;
+  h.step = step;
+  h.sender = uint32_t(p.rank);
+  h.call = p.call;
+  return h;
+}
+
+// Encodes `count` values at `values` (dtype) as shard `shard` into the message at `msg` and,
+// with `residual`, leaves there what the encode lost (values are then the fp32 buffer).
+giftResult_t encode_message(giftReduceDevicePlan& p, uint32_t step, int shard, const void* values,
+                            giftDType_t dtype, uint64_t count, float* residual,
+                            giftEncodeStats* stats, uint8_t* msg, cudaStream_t stream) {
+  if (count == 0) return GIFT_OK;
+  const giftQuantParams q =
+      tr::encode_params(p.params, p.config, p.call, step, p.world, p.rank, shard);
+  uint8_t* codes = msg + p.layout.codes_at;
+  uint8_t* scales = msg + p.layout.scales_at;
+  if (const giftResult_t rc =
+          giftEncodeDevice(&q, values, dtype, 1, count, codes, scales, p.scale_capacity(), stats,
+                           p.workspace, p.workspace_bytes, stream)) {
+    return rc;
+  }
+  if (!residual) return GIFT_OK;
+  return kn::encode_residual(codes, scales, p.e8m0(), p.params.kind, p.params.block,
+                             static_cast<const float*>(values), residual, count, stream);
+}
+
+giftResult_t finish_step(giftReduceDevicePlan& p, cudaStream_t stream) {
+  GIFT_CUDA_TRY(cudaEventRecord(p.done, stream));
+  return GIFT_OK;
+}
+
+giftResult_t create(const giftAllReduceConfig* config, int world, int rank,
+                    const giftBucketTensor* tensors, size_t n, giftReduceDevicePlan& p) {
+  if (const giftResult_t rc = tr::read_device_config(config, &p.config)) return rc;
+  p.params = tr::quant_params(p.config);
+  if (const giftResult_t rc = giftQuantParamsValidate(&p.params)) return rc;
+  p.world = world;
+  p.rank = rank;
+  if (const giftResult_t rc = tr::read_bucket(tensors, n, &p.bucket)) return rc;
+  const uint64_t total = p.bucket.offset.back();
+  if (const giftResult_t rc = tr::make_layout(p.params, p.config, total, n, world, &p.layout))
+    return rc;
+  if (const giftResult_t rc =
+          giftEncodeDeviceWorkspaceSize(&p.params, 1, p.layout.max_shard, &p.workspace_bytes)) {
+    return rc;
+  }
+  const uint64_t max_shard = p.layout.max_shard;
+  giftResult_t rc = GIFT_OK;
+  if (!p.direct()) rc = p.alloc(total, &p.flat);
+  if (!rc && p.config.error_feedback) rc = p.alloc(total, &p.residual);
+  if (!rc && p.config.error_feedback) rc = p.alloc(max_shard, &p.shard_residual);
+  if (!rc) rc = p.alloc(max_shard, &p.sum);
+  if (!rc) rc = p.alloc(uint64_t(world) + 1, &p.shard_begin);
+  if (!rc) rc = p.alloc(uint64_t(world) + 1, &p.stats);
+  if (!rc)
+    rc = p.alloc(p.workspace_bytes, static_cast<uint8_t**>(static_cast<void*>(&p.workspace)));
+  if (!rc) rc = p.alloc(1, &p.record);
+  if (rc) return rc;
+  GIFT_CUDA_TRY(cudaMemcpy(p.shard_begin, p.layout.shard_begin.data(),
+                           p.layout.shard_begin.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  GIFT_CUDA_TRY(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
+  return GIFT_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+giftResult_t giftReduceDevicePlanCreate(const giftAllReduceConfig* config, int world, int rank,
+                                        const giftBucketTensor* tensors, size_t n,
+                                        giftReduceDevicePlan** plan) {
+  gift::clear_error();
+  if (!plan) return fail(GIFT_ERROR_INVALID_ARGUMENT, "plan is NULL");
+  *plan = nullptr;
+  if (world < 1 || rank < 0 || rank >= world) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "rank %d of world %d", rank, world);
+  }
+  try {
+    auto p = std::make_unique<giftReduceDevicePlan>();
+    if (const giftResult_t rc = create(config, world, rank, tensors, n, *p)) return rc;
+    *plan = p.release();
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for a device reduce plan");
+  }
+}
+
+void giftReduceDevicePlanDestroy(giftReduceDevicePlan* plan) { delete plan; }
+
+uint64_t giftReduceDevicePlanMessageBytes(const giftReduceDevicePlan* plan) {
+  return plan ? plan->layout.message_bytes : 0;
+}
+
+giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void* const* tensors,
+                                          uint8_t* send, cudaStream_t stream) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  // Every call advances the counter, failed ones too, as on the CPU.
+  ++p.call;
+  if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, tensors)) return rc;
+  if (const giftResult_t rc = check_messages(send, "send")) return rc;
+  const void* src = p.flat;
+  giftDType_t dtype = GIFT_DTYPE_F32;
+  if (p.direct()) {
+    src = tensors[0];
+    dtype = p.bucket.dtypes[0];
+  } else {
+    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+      const uint64_t at = p.bucket.offset[i];
+      if (const giftResult_t rc =
+              kn::to_fp32(tensors[i], p.bucket.dtypes[i], p.bucket.offset[i + 1] - at,
+                          p.residual ? p.residual + at : nullptr, p.flat + at, stream)) {
+        return rc;
+      }
+    }
+  }
+  const uint64_t m = p.layout.message_bytes;
+  if (const giftResult_t rc = kn::write_headers(send, m, p.world, header(p, tr::kScatter), 0, 1,
+                                                p.shard_begin, stream)) {
+    return rc;
+  }
+  for (int r = 0; r < p.world; ++r) {
+    const uint64_t begin = p.layout.shard_begin[r];
+    const void* values = static_cast<const char*>(src) + begin * dtype_size(dtype);
+    if (const giftResult_t rc = encode_message(p, tr::kScatter, r, values, dtype, p.count(r),
+                                               p.residual ? p.residual + begin : nullptr,
+                                               p.stats + r, send + uint64_t(r) * m, stream)) {
+      return rc;
+    }
+  }
+  if (const giftResult_t rc =
+          kn::record_nonfinite(p.stats, p.world, p.call, tr::kScatter, p.record, stream)) {
+    return rc;
+  }
+  return finish_step(p, stream);
+}
+
+giftResult_t giftReduceSumShardDevice(giftReduceDevicePlan* plan, const uint8_t* recv,
+                                      uint8_t* out_msg, cudaStream_t stream) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  if (const giftResult_t rc = check_messages(recv, "recv")) return rc;
+  if (const giftResult_t rc = check_messages(out_msg, "out_msg")) return rc;
+  const uint64_t m = p.layout.message_bytes;
+  if (const giftResult_t rc = kn::check_headers(recv, m, p.world, p.rank, tr::kScatter, p.call,
+                                                p.shard_begin, p.record, stream)) {
+    return rc;
+  }
+  const uint64_t count = p.count(p.rank);
+  kn::SumShardArgs a;
+  a.in = {recv, m, p.layout.scales_at, p.layout.codes_at};
+  a.world = p.world;
+  a.count = count;
+  a.block = p.params.block;
+  a.e8m0 = p.e8m0();
+  a.kind = p.params.kind;
+  a.average = p.config.op == GIFT_REDUCE_AVG;
+  a.residual = p.shard_residual;
+  a.sum = p.sum;
+  if (const giftResult_t rc = kn::sum_shard(a, stream)) return rc;
+  if (const giftResult_t rc = kn::write_headers(out_msg, m, 1, header(p, tr::kGather), p.rank, 0,
+                                                p.shard_begin, stream)) {
+    return rc;
+  }
+  if (const giftResult_t rc =
+          encode_message(p, tr::kGather, p.rank, p.sum, GIFT_DTYPE_F32, count, p.shard_residual,
+                         p.stats + p.world, out_msg, stream)) {
+    return rc;
+  }
+  if (const giftResult_t rc =
+          kn::record_nonfinite(p.stats + p.world, 1, p.call, tr::kGather, p.record, stream)) {
+    return rc;
+  }
+  return finish_step(p, stream);
+}
+
+giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint8_t* gathered,
+                                          void* const* out_tensors, cudaStream_t stream) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, out_tensors)) return rc;
+  if (const giftResult_t rc = check_messages(gathered, "gathered")) return rc;
+  const uint64_t m = p.layout.message_bytes;
+  if (const giftResult_t rc = kn::check_headers(gathered, m, p.world, p.rank, tr::kGather, p.call,
+                                                p.shard_begin, p.record, stream)) {
+    return rc;
+  }
+  // One tensor is decoded straight into its dtype: the decoder rounds each fp32 value as the
+  // conversion from the fp32 buffer would.
+  const bool direct = p.bucket.dtypes.size() == 1;
+  void* dst = direct ? out_tensors[0] : p.flat;
+  const giftDType_t dtype = direct ? p.bucket.dtypes[0] : GIFT_DTYPE_F32;
+  for (int s = 0; s < p.world; ++s) {
+    if (p.count(s) == 0) continue;
+    const uint8_t* msg = gathered + uint64_t(s) * m;
+    char* at = static_cast<char*>(dst) + p.layout.shard_begin[s] * dtype_size(dtype);
+    if (const giftResult_t rc =
+            giftDecodeDevice(&p.params, msg + p.layout.codes_at, msg + p.layout.scales_at,
+                             p.scale_capacity(), 1, p.count(s), at, dtype, stream)) {
+      return rc;
+    }
+  }
+  if (!direct) {
+    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+      const uint64_t at = p.bucket.offset[i];
+      if (const giftResult_t rc = kn::from_fp32(p.flat + at, p.bucket.offset[i + 1] - at,
+                                                p.bucket.dtypes[i], out_tensors[i], stream)) {
+        return rc;
+      }
+    }
+  }
+  return finish_step(p, stream);
+}
+
+giftResult_t giftReduceDevicePlanStatus(giftReduceDevicePlan* plan) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  GIFT_CUDA_TRY(cudaEventSynchronize(p.done));
+  kn::ReduceRecord r;
+  GIFT_CUDA_TRY(cudaMemcpy(&r, p.record, sizeof r, cudaMemcpyDeviceToHost));
+  GIFT_CUDA_TRY(cudaMemset(p.record, 0, sizeof r));
+  if (r.bad_messages) {
+    return fail(GIFT_ERROR_CORRUPT_INPUT,
+                "%llu received message(s) were not this rank's shard of their call; the first "
+                "came from rank %u in %s of call %llu",
+                r.bad_messages, r.bad_sender,
+                r.bad_step == tr::kScatter ? "the all-to-all of shards"
+                                           : "the all-gather of reduced shards",
+                r.bad_call);
+  }
+  if (r.nonfinite) {
+    return fail(GIFT_ERROR_NONFINITE_INPUT,
+                "%llu non-finite value(s) encoded on the device, the first in call %llu %s",
+                r.nonfinite, r.nonfinite_call,
+                r.nonfinite_step == tr::kScatter ? "in the input" : "in the reduced sum");
+  }
+  return GIFT_OK;
+}
+
+}  // extern "C"

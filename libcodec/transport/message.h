@@ -1,0 +1,85 @@
+// The message layout and the encode parameters of the compressed all-reduce, shared by the
+// CPU local steps (reduce_plan.cc) and the device ones (device_plan.cc, kernels/reduce.cu) so
+// that both write the same bytes.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "gift/gift_transport.h"
+
+namespace gift::transport {
+
+// Every message starts with this header (little-endian hosts only, as the rest of libgift).
+// The call number, step, sender and shard let a receiver reject a stale or misrouted
+// message even with integrity checks off.
+struct MessageHeader {
+  uint64_t checksum;  // XXH3-64 of bytes [8, message bytes); 0 with integrity off
+  uint32_t magic;
+  uint32_t step;  // kScatter or kGather
+  uint32_t sender;
+  uint32_t shard;
+  uint64_t call;
+  uint64_t count;        // elements of the shard
+  uint8_t basis_id[16];  // the plan's basis; zero: none (every tensor Euclidean)
+  uint32_t coords_hash;  // which tensors are in GIFT coordinates; zero: none of them
+  uint32_t flags;        // kCarriesEstimates / kCarriesDecision
+};
+static_assert(sizeof(MessageHeader) == 64, "header keeps the payload 64-byte aligned");
+
+constexpr uint32_t kMessageMagic = 0x52544647u;  // "GFTR"
+constexpr uint32_t kScatter = 0;
+constexpr uint32_t kGather = 1;
+constexpr uint64_t kAlign = 64;
+// Message 0 of a measuring call carries the sender's estimates (two floats per tensor) to
+// rank 0; rank 0's reduced message then carries the decision (one byte per tensor) to all.
+constexpr uint32_t kCarriesEstimates = 1;
+constexpr uint32_t kCarriesDecision = 2;
+
+inline uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+// Where a bucket of `total` elements puts its shards and a message its parts.
+struct Layout {
+  std::vector<uint64_t> shard_begin;  // shard r is flat[shard_begin[r], shard_begin[r+1])
+  uint64_t max_shard = 0;
+  uint64_t scales_at = 0, codes_at = 0, extra_at = 0, message_bytes = 0;
+
+  uint64_t shard_count(int r) const { return shard_begin[r + 1] - shard_begin[r]; }
+};
+
+// params: the plan's block-scale parameters (for the scale bytes of the largest shard).
+// Measured coordinates (GIFT_COORDS_MODE_AUTO) exchange estimates for each of the bucket's
+// `tensors`: their space is part of every message, so that the size is fixed at creation.
+inline giftResult_t make_layout(const giftQuantParams& params, const giftAllReduceConfig& config,
+                                uint64_t total, size_t tensors, int world, Layout* out) {
+  Layout& l = *out;
+  const uint64_t blocks = (total + params.block - 1) / params.block;
+  const uint64_t w = uint64_t(world);
+  l.shard_begin.resize(w + 1);
+  for (uint64_t r = 0; r <= w; ++r) {
+    l.shard_begin[r] = std::min(total, blocks * r / w * params.block);
+  }
+  for (uint64_t r = 0; r < w; ++r) l.max_shard = std::max(l.max_shard, l.shard_count(int(r)));
+  uint64_t scale_bytes = 0;
+  if (const giftResult_t rc = giftScaleBytes(&params, 1, l.max_shard, &scale_bytes)) return rc;
+  l.scales_at = sizeof(MessageHeader);
+  l.codes_at = l.scales_at + round_up(scale_bytes, kAlign);
+  l.extra_at = l.codes_at + round_up(l.max_shard, kAlign);
+  const uint64_t extra = config.coords == GIFT_COORDS_MODE_AUTO ? 8 * uint64_t(tensors) : 0;
+  l.message_bytes = l.extra_at + round_up(extra, kAlign);
+  return GIFT_OK;
+}
+
+// Stochastic rounding draws fresh bits for every call, sender and shard (and for the second
+// encode of a shard), so no two encodes of a run share their random numbers.
+inline giftQuantParams encode_params(const giftQuantParams& params, const giftAllReduceConfig& c,
+                                     uint64_t call, uint32_t step, int world, int sender,
+                                     int shard) {
+  giftQuantParams q = params;
+  q.seed = c.seed ^ (call * 0x9E3779B97F4A7C15ull);
+  q.tensor_index = uint32_t(step * world * world + sender * world + shard);
+  return q;
+}
+
+}  // namespace gift::transport
