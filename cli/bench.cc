@@ -15,7 +15,7 @@ namespace giftc {
 namespace {
 
 struct BenchOptions {
-  uint64_t size = uint64_t(256) << 20;
+  std::string size = std::to_string(uint64_t(256) << 20);
   std::string fp8 = "e4m3", scale = "block:128", scale_dtype = "f32", dtype = "f32";
   int threads = 0;
   bool json = false;
@@ -97,7 +97,7 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   const giftDType_t dt = parse_dtype(o.dtype);
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   const uint64_t width = giftDTypeSize(dt);
-  const uint64_t n = o.size / width;
+  const uint64_t n = parse_uint(o.size, "--size", 1, uint64_t(1) << 40) / width;
   if (n < 1024) throw Failure(kUsage, "--size: at least 4 KiB");
   const uint64_t cols = 4096, rows = n / cols;
   const uint64_t elems = rows * cols;

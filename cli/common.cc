@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
@@ -73,15 +74,24 @@ giftFp8Kind_t parse_fp8(const std::string& s) {
   throw Failure(kUsage, "--fp8: '" + s + "' is not e4m3 or e5m2");
 }
 
+uint64_t parse_uint(const std::string& s, const std::string& what, uint64_t min, uint64_t max) {
+  // Digits only: strtoull alone would take "-5" as 2^64 - 5 and clamp what overflows.
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) {
+    throw Failure(kUsage, what + ": '" + s + "' is not " +
+                              (min > 0 ? "a positive integer" : "a non-negative integer"));
+  }
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  if (errno == ERANGE || v > max)
+    throw Failure(kUsage, what + ": " + s + " is larger than " + std::to_string(max));
+  if (v < min) throw Failure(kUsage, what + ": " + s + " is less than " + std::to_string(min));
+  return v;
+}
+
 namespace {
 
 uint32_t parse_u32(const std::string& s, const std::string& what) {
-  char* end = nullptr;
-  const unsigned long v = std::strtoul(s.c_str(), &end, 10);
-  if (s.empty() || *end || v == 0 || v > 0xFFFFFFFFul) {
-    throw Failure(kUsage, what + ": '" + s + "' is not a positive integer");
-  }
-  return uint32_t(v);
+  return uint32_t(parse_uint(s, what, 1, UINT32_MAX));
 }
 
 }  // namespace
@@ -174,10 +184,21 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-void check_output(const std::string& path, bool force) {
-  if (!force && file_exists(path)) {
-    throw Failure(kUsage, path + ": already exists (use -f to overwrite)");
+void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs) {
+  if (path == "-") throw Failure(kUsage, "-: writing to standard output is not supported");
+  struct stat out;
+  if (::lstat(path.c_str(), &out) != 0) return;
+  if (!S_ISREG(out.st_mode)) {
+    throw Failure(kUsage, path +
+                              ": exists and is not a regular file; giftc replaces only "
+                              "regular files");
   }
+  for (const std::string& in : inputs) {
+    struct stat st;
+    if (::stat(in.c_str(), &st) == 0 && st.st_dev == out.st_dev && st.st_ino == out.st_ino)
+      throw Failure(kUsage, path + ": is the input " + in + "; choose another output");
+  }
+  if (!force) throw Failure(kUsage, path + ": already exists (use -f to overwrite)");
 }
 
 void write_output(const std::string& path, const std::vector<uint8_t>& bytes) {

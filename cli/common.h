@@ -24,7 +24,8 @@ struct Verbosity {
   bool verbose = false;
 };
 
-// Option values as the command line spells them.
+// Option values as the command line spells them. Integers: decimal digits in [min, max].
+uint64_t parse_uint(const std::string& s, const std::string& what, uint64_t min, uint64_t max);
 giftFp8Kind_t parse_fp8(const std::string& s);
 void parse_scale(const std::string& s, giftQuantParams* p);  // tensor|row|block:N|tile:RxC
 giftScaleDType_t parse_scale_dtype(const std::string& s);
@@ -59,8 +60,11 @@ std::vector<std::pair<std::string, std::string>> frame_metadata(const giftFrame*
 
 bool file_exists(const std::string& path);
 
-// Refuses an existing output unless `force` (usage error, nothing touched).
-void check_output(const std::string& path, bool force);
+// Refuses an existing output unless `force` (usage error, nothing touched); never replaces
+// what is not a regular file (a device, a FIFO, a link, a folder), nor any of `inputs`
+// (compared by device and inode, so another name of an input is caught too), and refuses
+// "-" (standard output is not written to).
+void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs = {});
 
 // Writes through a temporary name and a rename.
 void write_output(const std::string& path, const std::vector<uint8_t>& bytes);

@@ -14,16 +14,16 @@ struct DecodeOptions {
   bool force = false;
 };
 
+// IN without .gift, with ".decoded" before its tensor-file extension: decoding
+// x.safetensors.gift must not aim at x.safetensors, most likely the user's lossless original.
 std::string default_output(const std::string& in) {
   std::string base = in;
   if (base.size() > 5 && base.compare(base.size() - 5, 5, ".gift") == 0)
     base.resize(base.size() - 5);
-  if (gift::io::kind_of_path(base) == gift::io::FileKind::kUnknown || base == in)
-    base += ".safetensors";
-  // .npz is read-only here; decode it to safetensors.
-  if (gift::io::kind_of_path(base) == gift::io::FileKind::kNpz)
-    base = base.substr(0, base.size() - 4) + ".safetensors";
-  return base;
+  std::string ext = ".safetensors";  // .npz is read-only here, and unknown names get one
+  if (gift::io::kind_of_path(base) == gift::io::FileKind::kNpy) ext = ".npy";
+  if (gift::io::kind_of_path(base) != gift::io::FileKind::kUnknown) base.resize(base.rfind('.'));
+  return base + ".decoded" + ext;
 }
 
 std::map<std::string, std::string> metadata_map(const giftFrame* f) {
@@ -38,7 +38,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   if (kind != gift::io::FileKind::kSafetensors && kind != gift::io::FileKind::kNpy) {
     throw Failure(kUsage, out + ": output must be .safetensors or .npy");
   }
-  check_output(out, o.force);
+  check_output(out, o.force, {o.input, o.basis});
   const Device device = parse_device(o.device);
   const BasisPtr basis = read_basis(o.basis);
   const FramePtr f = open_frame(o.input);
@@ -80,7 +80,7 @@ void add_decode(CLI::App& app, Verbosity& v) {
   CLI::App* c = app.add_subcommand("decode", "Decode a GIFT frame to .safetensors or .npy");
   c->add_option("IN", o->input, "Input frame (.gift)")->required();
   c->add_option("-o,--output", o->output,
-                "Output file (default: IN without .gift, as .safetensors)");
+                "Output file (default: IN without .gift, as NAME.decoded.safetensors or .npy)");
   c->add_option("--dtype", o->dtype,
                 "Output element type: f32, bf16 or f16 (default: each tensor's own)");
   c->add_option("--basis", o->basis,

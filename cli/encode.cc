@@ -15,7 +15,7 @@ namespace {
 struct EncodeOptions {
   std::string input, output;
   std::string fp8 = "e4m3", scale = "block:128", scale_dtype = "f32", rounding = "nearest";
-  uint64_t seed = 0;
+  std::string seed = "0";
   int zstd = 0;
   std::string include, exclude;
   int threads = 0;
@@ -35,7 +35,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   parse_scale(o.scale, &p);
   p.scale_dtype = parse_scale_dtype(o.scale_dtype);
   p.rounding = parse_rounding(o.rounding);
-  p.seed = o.seed;
+  p.seed = parse_uint(o.seed, "--seed", 0, UINT64_MAX);
   if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
   const Device device = parse_device(o.device);
   p.nonfinite = o.keep_nonfinite ? GIFT_NONFINITE_KEEP : GIFT_NONFINITE_ERROR;
@@ -48,7 +48,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     throw Failure(kUsage, std::string("--include/--exclude: bad regular expression: ") + e.what());
   }
   const std::string out = o.output.empty() ? o.input + ".gift" : o.output;
-  check_output(out, o.force);
+  check_output(out, o.force, {o.input, o.basis});
 
   giftSelectParams select = GIFT_SELECT_PARAMS_INIT;
   if (!(o.margin >= 0 && o.margin < 1)) throw Failure(kUsage, "--margin must be in [0, 1)");

@@ -83,7 +83,9 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   const std::vector<double> dampings = parse_dampings(o);
   if (o.rank == 0) throw Failure(kUsage, "--rank must be positive");
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
-  check_output(o.output, o.force);
+  std::vector<std::string> inputs = o.inputs;
+  inputs.push_back(o.activations);
+  check_output(o.output, o.force, inputs);
   // Inputs stay mapped; each tensor's moment is built, fitted and dropped in turn, so memory
   // holds one d_in x d_in matrix at a time.
   std::vector<gift::io::TensorFile> dumps(o.inputs.size());

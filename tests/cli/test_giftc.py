@@ -55,6 +55,57 @@ class Giftc(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+    def test_outputs_that_are_not_plain_new_files_are_refused(self):
+        # -f replaces an existing regular output only: never a device, a FIFO, a link, an input.
+        src = self.path("in.npy")
+        np.save(src, np.ones((4, 64), np.float32))
+        fifo, link, target = self.path("fifo"), self.path("link.gift"), self.path("target.gift")
+        os.mkfifo(fifo)
+        with open(target, "wb") as f:
+            f.write(b"keep")
+        os.symlink(target, link)
+        hard = self.path("hard.npy")
+        os.link(src, hard)
+        for out, why in (("/dev/null", "not a regular file"), (fifo, "not a regular file"),
+                         (link, "not a regular file"), (src, "is the input"),
+                         (hard, "is the input"), ("-", "standard output")):
+            r = run("encode", src, "-o", out, "-f")
+            self.assertEqual(r.returncode, 1, out)
+            self.assertIn(why, r.stderr)
+        self.assertTrue(os.path.exists("/dev/null") and not os.path.isfile("/dev/null"))
+        with open(target, "rb") as f:
+            self.assertEqual(f.read(), b"keep")
+        self.assertTrue(os.path.islink(link))
+        np.testing.assert_array_equal(np.load(src), np.ones((4, 64), np.float32))
+
+    def test_default_decode_name_never_aims_at_the_original(self):
+        src = self.path("grads.safetensors")
+        save_file({"w": np.ones((4, 64), np.float32)}, src)
+        self.assertEqual(run("encode", src, "-q").returncode, 0)
+        r = run("decode", src + ".gift", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(self.path("grads.decoded.safetensors")))
+        npy = self.path("one.npy")
+        np.save(npy, np.ones((4, 64), np.float32))
+        self.assertEqual(run("encode", npy, "-q").returncode, 0)
+        self.assertEqual(run("decode", npy + ".gift", "-q").returncode, 0)
+        self.assertTrue(os.path.exists(self.path("one.decoded.npy")))
+
+    def test_integer_options_are_read_strictly(self):
+        src = self.path("in.npy")
+        np.save(src, np.ones((4, 64), np.float32))
+        for args, why in ((["--seed", "-5"], "not a non-negative integer"),
+                          (["--seed", "18446744073709551616"], "larger than"),
+                          (["--threads", "-1"], "negative"),
+                          (["--scale", "tile:99999999999x1"], "larger than 4294967295")):
+            r = run("encode", src, "-o", self.path("x.gift"), *args)
+            self.assertEqual(r.returncode, 1, args)
+            self.assertIn(why, r.stderr)
+        r = run("bench", "--size", "-1")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("not a positive integer", r.stderr)
+        self.assertFalse(os.path.exists(self.path("x.gift")))
+
     def test_sample_round_trip_with_every_command(self):
         sample = os.path.join(ROOT, "samples", "grad_sample.npy")
         out = self.path("s.gift")
