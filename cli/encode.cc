@@ -1,6 +1,8 @@
 // giftc encode: a tensor file to a GIFT frame.
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <regex>
@@ -27,6 +29,27 @@ struct EncodeOptions {
   uint32_t min_dim = 16;
   std::string device = "cpu";
 };
+
+// The error the codec gives FP8 tensors with NaN or Inf, for a tensor stored losslessly.
+void refuse_nonfinite(const gift::io::TensorRef& t, const std::string& file) {
+  const uint64_t n = t.elements();
+  const size_t width = giftDTypeSize(t.dtype);
+  std::vector<float> chunk(4096);
+  uint64_t count = 0, first = 0;
+  for (uint64_t i0 = 0; i0 < n; i0 += chunk.size()) {
+    const uint64_t m = std::min<uint64_t>(chunk.size(), n - i0);
+    check(giftConvert(t.data + i0 * width, t.dtype, chunk.data(), GIFT_DTYPE_F32, m), file);
+    for (uint64_t k = 0; k < m; ++k) {
+      if (!std::isfinite(chunk[k]) && count++ == 0) first = i0 + k;
+    }
+  }
+  if (count) {
+    throw Failure(kBadInput, file + ": tensor '" + t.name + "': " + std::to_string(count) +
+                                 " non-finite value" + (count == 1 ? "" : "s") +
+                                 " in the input, the first at index " + std::to_string(first) +
+                                 " (--keep-nonfinite stores them)");
+  }
+}
 
 void run_encode(const EncodeOptions& o, const Verbosity& v) {
   giftQuantParams p;
@@ -99,6 +122,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     tp.tensor_index = uint32_t(i);
     const uint32_t ndim = uint32_t(t.shape.size());
     giftSelection chosen = GIFT_SELECTION_INIT;
+    // Lossless tensors obey the same non-finite rule as FP8 ones (the codec checks those).
+    if (!fp8 && !o.keep_nonfinite) refuse_nonfinite(t, o.input);
     const giftResult_t r =
         fp8 ? giftFrameWriterAddTensorInBasis(w.get(), t.name.c_str(), t.shape.data(), ndim,
                                               t.dtype, t.data, &tp, basis.get(), &select, &chosen)

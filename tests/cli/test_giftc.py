@@ -91,6 +91,18 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", npy + ".gift", "-q").returncode, 0)
         self.assertTrue(os.path.exists(self.path("one.decoded.npy")))
 
+    def test_nonfinite_values_in_lossless_tensors_are_an_error_too(self):
+        src = self.path("v.npy")
+        np.save(src, np.array([1, np.nan, 3, np.inf], np.float32))
+        out = self.path("v.gift")
+        r = run("encode", src, "-o", out)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("tensor 'v': 2 non-finite values in the input, the first at index 1", r.stderr)
+        self.assertFalse(os.path.exists(out))
+        self.assertEqual(run("encode", src, "-o", out, "--keep-nonfinite", "-q").returncode, 0)
+        stats = json.loads(run("inspect", out, "--json").stdout)["tensors"][0]["stats"]
+        self.assertEqual((stats["amax"], stats["nonfinite"]), (3.0, 2))
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "container/layout.h"
 #include "gift_generated.h"
 #include "numerics/codec.h"
+#include "numerics/convert.h"
 #include "numerics/elementwise.h"
 
 namespace gift::container {
@@ -34,24 +36,34 @@ giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
 
 namespace {
 
-float finite_rms(const void* data, giftDType_t dtype, uint64_t n) {
+// What a tensor's statistics say (FORMAT.md 2.2, Tensor.stats), over its values as given.
+struct Census {
+  float rms = 0;  // over the finite values
+  giftEncodeStats stats{0.0f, 0, UINT64_MAX};
+};
+
+Census census(const void* data, giftDType_t dtype, uint64_t n) {
+  Census c;
   double sum = 0;
   uint64_t count = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    float v;
-    if (dtype == GIFT_DTYPE_F32) {
-      std::memcpy(&v, static_cast<const uint8_t*>(data) + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, static_cast<const uint8_t*>(data) + 2 * i, 2);
-      v = dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(h) : num::f16_to_float(h);
-    }
-    if (std::isfinite(v)) {
-      sum += double(v) * v;
-      ++count;
+  float chunk[4096];
+  for (uint64_t i0 = 0; i0 < n; i0 += 4096) {
+    const uint64_t m = std::min<uint64_t>(4096, n - i0);
+    convert_elements(static_cast<const uint8_t*>(data) + i0 * dtype_size(dtype), dtype, chunk,
+                     GIFT_DTYPE_F32, m);
+    for (uint64_t k = 0; k < m; ++k) {
+      const float v = chunk[k];
+      if (std::isfinite(v)) {
+        sum += double(v) * v;
+        ++count;
+        c.stats.amax = std::max(c.stats.amax, std::fabs(v));
+      } else if (c.stats.nonfinite_count++ == 0) {
+        c.stats.first_nonfinite = i0 + k;
+      }
     }
   }
-  return count ? float(std::sqrt(sum / double(count))) : 0.0f;
+  c.rms = count ? float(std::sqrt(sum / double(count))) : 0.0f;
+  return c;
 }
 
 }  // namespace
@@ -98,8 +110,11 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
             0.0f,  {},
             {},    coords ? *coords : CoordsChoice{}};
   giftQuantParamsInit(&t.params);
-  t.stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
-  t.rms = finite_rms(data, data_dtype, shape.elements);
+  // The encoder reports FP8 tensors' statistics; lossless ones are counted here, so that a
+  // NaN stored as it is still shows in the frame.
+  const Census c = census(data, data_dtype, shape.elements);
+  t.stats = c.stats;
+  t.rms = c.rms;
   const uint64_t in_bytes = shape.elements * dtype_size(data_dtype);
   if (t.raw) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
