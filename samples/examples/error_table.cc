@@ -89,19 +89,11 @@ int main(int argc, char** argv) {
   const uint64_t cols = a.shape.empty() ? 1 : a.shape.back();
   const uint64_t rows = cols ? a.count() / cols : 0;
   const uint64_t n = a.count();
+  // The reference: the input's exact fp32 values (widening fp16 is exact).
   std::vector<float> ref(n);
-  {
-    giftQuantParams widen;
-    giftQuantParamsInit(&widen);
-    if (a.dtype == GIFT_DTYPE_F32) {
-      std::memcpy(ref.data(), a.data.data(), n * 4);
-    } else {  // fp16 input: compare against its exact fp32 value, decoded by the same rule
-      for (uint64_t i = 0; i < n; ++i) {
-        _Float16 h;
-        std::memcpy(&h, a.data.data() + 2 * i, 2);
-        ref[i] = float(h);
-      }
-    }
+  if (const giftResult_t r = giftConvert(a.data.data(), a.dtype, ref.data(), GIFT_DTYPE_F32, n)) {
+    std::fprintf(stderr, "error_table: %s: %s\n", path, giftGetLastErrorMessage());
+    return exit_code(r);
   }
   const uint64_t in_bytes = a.data.size();
   std::printf("%s: %" PRIu64 " x %" PRIu64 " %s, %.2f MiB\n\n", path, rows, cols,
