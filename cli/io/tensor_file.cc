@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
 
 #include "failure.h"
 #include "io/npy.h"
@@ -270,7 +272,18 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
   const uint64_t hlen = load_le(b, 8);
   if (hlen > kMaxSafetensorsHeader) bad(name, "safetensors header longer than 100 MiB");
   if (hlen > size - 8) bad(name, "truncated safetensors header");
-  const nlohmann::json h = nlohmann::json::parse(b + 8, b + 8 + hlen, nullptr, false);
+  // A name given twice would otherwise silently keep its last entry.
+  std::set<std::string> seen;
+  std::string duplicate;
+  const nlohmann::json::parser_callback_t no_duplicates =
+      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (depth == 1 && event == nlohmann::json::parse_event_t::key &&
+            !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
+          duplicate = parsed.get<std::string>();
+        return true;
+      };
+  const nlohmann::json h = nlohmann::json::parse(b + 8, b + 8 + hlen, no_duplicates, false);
+  if (!duplicate.empty()) bad(name, "the header names '" + ascii_escaped(duplicate) + "' twice");
   if (h.is_discarded() || !h.is_object()) bad(name, "safetensors header is not a JSON object");
   const uint8_t* base = b + 8 + hlen;
   const uint64_t data_size = size - 8 - hlen;
@@ -327,10 +340,15 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
   // The data must be covered exactly: no overlap and no hole (the format's rule).
   std::vector<size_t> order(out->tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t c) { return extents[a].begin < extents[c].begin; });
+  // Empty tensors take no bytes and may sit at any offset (the safetensors library puts them
+  // where it likes): they are ordered first among equals and do not take part.
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t c) {
+    return std::make_pair(extents[a].begin, extents[a].end) <
+           std::make_pair(extents[c].begin, extents[c].end);
+  });
   uint64_t at = 0;
   for (size_t i : order) {
+    if (extents[i].begin == extents[i].end) continue;
     if (extents[i].begin != at)
       bad(name, "tensor data overlaps or leaves a hole at byte " + std::to_string(at));
     at = extents[i].end;

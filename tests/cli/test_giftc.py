@@ -103,6 +103,24 @@ class Giftc(unittest.TestCase):
         stats = json.loads(run("inspect", out, "--json").stdout)["tensors"][0]["stats"]
         self.assertEqual((stats["amax"], stats["nonfinite"]), (3.0, 2))
 
+    def test_safetensors_empty_tensors_are_read_and_duplicate_names_refused(self):
+        # What the safetensors package writes for an empty tensor is valid.
+        src = self.path("e.safetensors")
+        save_file({"z_empty": np.zeros((0, 64), np.float32), "a": np.ones((4, 64), np.float16)}, src)
+        self.assertEqual(run("encode", src, "-q").returncode, 0)
+        self.assertEqual(run("decode", src + ".gift", "-o", self.path("e2.safetensors"), "-q").returncode, 0)
+        back = load_file(self.path("e2.safetensors"))
+        self.assertEqual(back["z_empty"].shape, (0, 64))
+        np.testing.assert_array_equal(back["a"], np.ones((4, 64), np.float16))
+        # A header naming a tensor twice is refused, not read as its last entry.
+        h = b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+        dup = self.path("d.safetensors")
+        with open(dup, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + bytes(4))
+        r = run("encode", dup, "-o", self.path("d.gift"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("names 'a' twice", r.stderr)
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))
