@@ -88,6 +88,7 @@ void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
 struct ZipMember {
   std::string name;
   uint64_t method, csize, usize, local, data;
+  uint32_t crc;
 };
 
 // The central directory of a ZIP archive, every member checked to lie in the file and no
@@ -118,6 +119,7 @@ void zip_members(const uint8_t* b, uint64_t size, const std::string& path,
     }
     ZipMember m;
     m.method = load_le(b + p + 10, 2);
+    m.crc = uint32_t(load_le(b + p + 16, 4));
     m.csize = load_le(b + p + 20, 4);
     m.usize = load_le(b + p + 24, 4);
     const uint64_t nlen = load_le(b + p + 28, 2);
@@ -149,11 +151,22 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
   std::vector<ZipMember> members;
   zip_members(b, size, path, &members);
   for (const ZipMember& m : members) {
-    if (!ends_with(m.name, ".npy")) continue;
+    // numpy.load names a member without the .npy suffix by its whole name.
     const std::string where = path + ":" + m.name;
-    const std::string tensor = m.name.substr(0, m.name.size() - 4);
+    const std::string tensor =
+        ends_with(m.name, ".npy") ? m.name.substr(0, m.name.size() - 4) : m.name;
+    // The archive's CRC-32 of each member's bytes, checked as numpy does ("Bad CRC-32").
+    auto check_crc = [&](const uint8_t* data, uint64_t n) {
+      uLong crc = crc32(0L, Z_NULL, 0);
+      for (uint64_t at = 0; at < n; at += 1u << 30) {
+        const uInt chunk = uInt(std::min<uint64_t>(n - at, 1u << 30));
+        crc = crc32(crc, data + at, chunk);
+      }
+      if (uint32_t(crc) != m.crc) bad(path, "member '" + m.name + "': bad CRC-32 (damaged data)");
+    };
     if (m.method == 0) {
       if (m.csize != m.usize) bad(path, "member '" + m.name + "': stored sizes differ");
+      check_crc(b + m.data, m.csize);
       add_npy(b + m.data, m.csize, where, tensor, out);
     } else if (m.method == 8) {
       // Inflated members are owned by the file object. usize comes from the archive, so a
@@ -174,6 +187,7 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
       inflateEnd(&z);
       if (rc != Z_STREAM_END || produced != m.usize)
         bad(path, "member '" + m.name + "': bad deflate data");
+      check_crc(buf.get(), m.usize);
       out->storage.push_back(buf);
       add_npy(buf.get(), m.usize, where, tensor, out);
     } else {

@@ -121,6 +121,31 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("names 'a' twice", r.stderr)
 
+    def test_npz_members_are_checked_and_named_as_numpy_does(self):
+        import io
+        good = self.path("c.npz")
+        np.savez(good, w=np.ones((4, 64), np.float32))
+        data = bytearray(open(good, "rb").read())
+        data[data.find(b"\x00\x00\x80\x3f") + 3] ^= 1  # one bit of a 1.0f
+        bad = self.path("c_bad.npz")
+        with open(bad, "wb") as f:
+            f.write(data)
+        with self.assertRaises(Exception):  # numpy's own verdict on the same file
+            np.load(bad)["w"]
+        r = run("encode", bad, "-o", self.path("c.gift"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("bad CRC-32", r.stderr)
+        # A member without the .npy suffix is a tensor of that whole name, as numpy.load says.
+        noext = self.path("noext.npz")
+        member = io.BytesIO()
+        np.save(member, np.ones((4, 64), np.float32))
+        with zipfile.ZipFile(noext, "w") as z:
+            z.writestr("plain", member.getvalue())
+        self.assertEqual(list(np.load(noext).keys()), ["plain"])
+        self.assertEqual(run("encode", noext, "-q").returncode, 0)
+        names = [t["name"] for t in json.loads(run("inspect", noext + ".gift", "--json").stdout)["tensors"]]
+        self.assertEqual(names, ["plain"])
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))
