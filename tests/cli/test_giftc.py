@@ -146,6 +146,20 @@ class Giftc(unittest.TestCase):
         names = [t["name"] for t in json.loads(run("inspect", noext + ".gift", "--json").stdout)["tensors"]]
         self.assertEqual(names, ["plain"])
 
+    def test_gift_coordinates_never_turn_finite_input_into_inf(self):
+        w = (np.random.default_rng(0).standard_normal((64, 64)) * 1e37).astype(np.float32)
+        w[0, 0] = np.float32(3.0e38)
+        src, basis, out = self.path("big.npy"), self.path("big.giftb"), self.path("big.gift")
+        np.save(src, w)
+        self.assertEqual(run("fit", src, "-o", basis, "-q").returncode, 0)
+        r = run("encode", src, "--basis", basis, "--coords", "gift", "-o", out, "-v")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("could overflow fp32", r.stderr)
+        self.assertEqual(run("inspect", out, "--verify").returncode, 0)
+        dec = self.path("big.decoded.npy")
+        self.assertEqual(run("decode", out, "--basis", basis, "-o", dec, "-q").returncode, 0)
+        self.assertTrue(np.isfinite(np.load(dec)).all())
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))

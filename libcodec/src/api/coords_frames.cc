@@ -216,9 +216,15 @@ giftResult_t add_tensor_in_basis(container::FrameWriter* w, const std::string& n
   convert_elements(data, dtype, values.data(), GIFT_DTYPE_F32, shape.elements);
   const Whitener* t = basis->find(name);
   *out = choose_coords(values.data(), shape.rows, shape.cols, t, p, o);
+  if (out->gift) {
+    whiten(*t, values.data(), shape.rows);
+    if (!inverse_stays_finite(*t, values.data(), shape.rows)) {
+      out->gift = false;
+      out->reason = "values too large: decoding in GIFT coordinates could overflow fp32";
+    }
+  }
   const container::CoordsChoice c = record(*out, basis->id);
   if (!out->gift) return w->add_tensor(name, shape, dtype, data, &p, &c);
-  whiten(*t, values.data(), shape.rows);
   return w->add_tensor(name, shape, dtype, values.data(), &p, &c, GIFT_DTYPE_F32);
 }
 

@@ -253,9 +253,25 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
     for (size_t i = 0; i < frame->reader->tensors().size(); ++i) {
       const gift::coords::Whitener* t = nullptr;
       if (!in_gift_coords(frame, i)) continue;
-      if (const giftResult_t r = gift::coords::resolve_whitener(
-              *frame->reader, i, basis ? &basis->basis : nullptr, &t))
+      const gift::coords::Basis* b = basis ? &basis->basis : nullptr;
+      if (const giftResult_t r = gift::coords::resolve_whitener(*frame->reader, i, b, &t)) return r;
+      // Mapped back, a tensor whose input was finite must stay finite: a writer that let
+      // whitening overflow fp32 made a frame that decodes to Inf.
+      const gift::container::TensorEntry& e = frame->reader->tensors()[i];
+      const gift::fb::Stats* stats = e.fb->stats();
+      if (stats && stats->nonfinite_count() > 0) continue;
+      std::vector<float> v(e.elements);
+      if (const giftResult_t r = gift::coords::decode_in_basis(*frame->reader, i, b, v.data(),
+                                                               v.size() * 4, GIFT_DTYPE_F32))
         return r;
+      for (const float x : v) {
+        if (!std::isfinite(x)) {
+          return fail(GIFT_ERROR_CORRUPT_INPUT,
+                      "%s: tensor '%s' decodes to NaN or Inf in GIFT coordinates, though its "
+                      "input was finite",
+                      frame->reader->name().c_str(), e.name.c_str());
+        }
+      }
     }
     return GIFT_OK;
   } catch (const std::bad_alloc&) {

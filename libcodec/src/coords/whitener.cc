@@ -4,6 +4,7 @@
 #include <lapacke.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "common/error.h"
@@ -122,6 +123,26 @@ void whiten_dense(const DenseWhitener& t, float* w, uint64_t rows) {
 void unwhiten_dense(const DenseWhitener& t, float* w, uint64_t rows) {
   cblas_strmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
               int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
+}
+
+bool inverse_stays_finite(const Whitener& t, const float* whitened, uint64_t rows) {
+  // ||y T^-1|| <= ||y|| ||T^-1||, with ||T^-1|| = ||(I + V C' V^T) D^1/2|| at most
+  // (1 + max|c'|) max d_sqrt; FP8 rounding grows a row by at most 2^-3 relative (E5M2's
+  // half step), and the factor 4 below leaves room for fp32 rounding in the products.
+  double inv = 0, d = 0;
+  for (const float c : t.c_inv) inv = std::max(inv, double(std::fabs(c)));
+  for (const float s : t.d_sqrt) d = std::max(d, double(s));
+  const double bound = (1.0 + inv) * d * 1.125;
+  double worst = 0;
+  for (uint64_t r = 0; r < rows; ++r) {
+    double sq = 0;
+    for (uint32_t j = 0; j < t.dim; ++j) {
+      const double x = whitened[r * t.dim + j];
+      sq += x * x;
+    }
+    worst = std::max(worst, sq);
+  }
+  return std::isfinite(worst) && std::sqrt(worst) * bound < double(FLT_MAX) / 4;
 }
 
 }  // namespace gift::coords

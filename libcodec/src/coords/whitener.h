@@ -33,6 +33,11 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
 void whiten(const Whitener& t, float* w, uint64_t rows);
 void unwhiten(const Whitener& t, float* w, uint64_t rows);
 
+// Whether whitened values W~ (finite, rows x dim) come back through FP8 and T^-1 inside
+// fp32's range: near FLT_MAX, whitening then unwhitening can overflow to Inf, and an encoder
+// must never write a tensor that decodes to Inf from finite input.
+bool inverse_stays_finite(const Whitener& t, const float* whitened, uint64_t rows);
+
 // The paper's reference: the dense Cholesky factor L of A^ (L L^T = A^), applied as
 // W~ = W L^-T (a triangular solve) and W = W~ L^T. For comparisons: in double precision for
 // accuracy, in single precision to time it on equal terms with the fp32 low-rank form.
