@@ -373,6 +373,12 @@ TEST(Basis, RoundTripsThroughItsFrameAndItsIdTracksTheContents) {
   ASSERT_EQ(serialize_basis(relabelled, 0, &lying), GIFT_OK);
   EXPECT_EQ(parse_basis(lying.data(), lying.size(), "x.giftb", &back), GIFT_ERROR_CORRUPT_INPUT);
   EXPECT_STREQ(giftGetLastErrorMessage(), "x.giftb: basis id does not match its contents");
+  // Verification gives decoding's verdict: the frame is intact, the basis it holds is not.
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpen(lying.data(), lying.size(), &f), GIFT_OK);
+  EXPECT_EQ(giftFrameVerify(f), GIFT_ERROR_CORRUPT_INPUT);
+  EXPECT_STREQ(giftGetLastErrorMessage(), "frame: basis id does not match its contents");
+  giftFrameClose(f);
 }
 
 Basis one_entry_basis() {

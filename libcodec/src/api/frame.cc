@@ -246,6 +246,12 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
   try {
     if (const giftResult_t r = frame->reader->verify_all()) return r;
+    // A basis frame is read as the basis it is, which checks its id against its contents.
+    if (frame->reader->header()->kind() == gift::fb::FrameKind::Basis) {
+      gift::coords::Basis b;
+      return gift::coords::parse_basis(frame->reader->bytes(), frame->reader->frame_length(),
+                                       frame->reader->name(), &b);
+    }
     // The embedded basis is verified too, and tensors in GIFT coordinates need it, as
     // decoding does.
     const giftBasis* basis = nullptr;

@@ -50,6 +50,8 @@ class FrameReader {
   const std::string& name() const { return name_; }
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   const fb::Frame* header() const { return header_; }
+  // The frame's bytes as opened (for a basis frame, which is parsed again as a basis).
+  const uint8_t* bytes() const { return bytes_->data(); }
 
   // The raw (decompressed, checksum-verified) bytes of a section. Uncompressed sections are
   // returned in place; compressed ones are expanded into *scratch.
