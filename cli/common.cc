@@ -179,6 +179,21 @@ std::string human_bytes(uint64_t b) {
   return buf;
 }
 
+std::string shown(const std::string& text, FILE* stream) {
+  if (!::isatty(::fileno(stream))) return text;
+  std::string out;
+  for (const unsigned char c : text) {
+    if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out;
+}
+
 bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;

@@ -58,6 +58,11 @@ std::string basis_id_hex(giftBasisId id);
 giftTensorInfo tensor_info(const giftFrame* f, uint64_t index);
 std::vector<std::pair<std::string, std::string>> frame_metadata(const giftFrame* f);
 
+// Text from a file (names, metadata, messages quoting them) as it may reach a terminal:
+// control characters become \xNN when `stream` is a terminal, as ls shows odd names, so a
+// hostile name cannot move the cursor or retitle the window. Elsewhere it is unchanged.
+std::string shown(const std::string& text, FILE* stream);
+
 bool file_exists(const std::string& path);
 
 // Refuses an existing output unless `force` (usage error, nothing touched); never replaces

@@ -105,8 +105,9 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   std::printf("%-40s %12s %12s %12s %12s%s\n", "name", "rel_l2", "cosine", "max_abs", "bias",
               anorm ? "    rel_anorm" : "");
   auto print = [anorm](const std::string& name, const nlohmann::ordered_json& j) {
-    std::printf("%-40s %12.4e %12.8f %12.4e %12.4e", name.c_str(), j["rel_l2"].get<double>(),
-                j["cosine"].get<double>(), j["max_abs"].get<double>(), j["bias"].get<double>());
+    std::printf("%-40s %12.4e %12.8f %12.4e %12.4e", shown(name, stdout).c_str(),
+                j["rel_l2"].get<double>(), j["cosine"].get<double>(), j["max_abs"].get<double>(),
+                j["bias"].get<double>());
     if (anorm && j["rel_anorm"].is_null()) std::printf(" %12s", "-");
     if (anorm && !j["rel_anorm"].is_null()) std::printf(" %12.4e", j["rel_anorm"].get<double>());
     std::printf("\n");

@@ -135,8 +135,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     in_gift += chosen.chosen == GIFT_COORDS_GIFT;
     if (v.verbose) {
       std::fprintf(
-          stderr, "%s %s %s: %s%s\n", t.name.c_str(), shape_string(t.shape.data(), ndim).c_str(),
-          dtype_name(t.dtype).c_str(),
+          stderr, "%s %s %s: %s%s\n", shown(t.name, stderr).c_str(),
+          shape_string(t.shape.data(), ndim).c_str(), dtype_name(t.dtype).c_str(),
           fp8 ? (fp8_name(p.kind) + " " + scale_name(p)).c_str() : "raw",
           chosen.made
               ? (", " + std::string(chosen.chosen == GIFT_COORDS_GIFT ? "gift" : "euclidean") +

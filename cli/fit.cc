@@ -140,7 +140,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     check(giftBasisBuilderAdd(builder, name.c_str(), a.data(), dim, source.c_str(), dampings.data(),
                               uint32_t(dampings.size()), w.empty() ? nullptr : w.data(),
                               w.empty() ? 0 : last->shape[0], nullptr, &chosen));
-    if (v.verbose) std::fprintf(stderr, "%s: damping %g\n", name.c_str(), chosen);
+    if (v.verbose) std::fprintf(stderr, "%s: damping %g\n", shown(name, stderr).c_str(), chosen);
     progress.step(++done);
   }
   giftBasis* fitted = nullptr;

@@ -30,13 +30,13 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? kOk : kUsage;
   } catch (const Failure& f) {
-    std::fprintf(stderr, "giftc: %s\n", f.what());
+    std::fprintf(stderr, "giftc: %s\n", shown(f.what(), stderr).c_str());
     return f.code;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "giftc: out of memory\n");
     return kIoError;
   } catch (const std::exception& e) {  // e.g. JSON output of strings that are not UTF-8
-    std::fprintf(stderr, "giftc: %s\n", e.what());
+    std::fprintf(stderr, "giftc: %s\n", shown(e.what(), stderr).c_str());
     return kBadInput;
   }
   return kOk;

@@ -102,9 +102,10 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   std::printf("%s: GIFT frame %s, %s, %zu tensors, producer \"%s\"\n", o.input.c_str(),
               doc["format_version"].get<std::string>().c_str(),
               doc["kind"].get<std::string>().c_str(), size_t(info.tensor_count),
-              doc["producer"].get<std::string>().c_str());
+              shown(doc["producer"].get<std::string>(), stdout).c_str());
   for (const auto& [k, val] : doc["metadata"].items())
-    std::printf("  %s = %s\n", k.c_str(), val.get<std::string>().c_str());
+    std::printf("  %s = %s\n", shown(k, stdout).c_str(),
+                shown(val.get<std::string>(), stdout).c_str());
   std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape", "dtype",
               "fp8", "scales", "coords", "rounding", "original", "stored", "ratio");
   for (const auto& j : doc["tensors"]) {
@@ -116,8 +117,8 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     const uint64_t orig = j["original_bytes"], st = j["stored_bytes"];
     std::printf(
         "%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n",
-        j["name"].get<std::string>().c_str(), shape.c_str(), j["dtype"].get<std::string>().c_str(),
-        fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
+        shown(j["name"].get<std::string>(), stdout).c_str(), shape.c_str(),
+        j["dtype"].get<std::string>().c_str(), fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
         fp8 ? (j["scale"].get<std::string>() + " " + j["scale_dtype"].get<std::string>()).c_str()
             : "-",
         j["coords"] == "gift" ? "gift" : "eucl",

@@ -160,6 +160,36 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", out, "--basis", basis, "-o", dec, "-q").returncode, 0)
         self.assertTrue(np.isfinite(np.load(dec)).all())
 
+    def test_control_characters_reach_a_terminal_escaped(self):
+        import pty
+        src, out = self.path("evil.safetensors"), self.path("evil.gift")
+        save_file({"evil\x1b]0;pwned\x07": np.ones((4, 64), np.float32)}, src,
+                  metadata={"k\x1b[2J": "v"})
+        self.assertEqual(run("encode", src, "-o", out, "-q").returncode, 0)
+
+        def on_terminal(*args):
+            pid, fd = pty.fork()
+            if pid == 0:
+                os.execv(GIFTC, [GIFTC, *args])
+            seen = b""
+            while True:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not data:
+                    break
+                seen += data
+            os.waitpid(pid, 0)
+            return seen
+
+        for args in (("inspect", out), ("compare", src, out), ("decode", out, "--basis", self.path("none"))):
+            seen = on_terminal(*args)
+            self.assertNotIn(b"\x1b", seen, args)
+        self.assertIn(b"evil\\x1B]0;pwned\\x07", on_terminal("inspect", out))
+        # Through a pipe the text is as the file has it (JSON escapes it on its own).
+        self.assertIn("evil\x1b]0;pwned\x07", run("inspect", out).stdout)
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))
