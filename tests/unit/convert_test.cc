@@ -14,6 +14,7 @@
 #endif
 
 #include "gift/gift.h"
+#include "unit/compiler_half.h"
 
 namespace {
 
@@ -29,18 +30,8 @@ uint32_t bits_of(float f) {
   return u;
 }
 
-float half_value(uint16_t b) {
-  _Float16 h;
-  std::memcpy(&h, &b, 2);
-  return static_cast<float>(h);
-}
-
-uint16_t half_bits(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
+float half_value(uint16_t b) { return compiler_half_value(b); }
+uint16_t half_bits(float x) { return compiler_half_bits(x); }
 
 // bf16 nearest to x (ties to the even pattern), from the two bf16 values around it.
 uint16_t bf16_reference(float x) {
@@ -81,6 +72,7 @@ TEST(Convert, Bf16WideningIsAShiftForAll65536Patterns) {
 }
 
 TEST(Convert, F16WideningMatchesTheCompilerForAll65536Patterns) {
+  GIFT_SKIP_WITHOUT_FLOAT16();
   const std::vector<uint16_t> in = all_patterns();
   const std::vector<float> out = convert_to_f32(in, GIFT_DTYPE_F16);
   for (uint32_t b = 0; b < 65536; ++b) {
@@ -121,6 +113,7 @@ std::vector<float> sampled_floats() {
 }
 
 TEST(Convert, NarrowingToF16MatchesTheCompiler) {
+  GIFT_SKIP_WITHOUT_FLOAT16();
   const std::vector<float> in = sampled_floats();
   const std::vector<uint16_t> out = narrow(in, GIFT_DTYPE_F16);
   for (size_t i = 0; i < in.size(); ++i) {
@@ -145,6 +138,7 @@ TEST(Convert, NarrowingToBf16IsNearestEven) {
 }
 
 TEST(Convert, BetweenBf16AndF16RoundsOnceForAll65536Patterns) {
+  GIFT_SKIP_WITHOUT_FLOAT16();
   const std::vector<uint16_t> in = all_patterns();
   std::vector<uint16_t> to_f16(in.size()), to_bf16(in.size());
   ASSERT_EQ(giftConvert(in.data(), GIFT_DTYPE_BF16, to_f16.data(), GIFT_DTYPE_F16, in.size()),
