@@ -46,8 +46,9 @@ class GiftState:
     attach(model). refresh_every: steps between basis fits (the first on step 0);
     reselect_every: calls between the transport's measurements under "auto";
     basis_rank, damping: how each whitener is fitted (gift.Basis.fit).
-    bytes_sent / fp32_bytes: what this rank sent through the hook, and what a ring fp32
-    all-reduce of the same buckets sends (2 (N-1)/N x 4 bytes per element).
+    bytes_sent / fp32_bytes: what this rank sent through the hook (the basis refreshes
+    included), and what a ring fp32 all-reduce of the same buckets sends (2 (N-1)/N x 4
+    bytes per element).
     """
 
     def __init__(self, process_group=None, fp8="e4m3", block=128, coords="auto",
@@ -145,6 +146,7 @@ class GiftState:
         flat.append(torch.tensor([float(self._moments[n][1] > 0) for n in names]))
         flat = torch.cat(flat)
         dist.all_reduce(flat, group=group)
+        self.bytes_sent += 2 * (world - 1) * flat.numel() * 4 // world
         counts = flat[-len(names):]
         moments, at = {}, 0
         for name, ranks in zip(names, counts.tolist()):
@@ -165,6 +167,8 @@ class GiftState:
         else:
             buf = torch.empty(int(size), dtype=torch.uint8)
         dist.broadcast(buf, src=self._global_rank(0), group=group)
+        # As a pipelined broadcast: every rank but the last forwards the bytes once.
+        self.bytes_sent += int(size)
         basis = self._load_basis(buf.numpy().tobytes())
         self._check_same_basis(basis, world)
         self.basis = basis
