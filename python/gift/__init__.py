@@ -351,17 +351,24 @@ class ReducePlan:
     """The local steps of the compressed all-reduce for one bucket shape on one rank
     (gift_transport.h): encode_shards -> all-to-all of message_bytes per rank -> sum_shard
     -> all-gather -> decode_result. Buffers are NumPy arrays or CPU torch tensors, used in
-    place; `tensors` is [(name, dtype, shape), ...] in bucket order."""
+    place; `tensors` is [(name, dtype, shape), ...] in bucket order.
+
+    coords (auto, gift or euclidean) and reselect_every take effect once a basis is set
+    (set_basis): a matrix the basis covers by name, whose last dimension is its whitener's
+    width, travels whitened always (gift) or where the estimates summed over the ranks say it
+    helps (auto: measured on the first call after set_basis and every reselect_every calls,
+    decided by rank 0 for all). Every rank must set the same basis."""
 
     def __init__(self, world, rank, tensors, fp8="e4m3", block=128, scale_dtype="f32",
                  rounding="nearest", seed=0, op="avg", error_feedback=True, integrity=True,
-                 threads=0):
+                 threads=0, coords="auto", reselect_every=50):
         config = {
             "kind": _choice("fp8", _FP8, fp8), "block": int(block),
             "scale_dtype": _choice("scale_dtype", _SCALE_DTYPES, scale_dtype),
             "rounding": _choice("rounding", _ROUNDING, rounding), "seed": int(seed),
             "op": _choice("op", _REDUCE_OPS, op), "error_feedback": bool(error_feedback),
             "integrity": bool(integrity), "threads": int(threads),
+            "coords": _choice("coords", _COORDS, coords), "reselect_every": int(reselect_every),
         }
         self._specs = []
         for name, dtype, shape in tensors:
@@ -373,6 +380,21 @@ class ReducePlan:
     @property
     def message_bytes(self):
         return self._plan.message_bytes
+
+    @property
+    def names(self):
+        return [name for name, _, _ in self._specs]
+
+    def set_basis(self, basis):
+        """Sends the matrices `basis` (a gift.Basis, or None for none) covers in its
+        coordinates from the next call on; load_state after it, since a state loads only
+        into a plan holding the basis it was saved with."""
+        self._plan.set_basis(_handle(basis))
+
+    @property
+    def coords(self):
+        """"gift" or "euclidean" per tensor, in the plan's order: how it travels now."""
+        return self._plan.coords
 
     def _tensor_addresses(self, tensors, writable):
         if len(tensors) != len(self._specs):

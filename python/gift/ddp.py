@@ -16,59 +16,77 @@ The hook returns the average (the sum divided by the world size, as DDP's defaul
 its future is already complete: the collectives run inside the hook, since the local steps
 between them are CPU work anyway.
 
-Coordinates: the transport has no basis API yet (gift_transport.h), so buckets travel in
-Euclidean coordinates; coords="auto" says so and coords="gift" is refused until it has one.
+GIFT coordinates (coords="auto" or "gift"): state.attach(model) puts a forward pre-hook on
+every nn.Linear, which every refresh_every steps accumulates the second moment X^T X / n of
+the layer's input. At the end of such a step the moments are averaged over the ranks, rank 0
+fits a basis (a whitener per Linear weight, named as the bucket's parameter) and broadcasts
+it, and every bucket's plan takes it from the next step; with "auto" each weight then travels
+whitened where the transport's measurement says it helps, decided for all ranks at once.
+Until the first basis, and for coords="euclidean", buckets travel in Euclidean coordinates.
 """
 import torch
 import torch.distributed as dist
 
-from . import ReducePlan
+from . import Basis, GiftError, ReducePlan, _gift
 
 __all__ = ["GiftState", "gift_hook"]
 
 
 class GiftState:
     """What the hook keeps between steps: one ReducePlan per bucket (its error feedback and
-    call counter), the step count and the bytes counted.
+    call counter), the basis, the step count and the bytes counted.
 
     It pickles without its process group (a restored state uses the default group, or the one
-    set on `process_group`), so that a run is checkpointed with it and resumed bit for bit:
-    each rank saves and restores its own state.
+    set on `process_group`) and without its forward hooks, so that a run is checkpointed with
+    it and resumed bit for bit: each rank saves and restores its own state, and calls
+    attach(model) on the restored state again. The basis travels with the state.
 
     start_iter: steps of plain fp32 all-reduce before compression starts.
-    bytes_sent / fp32_bytes: what this rank sent through the hook, and what a ring fp32
-    all-reduce of the same buckets sends (2 (N-1)/N x 4 bytes per element).
+    coords: "auto", "gift" or "euclidean" (see the module's doc); GIFT coordinates need
+    attach(model). refresh_every: steps between basis fits (the first on step 0);
+    reselect_every: calls between the transport's measurements under "auto";
+    basis_rank, damping: how each whitener is fitted (gift.Basis.fit).
+    bytes_sent / fp32_bytes: what this rank sent through the hook (the basis refreshes
+    included), and what a ring fp32 all-reduce of the same buckets sends (2 (N-1)/N x 4
+    bytes per element).
     """
 
     def __init__(self, process_group=None, fp8="e4m3", block=128, coords="auto",
-                 error_feedback=True, start_iter=0, refresh_every=50, scale_dtype="f32",
-                 rounding="nearest", seed=0, integrity=True, threads=0):
-        if coords not in ("auto", "euclidean", "gift"):
-            raise ValueError(f"coords: {coords!r} is not auto, euclidean or gift")
-        if coords == "gift":
-            raise NotImplementedError(
-                "coords='gift': the transport (gift_transport.h) has no basis API yet; "
-                "use 'auto' or 'euclidean' (both send Euclidean coordinates for now)")
+                 error_feedback=True, start_iter=0, refresh_every=50, reselect_every=50,
+                 basis_rank=32, damping=1e-3, scale_dtype="f32", rounding="nearest", seed=0,
+                 integrity=True, threads=0):
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every: {refresh_every} is not a positive step count")
         self.process_group = process_group
         self.config = dict(fp8=fp8, block=block, scale_dtype=scale_dtype, rounding=rounding,
                            seed=seed, op="avg", error_feedback=error_feedback,
-                           integrity=integrity, threads=threads)
+                           integrity=integrity, threads=threads, coords=coords,
+                           reselect_every=reselect_every)
         self.coords = coords
         self.start_iter = start_iter
         self.refresh_every = refresh_every
+        self.basis_rank = basis_rank
+        self.damping = damping
+        self.basis = None
         self.iter = 0
         self.bytes_sent = 0
         self.fp32_bytes = 0
         self._plans = {}
         self._saved = {}  # plan states restored from a checkpoint, until their plan exists
         self._canon = {}  # id(parameter) -> its place in the canonical order (see _plan)
+        self._unpicklable()
         # Checked here, before the first step, so that a bad option fails on every rank at
         # once instead of inside a backward pass.
         ReducePlan(1, 0, [], **self.config)
 
+    def _unpicklable(self):
+        self._names = {}    # id(parameter) -> its name in the model given to attach
+        self._moments = {}  # weight name -> [sum of x x^T, rows] of the step being collected
+        self._hooks = []
+
     def __getstate__(self):
         d = {k: v for k, v in self.__dict__.items()
-             if k not in ("process_group", "_plans", "_canon")}
+             if k not in ("process_group", "_plans", "_canon", "_names", "_moments", "_hooks")}
         d["_saved"] = dict(self._saved)
         d["_saved"].update({key: plan.save_state() for key, plan in self._plans.items()})
         return d
@@ -78,6 +96,110 @@ class GiftState:
         self.process_group = None
         self._plans = {}
         self._canon = {}
+        self._unpicklable()
+
+    def attach(self, model):
+        """Collects the input statistics GIFT coordinates are fitted to: a forward pre-hook on
+        every nn.Linear of `model` (the module DDP wraps, or the wrapper), and the parameter
+        names the basis uses. Call it on every rank, before the first step; with
+        coords="euclidean" it only learns the names."""
+        model = getattr(model, "module", model)
+        for h in self._hooks:
+            h.remove()
+        self._unpicklable()
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        if self.coords == "euclidean":
+            return
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                # The parameter's name, so that Linears sharing a weight share its moment.
+                name = self._names[id(module.weight)]
+                d = module.in_features
+                self._moments[name] = [torch.zeros(d, d), 0]
+                self._hooks.append(module.register_forward_pre_hook(
+                    lambda module, inputs, name=name: self._collect(name, inputs)))
+
+    def _collecting(self):
+        return bool(self._moments) and self.iter % self.refresh_every == 0
+
+    def _collect(self, name, inputs):
+        # Evaluation passes (no_grad) are not the distribution the gradients come from.
+        if not (torch.is_grad_enabled() and self._collecting()):
+            return
+        x = inputs[0].detach()
+        x = x.reshape(-1, x.shape[-1]).float()
+        acc = self._moments[name]
+        acc[0].addmm_(x.t(), x)
+        acc[1] += x.shape[0]
+
+    def _refresh_basis(self, world):
+        """Collective, at the end of a collection step: the moments averaged over the ranks
+        that saw inputs, the basis fitted on rank 0 and broadcast, its id checked on every
+        rank, and set on every plan."""
+        group = self.process_group
+        names = sorted(self._moments)
+        # Each rank's moments, then a 1 per layer that saw inputs: one fp32 all-reduce.
+        flat = []
+        for name in names:
+            a, rows = self._moments[name]
+            flat.append((a / max(rows, 1)).reshape(-1))
+        flat.append(torch.tensor([float(self._moments[n][1] > 0) for n in names]))
+        flat = torch.cat(flat)
+        dist.all_reduce(flat, group=group)
+        self.bytes_sent += 2 * (world - 1) * flat.numel() * 4 // world
+        counts = flat[-len(names):]
+        moments, at = {}, 0
+        for name, ranks in zip(names, counts.tolist()):
+            d = self._moments[name][0].shape[0]
+            if ranks > 0:
+                moments[name] = (flat[at:at + d * d].reshape(d, d) / ranks).double().numpy()
+            at += d * d
+            self._moments[name] = [torch.zeros(d, d), 0]
+        if not moments:
+            return
+        size = torch.zeros(1, dtype=torch.int64)
+        if dist.get_rank(group) == 0:
+            data = Basis.fit(moments, rank=self.basis_rank, damping=self.damping).to_bytes()
+            size[0] = len(data)
+        dist.broadcast(size, src=self._global_rank(0), group=group)
+        if dist.get_rank(group) == 0:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            buf = torch.empty(int(size), dtype=torch.uint8)
+        dist.broadcast(buf, src=self._global_rank(0), group=group)
+        # As a pipelined broadcast: every rank but the last forwards the bytes once.
+        self.bytes_sent += int(size)
+        basis = self._load_basis(buf.numpy().tobytes())
+        self._check_same_basis(basis, world)
+        self.basis = basis
+        for plan in self._plans.values():
+            plan.set_basis(basis)
+
+    def _global_rank(self, rank):
+        group = self.process_group
+        return rank if group is None else dist.distributed_c10d._get_global_rank(group, rank)
+
+    def _load_basis(self, data):
+        return Basis.from_bytes(data)
+
+    def _check_same_basis(self, basis, world):
+        """A broadcast cannot leave ranks with different bases, but the transport would then
+        fail only where the messages meet; checking the ids here fails every rank at once,
+        with the ids named."""
+        mine = torch.frombuffer(bytearray(basis.id_bytes), dtype=torch.uint8)
+        ids = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(ids, mine, group=self.process_group)
+        odd = [r for r, i in enumerate(ids) if not torch.equal(i, ids[0])]
+        if odd:
+            hexes = ", ".join(f"rank {r}: {bytes(ids[r].tolist())[::-1].hex()}"
+                              for r in [0] + odd)
+            raise GiftError(22, _gift.error_string(22),
+                            f"the ranks hold different bases after the refresh ({hexes})")
+
+    def tensor_coords(self):
+        """{parameter name: "gift" or "euclidean"}: how each gradient travels now."""
+        return {name: c for plan in self._plans.values()
+                for name, c in zip(plan.names, plan.coords)}
 
     def _places(self, bucket):
         # Learned on every call, warm-up steps included, so that the first layout is the
@@ -94,13 +216,18 @@ class GiftState:
         (whose first step has the initial layout again) sends what the uninterrupted run
         sends. The gradients are views into the bucket, so reordering costs no copy."""
         places = self._places(bucket)
+        params = bucket.parameters()
         grads = bucket.gradients()
         order = sorted(range(len(grads)), key=places.__getitem__)
         key = (str(buf.dtype), tuple(sorted(places)))
         plan = self._plans.get(key)
         if plan is None:
-            specs = [(f"p{places[i]}", buf.dtype, tuple(grads[i].shape)) for i in order]
+            # The basis names weights as the model does; unattached, names are places.
+            names = [self._names.get(id(params[i]), f"p{places[i]}") for i in order]
+            specs = [(n, buf.dtype, tuple(grads[i].shape)) for n, i in zip(names, order)]
             plan = ReducePlan(world, rank, specs, **self.config)
+            if self.basis is not None:
+                plan.set_basis(self.basis)
             if key in self._saved:
                 plan.load_state(self._saved.pop(key))
             self._plans[key] = plan
@@ -138,6 +265,8 @@ def gift_hook(state, bucket):
         state.bytes_sent += 2 * (world - 1) * m
         state.fp32_bytes += 2 * (world - 1) * buf.numel() * 4 // world
     if bucket.is_last():
+        if state._collecting():
+            state._refresh_basis(world)
         state.iter += 1
     fut = torch.futures.Future()
     fut.set_result(buf)

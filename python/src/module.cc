@@ -315,6 +315,8 @@ class ReducePlan {
     c.error_feedback = config["error_feedback"].cast<bool>();
     c.integrity = config["integrity"].cast<bool>();
     c.threads = config["threads"].cast<int>();
+    c.coords = giftCoordsMode_t(config["coords"].cast<int>());
+    c.reselect_every = config["reselect_every"].cast<uint32_t>();
     std::vector<giftBucketTensor> d;
     for (const auto& [name, dtype, shape] : tensors_) {
       d.push_back({name.c_str(), giftDType_t(dtype), uint32_t(shape.size()), shape.data()});
@@ -324,6 +326,17 @@ class ReducePlan {
     p_.reset(p);
   }
   uint64_t message_bytes() const { return giftReducePlanMessageBytes(p_.get()); }
+  // The plan copies the whiteners it needs, so the basis need not outlive the call.
+  void set_basis(const std::shared_ptr<Basis>& basis) {
+    check(giftReducePlanSetBasis(p_.get(), basis_of(basis)));
+  }
+  std::vector<std::string> coords() const {
+    std::vector<giftCoords_t> c(tensors_.size());
+    check(giftReducePlanCoords(p_.get(), c.data(), c.size()));
+    std::vector<std::string> out;
+    for (giftCoords_t x : c) out.push_back(x == GIFT_COORDS_GIFT ? "gift" : "euclidean");
+    return out;
+  }
   void encode_shards(const std::vector<uintptr_t>& tensors, uintptr_t send) {
     const std::vector<const void*> t = pointers<const void*>(tensors);
     py::gil_scoped_release nogil;
@@ -381,6 +394,7 @@ PYBIND11_MODULE(_gift, m) {
   });
   m.def("version_number", &giftVersionNumber);
   m.def("cpu_target", &giftCpuTargetName);
+  m.def("error_string", [](int code) { return giftGetErrorString(giftResult_t(code)); });
   m.def("default_params", [] { return params_dict(GIFT_QUANT_PARAMS_INIT); });
   m.def("check_params", [](const py::dict& d) { quant_params(d); });
   m.def(
@@ -427,6 +441,8 @@ PYBIND11_MODULE(_gift, m) {
       .def(py::init<const py::dict&, int, int,
                     const std::vector<std::tuple<std::string, int, std::vector<uint64_t>>>&>())
       .def_property_readonly("message_bytes", &ReducePlan::message_bytes)
+      .def("set_basis", &ReducePlan::set_basis)
+      .def_property_readonly("coords", &ReducePlan::coords)
       .def("encode_shards", &ReducePlan::encode_shards)
       .def("sum_shard", &ReducePlan::sum_shard)
       .def("decode_result", &ReducePlan::decode_result)

@@ -166,6 +166,44 @@ class Package(unittest.TestCase):
         with self.assertRaises(ValueError):
             plans[0].encode_shards([inputs[0][0]])
 
+    def test_reduce_plan_in_gift_coordinates(self):
+        world = 2
+        rng = np.random.default_rng(5)
+        acts = rng.standard_normal((512, 64)) * np.logspace(-2, 1, 64)
+        basis = gift.Basis.fit({"w": acts.T @ acts / 512}, rank=8)
+        other = gift.Basis.fit({"w": np.eye(64)}, rank=8)
+        specs = [("w", "float32", (40, 64)), ("b", "float32", (64,))]
+
+        def step(plans):
+            inputs = [[rng.standard_normal((40, 64)).astype(np.float32),
+                       rng.standard_normal(64).astype(np.float32)] for _ in range(world)]
+            m = plans[0].message_bytes
+            sends = [p.encode_shards(x) for p, x in zip(plans, inputs)]
+            recv = [np.concatenate([s[r * m:(r + 1) * m] for s in sends]) for r in range(world)]
+            gathered = np.concatenate([p.sum_shard(x) for p, x in zip(plans, recv)])
+            for p, x in zip(plans, inputs):
+                p.decode_result(gathered, x)
+            np.testing.assert_array_equal(inputs[0][0], inputs[1][0])
+
+        plans = [gift.ReducePlan(world, r, specs, coords="gift") for r in range(world)]
+        self.assertEqual(plans[0].coords, ["euclidean", "euclidean"])
+        for p in plans:
+            p.set_basis(basis)
+        self.assertEqual(plans[0].coords, ["gift", "euclidean"])  # vectors stay Euclidean
+        step(plans)
+        state = plans[0].save_state()
+        fresh = gift.ReducePlan(world, 0, specs, coords="gift")
+        with self.assertRaises(gift.GiftError) as e:
+            fresh.load_state(state)  # the basis first
+        self.assertEqual(e.exception.name, "GIFT_ERROR_BASIS_MISSING")
+        fresh.set_basis(basis)
+        fresh.load_state(state)
+        plans[1].set_basis(other)
+        with self.assertRaises(gift.GiftError) as e:
+            step(plans)
+        self.assertEqual(e.exception.name, "GIFT_ERROR_BASIS_MISSING")
+        self.assertIn("rank 1", e.exception.message)
+
 
 if __name__ == "__main__":
     GIFTC = sys.argv.pop(1)
