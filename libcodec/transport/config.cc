@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "common/sized.h"
+#include "numerics/shapes.h"
 
 namespace gift::transport {
 
@@ -10,7 +11,7 @@ giftResult_t read_config(const giftAllReduceConfig* config, giftAllReduceConfig*
   *out = defaults;
   if (!config) return GIFT_OK;
   if (const giftResult_t r = read_sized(config, defaults, out, "giftAllReduceConfig")) return r;
-  const int coords = enum_value(out->coords), op = enum_value(out->op);
+  const int coords = enum_int(out->coords), op = enum_int(out->op);
   if (coords != GIFT_COORDS_MODE_EUCLIDEAN && coords != GIFT_COORDS_MODE_GIFT &&
       coords != GIFT_COORDS_MODE_AUTO) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown coordinates mode %d", coords);
@@ -55,8 +56,9 @@ giftResult_t read_bucket(const giftBucketTensor* tensors, size_t n, BucketShape*
   b.offset.assign(1, 0);
   for (size_t i = 0; i < n; ++i) {
     const giftBucketTensor& t = tensors[i];
-    if (t.dtype != GIFT_DTYPE_F32 && t.dtype != GIFT_DTYPE_BF16 && t.dtype != GIFT_DTYPE_F16) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: unknown dtype %d", i, int(t.dtype));
+    if (!known_dtype(t.dtype)) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: unknown dtype %d", i,
+                  enum_int(t.dtype));
     }
     if (t.ndim > 0 && !t.shape) {
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: shape is NULL", i);

@@ -490,7 +490,10 @@ TEST(Codec, InvalidArgumentsAreRejectedWithAMessage) {
   EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
   p = params(GIFT_FP8_E4M3, GIFT_SCALE_TILE, GIFT_SCALE_DTYPE_F32, 128, 0, 4);
   EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
-  p = params(static_cast<giftFp8Kind_t>(7), GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
+  // A C caller can store any int in an enum field; the library must read it as an int.
+  p = params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);
+  const int seven = 7;
+  std::memcpy(&p.kind, &seven, sizeof seven);
   EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
 
   p = params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32);

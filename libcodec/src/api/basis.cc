@@ -44,7 +44,7 @@ giftResult_t new_basis(gift::coords::Basis b, giftBasis** out) {
 giftResult_t load_select(const giftSelectParams* in, gift::coords::SelectOptions* out) {
   giftSelectParams s;
   if (const giftResult_t r = gift::read_sized(in, kDefaultSelect, &s, "giftSelectParams")) return r;
-  const int mode = gift::enum_value(s.mode);
+  const int mode = gift::enum_int(s.mode);
   if (mode != GIFT_COORDS_MODE_EUCLIDEAN && mode != GIFT_COORDS_MODE_GIFT &&
       mode != GIFT_COORDS_MODE_AUTO)
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown coordinates mode %d", mode);
@@ -207,7 +207,7 @@ giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t
     if (!a || (rows && cols && !w))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftGradientSecondMoment: null pointer");
     if (!gift::known_dtype(dtype))
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dtype));
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", gift::enum_int(dtype));
     if (rows == 0 || cols == 0 || cols > UINT32_MAX || rows > UINT64_MAX / cols)
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape %llux%llu has no second moment",
                   (unsigned long long)rows, (unsigned long long)cols);
@@ -363,7 +363,8 @@ giftResult_t giftFrameWriterAddTensorInBasis(giftFrameWriter* writer, const char
     if (const giftResult_t r = gift::container::make_shape(shape, ndim, &s))
       return fail(r, "tensor '%s': %s", name, giftGetLastErrorMessage());
     if (!gift::known_dtype(dtype))
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name, int(dtype));
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name,
+                  gift::enum_int(dtype));
     if (s.elements && !data)
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': null data", name);
     giftQuantParams p;

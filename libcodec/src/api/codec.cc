@@ -37,7 +37,7 @@ giftResult_t gift::check_codec_buffers(const giftQuantParams& p, const void* dat
   uint64_t need = 0;
   if (const giftResult_t r = giftScaleBytes(&p, rows, cols, &need)) return r;
   if (!gift::known_dtype(dtype)) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dtype));
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", gift::enum_int(dtype));
   }
   if (rows * cols > 0 && (!data || !codes)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "data or codes pointer is NULL");
@@ -71,10 +71,10 @@ namespace {
 
 // Enums are compared as integers: a C caller can pass any value.
 giftResult_t validate_fields(const giftQuantParams* p) {
-  using gift::enum_value;
-  const int kind = enum_value(p->kind), layout = enum_value(p->layout);
-  const int scale_dtype = enum_value(p->scale_dtype), rounding = enum_value(p->rounding);
-  const int nonfinite = enum_value(p->nonfinite);
+  using gift::enum_int;
+  const int kind = enum_int(p->kind), layout = enum_int(p->layout);
+  const int scale_dtype = enum_int(p->scale_dtype), rounding = enum_int(p->rounding);
+  const int nonfinite = enum_int(p->nonfinite);
   if (kind != GIFT_FP8_E4M3 && kind != GIFT_FP8_E5M2) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown FP8 kind %d", kind);
   }

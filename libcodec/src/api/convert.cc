@@ -19,9 +19,9 @@ extern "C" giftResult_t giftConvert(const void* src, giftDType_t src_dtype, void
                                     giftDType_t dst_dtype, uint64_t n) {
   gift::clear_error();
   if (!gift::known_dtype(src_dtype))
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(src_dtype));
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", gift::enum_int(src_dtype));
   if (!gift::known_dtype(dst_dtype))
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", int(dst_dtype));
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", gift::enum_int(dst_dtype));
   if (n == 0) return GIFT_OK;
   if (!src || !dst) return fail(GIFT_ERROR_INVALID_ARGUMENT, "src or dst pointer is NULL");
   const uint64_t src_size = gift::dtype_size(src_dtype), dst_size = gift::dtype_size(dst_dtype);

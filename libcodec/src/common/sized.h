@@ -11,17 +11,6 @@
 
 namespace gift {
 
-// An enum field of a caller's struct as the integer it holds. A C caller can store any int
-// there, and reading it as the C++ enum type would be undefined for values outside the
-// enumerators' range, so validation reads the bytes.
-template <class E>
-int enum_value(const E& e) {
-  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
-  int v;
-  std::memcpy(&v, &e, sizeof v);
-  return v;
-}
-
 // The bytes of the header every sized struct starts with.
 constexpr size_t kSizedHeader = sizeof(size_t) + 2 * sizeof(unsigned int);
 

@@ -95,7 +95,7 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   }
   if (!known_dtype(dtype)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name.c_str(),
-                int(dtype));
+                enum_int(dtype));
   }
   if (shape.elements && !data) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': data is NULL", name.c_str());

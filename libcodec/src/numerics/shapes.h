@@ -5,15 +5,26 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "gift/gift.h"
 #include "numerics/hd.h"
 
 namespace gift {
 
-// A C caller can pass any integer as an enum.
-GIFT_HD constexpr bool known_dtype(giftDType_t dtype) {
-  return dtype == GIFT_DTYPE_F32 || dtype == GIFT_DTYPE_BF16 || dtype == GIFT_DTYPE_F16;
+// A C caller can pass any integer as an enum, and reading a value outside the enumerators'
+// range as the C++ enum type is undefined, so the bytes are read as the int they are.
+template <class E>
+GIFT_HD int enum_int(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "C enums are int-sized here");
+  int v;
+  memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+GIFT_HD bool known_dtype(const giftDType_t& dtype) {
+  const int d = enum_int(dtype);
+  return d == GIFT_DTYPE_F32 || d == GIFT_DTYPE_BF16 || d == GIFT_DTYPE_F16;
 }
 
 // Assumes a known dtype.
