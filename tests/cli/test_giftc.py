@@ -125,7 +125,8 @@ class Giftc(unittest.TestCase):
         import io
         good = self.path("c.npz")
         np.savez(good, w=np.ones((4, 64), np.float32))
-        data = bytearray(open(good, "rb").read())
+        with open(good, "rb") as f:
+            data = bytearray(f.read())
         data[data.find(b"\x00\x00\x80\x3f") + 3] ^= 1  # one bit of a 1.0f
         bad = self.path("c_bad.npz")
         with open(bad, "wb") as f:
