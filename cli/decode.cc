@@ -54,7 +54,11 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     const giftTensorInfo e = tensor_info(f.get(), i);
     const giftDType_t dt = o.dtype.empty() ? e.dtype : parse_dtype(o.dtype);
     if (kind == gift::io::FileKind::kNpy && dt == GIFT_DTYPE_BF16) {
-      throw Failure(kUsage, "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
+      throw Failure(kUsage, o.dtype.empty()
+                                ? "tensor '" + std::string(e.name) +
+                                      "' is bf16, which .npy cannot hold: decode to "
+                                      ".safetensors, or to .npy with --dtype f32"
+                                : "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
     }
     gift::io::OwnedTensor t{e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt, {}};
     t.data.resize(e.elements * giftDTypeSize(dt));

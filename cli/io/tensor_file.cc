@@ -338,7 +338,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
       ref.shape.push_back(v);
     }
     if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
-      bad(name, tn + "data_offsets are not integers");
+      bad(name, tn + "data_offsets must be two non-negative integers");
     }
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
     if (begin > end || end > data_size) bad(name, tn + "data_offsets out of bounds");
@@ -394,6 +394,13 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
   const uint8_t* b = nullptr;
   uint64_t size = 0;
   map_into(path, out, &b, &size);
+  // A frame under a tensor file's name would otherwise be read as a broken one; libgift
+  // knows a frame by its magic.
+  giftFrame* frame = nullptr;
+  if (b && giftFrameOpen(b, size, &frame) != GIFT_ERROR_FRAME_MAGIC) {
+    giftFrameClose(frame);
+    bad(path, "is a GIFT frame, not a tensor file (giftc decode reads it)");
+  }
   static const uint8_t kEmpty[1] = {0};
   if (!b) b = kEmpty;
   if (kind == FileKind::kSafetensors) {

@@ -191,6 +191,30 @@ class Giftc(unittest.TestCase):
         # Through a pipe the text is as the file has it (JSON escapes it on its own).
         self.assertIn("evil\x1b]0;pwned\x07", run("inspect", out).stdout)
 
+    def test_messages_say_what_is_wrong(self):
+        # fit on NaN input names the count and the place, not "eigendecomposition failed".
+        w = np.ones((32, 32), np.float32)
+        w[3, 4] = np.nan
+        src = self.path("nanfit.npy")
+        np.save(src, w)
+        r = run("fit", src, "-o", self.path("nf.giftb"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("non-finite values, the first at (0, 4)", r.stderr)
+        # A frame under a tensor file's name is recognised as a frame.
+        ok = self.path("ok.npy")
+        np.save(ok, np.ones((4, 64), np.float32))
+        self.assertEqual(run("encode", ok, "-o", self.path("frame.safetensors"), "-q").returncode, 0)
+        r = run("encode", self.path("frame.safetensors"), "-o", self.path("x.gift"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is a GIFT frame, not a tensor file", r.stderr)
+        # A bf16 tensor decoded to .npy without --dtype: the tensor is named, not the option.
+        bf = self.path("bf.safetensors")
+        save_file({"b": np.ones((4, 64), ml_dtypes.bfloat16)}, bf)
+        self.assertEqual(run("encode", bf, "-q").returncode, 0)
+        r = run("decode", bf + ".gift", "-o", self.path("bf.npy"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("tensor 'b' is bf16", r.stderr)
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))

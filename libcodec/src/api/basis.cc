@@ -272,6 +272,18 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
     }
     const std::string what = std::string("tensor '") + name + "'";
     const std::vector<double> moment(a, a + uint64_t(dim) * dim);
+    // An eigendecomposition of NaN only says that it failed; say where the NaN is.
+    uint64_t bad = 0, first = 0;
+    for (uint64_t k = 0; k < moment.size(); ++k) {
+      if (!std::isfinite(moment[k]) && bad++ == 0) first = k;
+    }
+    if (bad) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "'%s': the second moment holds %llu non-finite value%s, the first at (%llu, "
+                  "%llu): its data has NaN or Inf",
+                  name, (unsigned long long)bad, bad == 1 ? "" : "s",
+                  (unsigned long long)(first / dim), (unsigned long long)(first % dim));
+    }
     gift::coords::LowRankPlusDiagonal fit;
     if (const giftResult_t r = gift::coords::fit_low_rank(moment, dim, builder->options, &fit))
       return fail(r, "%s: %s", what.c_str(), giftGetLastErrorMessage());
