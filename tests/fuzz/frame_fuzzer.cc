@@ -18,6 +18,7 @@
 
 #include "container/layout.h"
 #include "gift/gift.h"
+#include "gift/gift_basis.h"
 #include "gift_generated.h"
 
 namespace {
@@ -135,9 +136,17 @@ void exercise(const uint8_t* data, size_t size) {
   if (verifiable) {
     const giftResult_t v = giftFrameVerify(frame);
     // Verify fails exactly when a decode fails (a tensor in GIFT coordinates without its basis
-    // included), except that it also reads an embedded basis section no tensor may use.
+    // included), except that it also reads an embedded basis section no tensor may use, and
+    // that a frame of kind Basis must also be the basis it says (as giftBasisFromBytes reads it).
+    const bool basis_kind = gift::fb::GetFrame(data + gift::container::kPreambleBytes)->kind() ==
+                            gift::fb::FrameKind::Basis;
     if (decode_failed) {
       check(v != GIFT_OK, "verify fails when a decode failed");
+    } else if (basis_kind) {
+      giftBasis* b = nullptr;
+      const giftResult_t loaded = giftBasisFromBytes(data, size, &b);
+      giftBasisFree(b);
+      check((v == GIFT_OK) == (loaded == GIFT_OK), "verify agrees with loading the basis");
     } else if (!basis) {
       check(v == GIFT_OK, "verify agrees with the decodes");
     }
