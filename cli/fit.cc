@@ -1,4 +1,5 @@
 // giftc fit: a basis (.giftb) from gradient dumps, or from activation statistics.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -152,8 +153,15 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   const std::unique_ptr<void, decltype(&giftFree)> bytes_owner(bytes, giftFree);
   write_output(o.output, bytes, size);
   if (!v.quiet) {
-    std::fprintf(stderr, "%s: %zu whiteners (rank %u, %s damping %s, from %s), basis %s\n",
-                 o.output.c_str(), size_t(giftBasisEntryCount(basis.get())), o.rank,
+    // The rank each whitener got: --rank, or less for a narrower matrix.
+    uint32_t rank = 0;
+    for (uint64_t i = 0; i < giftBasisEntryCount(basis.get()); ++i) {
+      giftBasisEntryInfo e = GIFT_BASIS_ENTRY_INFO_INIT;
+      check(giftBasisGetEntry(basis.get(), i, &e));
+      rank = std::max(rank, e.rank);
+    }
+    std::fprintf(stderr, "%s: %zu whiteners (rank up to %u, %s damping %s, from %s), basis %s\n",
+                 o.output.c_str(), size_t(giftBasisEntryCount(basis.get())), rank,
                  o.damping_absolute ? "absolute" : "relative",
                  o.damping == "auto" ? "measured per tensor" : o.damping.c_str(), source.c_str(),
                  basis_id_hex(giftBasisGetId(basis.get())).c_str());

@@ -200,6 +200,11 @@ class Giftc(unittest.TestCase):
         r = run("fit", src, "-o", self.path("nf.giftb"))
         self.assertEqual(r.returncode, 2)
         self.assertIn("non-finite values, the first at (0, 4)", r.stderr)
+        # fit reports the rank its whiteners got, not an uncapped request.
+        np.save(src, np.random.default_rng(3).standard_normal((32, 32)).astype(np.float32))
+        r = run("fit", src, "-o", self.path("r.giftb"), "--rank", "100000")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("rank up to 32", r.stderr)
         # A frame under a tensor file's name is recognised as a frame.
         ok = self.path("ok.npy")
         np.save(ok, np.ones((4, 64), np.float32))
