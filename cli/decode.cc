@@ -11,6 +11,7 @@ namespace {
 
 struct DecodeOptions {
   std::string input, output, dtype, basis, device = "cpu";
+  int threads = 0;
   bool force = false;
 };
 
@@ -43,6 +44,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   const BasisPtr basis = read_basis(o.basis);
   const FramePtr f = open_frame(o.input);
   use_device(f.get(), device);
+  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
+  check(giftFrameSetThreads(f.get(), o.threads));
   const uint64_t n = giftFrameTensorCount(f.get());
   if (kind == gift::io::FileKind::kNpy && n != 1) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
@@ -93,6 +96,7 @@ void add_decode(CLI::App& app, Verbosity& v) {
                 "Where to decode: cpu or cuda (the same values; the inverse whitening of "
                 "tensors in GIFT coordinates stays on the CPU)")
       ->capture_default_str();
+  c->add_option("--threads", o->threads, "Threads (default: all)");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
   c->callback([o, &v] { run_decode(*o, v); });
 }

@@ -220,6 +220,19 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("tensor 'b' is bf16", r.stderr)
 
+    def test_decode_threads_do_not_change_the_values(self):
+        src = self.path("t.npy")
+        np.save(src, np.random.default_rng(1).standard_normal((300, 700)).astype(np.float32))
+        self.assertEqual(run("encode", src, "-q").returncode, 0)
+        outs = []
+        for t in ("1", "2", "0"):
+            out = self.path(f"t{t}.npy")
+            self.assertEqual(run("decode", src + ".gift", "-o", out, "--threads", t, "-q").returncode, 0)
+            outs.append(np.load(out).tobytes())
+        self.assertEqual(outs[0], outs[1])
+        self.assertEqual(outs[0], outs[2])
+        self.assertEqual(run("decode", src + ".gift", "-o", self.path("x.npy"), "--threads", "-1").returncode, 1)
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))
