@@ -103,7 +103,7 @@ TEST(FormatDoc, FrameConstantsMatchTheCode) {
   }
   EXPECT_NE(doc.find("| 8 | 2 | major | " + std::to_string(c::kMajor) + " |"), std::string::npos);
   EXPECT_NE(doc.find("| 10 | 2 | minor | " + std::to_string(c::kMinor) + " |"), std::string::npos);
-  // The version this build writes has its change-log entry (3.3).
+  // The version this build writes has its change-log entry (3.4).
   EXPECT_NE(doc.find("- **" + std::to_string(c::kMajor) + "." + std::to_string(c::kMinor) + "** ("),
             std::string::npos);
   EXPECT_NE(doc.find("    | " + std::to_string(c::kPreambleBytes) + " bytes  |"),
