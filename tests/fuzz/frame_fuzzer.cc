@@ -1,4 +1,5 @@
-// libFuzzer harness over the GIFT frame reader: giftFrameOpen on arbitrary bytes, then every
+// libFuzzer harness over the GIFT frame reader (and the basis reader, which reads a frame of
+// kind Basis): giftFrameOpen on arbitrary bytes, then every
 // read the C API offers (tensor info, lookup by name, decode to each output dtype, verify).
 // Nothing may crash, leak, read out of bounds or trip UBSan; a few API contracts are checked
 // too, and a broken one aborts, so libFuzzer reports it like a crash.
@@ -75,7 +76,34 @@ void put_le(uint8_t* p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) p[i] = uint8_t(v >> (8 * i));
 }
 
+// The basis reader on the same bytes: whatever it accepts is a basis whose id its contents
+// hash to, that round-trips through its own bytes under that id.
+void exercise_basis(const uint8_t* data, size_t size) {
+  giftBasis* b = nullptr;
+  if (giftBasisFromBytes(data, size, &b) != GIFT_OK) {
+    check(b == nullptr, "a failed basis load returns no basis");
+    return;
+  }
+  const giftBasisId id = giftBasisGetId(b);
+  for (uint64_t i = 0; i < giftBasisEntryCount(b); ++i) {
+    giftBasisEntryInfo e = GIFT_BASIS_ENTRY_INFO_INIT;
+    check(giftBasisGetEntry(b, i, &e) == GIFT_OK && e.rank <= e.dim, "entries are readable");
+  }
+  void* bytes = nullptr;
+  uint64_t n = 0;
+  if (giftBasisSerialize(b, 0, &bytes, &n) == GIFT_OK) {
+    giftBasis* again = nullptr;
+    check(giftBasisFromBytes(bytes, n, &again) == GIFT_OK, "a written basis loads");
+    const giftBasisId id2 = giftBasisGetId(again);
+    check(id2.lo == id.lo && id2.hi == id.hi, "a basis keeps its id through its bytes");
+    giftBasisFree(again);
+    giftFree(bytes);
+  }
+  giftBasisFree(b);
+}
+
 void exercise(const uint8_t* data, size_t size) {
+  exercise_basis(data, size);
   giftFrame* frame = nullptr;
   const giftResult_t opened = giftFrameOpen(data, size, &frame);
   if (opened != GIFT_OK) {
