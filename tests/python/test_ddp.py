@@ -13,22 +13,21 @@ torch.
 import argparse
 import os
 import pickle
-import socket
 import sys
-import tempfile
 import time
 
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 except ImportError as e:
     print(f"SKIPPED: the DDP hook tests need torch ({e}); scripts/setup.sh installs python3-torch")
     sys.exit(77)
 
+import ddp_harness
 import gift.ddp
+from ddp_harness import check_replicas, flat_params
 
 STEPS = 50
 
@@ -69,19 +68,6 @@ def batch(kind, rank, step):
 def new_model(kind):
     torch.manual_seed(0)
     return Mlp() if kind == "mlp" else Transformer()
-
-
-def flat_params(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def check_replicas(model, world, what):
-    mine = flat_params(model)
-    everyone = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(everyone, mine)
-    for r, theirs in enumerate(everyone):
-        if not torch.equal(theirs, mine):
-            raise AssertionError(f"{what}: rank {r}'s parameters differ from this rank's")
 
 
 def train(kind, rank, world, state=None, steps=range(STEPS), model=None, opt=None):
@@ -162,33 +148,17 @@ def test_uneven_inputs_with_join(rank, world):
               flush=True)
 
 
-def worker(rank, world, port, tmp):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        test_convergence_and_bytes(rank, world, "mlp")
-        test_convergence_and_bytes(rank, world, "transformer")
-        test_checkpoint_resumes_bit_for_bit(rank, world, tmp)
-        test_uneven_inputs_with_join(rank, world)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def all_tests(rank, world, tmp):
+    test_convergence_and_bytes(rank, world, "mlp")
+    test_convergence_and_bytes(rank, world, "transformer")
+    test_checkpoint_resumes_bit_for_bit(rank, world, tmp)
+    test_uneven_inputs_with_join(rank, world)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--world", type=int, default=2)
-    args = parser.parse_args()
-    print(f"torch {torch.__version__}, {args.world} processes on gloo", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(args.world, free_port(), tmp), nprocs=args.world, join=True)
-    print("OK")
+    ddp_harness.run(all_tests, parser.parse_args().world, deadline_s=300)
 
 
 if __name__ == "__main__":

@@ -13,25 +13,23 @@ instead of hanging (the harness gives up after a deadline).
 
 Usage: test_ddp_coords.py (with PYTHONPATH=<build>/python). Exits 77 (skipped) without torch.
 """
-import datetime
 import os
 import pickle
-import socket
 import sys
-import tempfile
 import time
 
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 except ImportError as e:
     print(f"SKIPPED: the DDP hook tests need torch ({e}); scripts/setup.sh installs python3-torch")
     sys.exit(77)
 
+import ddp_harness
 import gift.ddp
+from ddp_harness import check_replicas, flat_params
 
 WORLD = 2
 STEPS = 30
@@ -71,19 +69,6 @@ def new_model():
     return Mlp()
 
 
-def flat_params(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def check_replicas(model, what):
-    mine = flat_params(model)
-    everyone = [torch.empty_like(mine) for _ in range(WORLD)]
-    dist.all_gather(everyone, mine)
-    for r, theirs in enumerate(everyone):
-        if not torch.equal(theirs, mine):
-            raise AssertionError(f"{what}: rank {r}'s parameters differ from this rank's")
-
-
 def train(rank, state, steps, model=None, opt=None):
     """Trains with `state` (None: DDP's default fp32 all-reduce), comparing replicas after
     every step; returns the last loss over all ranks, the model and the optimizer."""
@@ -100,7 +85,7 @@ def train(rank, state, steps, model=None, opt=None):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        check_replicas(model, f"step {step}")
+        check_replicas(model, WORLD, f"step {step}")
     loss = loss.detach().clone()
     dist.all_reduce(loss)
     return loss.item() / WORLD, model, opt
@@ -169,36 +154,14 @@ def test_basis_mismatch_fails_every_rank(rank):
     raise AssertionError("a rank in another basis trained on")
 
 
-def worker(rank, port, tmp):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        test_auto_coords(rank)
-        test_checkpoint_with_basis(rank, tmp)
-        test_basis_mismatch_fails_every_rank(rank)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def all_tests(rank, world, tmp):
+    test_auto_coords(rank)
+    test_checkpoint_with_basis(rank, tmp)
+    test_basis_mismatch_fails_every_rank(rank)
 
 
 def main():
-    print(f"torch {torch.__version__}, {WORLD} processes on gloo", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(worker, args=(free_port(), tmp), nprocs=WORLD, join=False)
-        deadline = time.time() + DEADLINE_S
-        while not ctx.join(timeout=max(1.0, deadline - time.time())):
-            if time.time() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                print(f"FAILED: the ranks did not finish in {DEADLINE_S} s (a hang)")
-                sys.exit(1)
-    print("OK")
+    ddp_harness.run(all_tests, WORLD, DEADLINE_S)
 
 
 if __name__ == "__main__":
