@@ -10,6 +10,7 @@
 #include "api/handles.h"
 #include "common/error.h"
 #include "gift/gift_cuda.h"
+#include "kernels/cuda_check.h"
 #include "numerics/codec.h"
 #include "numerics/shapes.h"
 
@@ -17,9 +18,7 @@ using gift::fail;
 
 namespace {
 
-giftResult_t cuda_failed(cudaError_t e, const char* what) {
-  return fail(GIFT_ERROR_DEVICE, "CUDA: %s: %s", what, cudaGetErrorString(e));
-}
+using gift::kernels::cuda_failed;
 
 // One device allocation, freed on every path.
 struct DeviceMemory {
