@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/coords_frames.h"
+#include "common/output_file.h"
 #include "container/writer.h"
 #include "coords/basis.h"
 #include "coords/fit.h"
@@ -180,7 +181,7 @@ void write_gift_coords(const std::string& dir) {
   check(fw.add_tensor(e.name, shape, GIFT_DTYPE_F32, white.data(), &p, &coords, GIFT_DTYPE_F32));
   std::vector<uint8_t> bytes;
   check(fw.finish(&bytes));
-  check(gift::container::write_file_atomically(dir + "/" + stem + ".gift", bytes));
+  check(gift::write_file_atomically(dir + "/" + stem + ".gift", bytes));
   giftFrame* fr;
   check(giftFrameOpenFile((dir + "/" + stem + ".gift").c_str(), &fr));
   std::vector<float> out(rows * cols);

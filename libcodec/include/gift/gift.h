@@ -364,9 +364,33 @@ GIFT_API giftResult_t giftFrameWriterFinish(giftFrameWriter* writer, void** data
  * never leaves a partial file under that name. */
 GIFT_API giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const char* path);
 
+/* Keeps the sections of tensors added from now on in an unnamed scratch file in folder `dir`
+ * instead of memory (use the output's folder, so the final copy stays in one file system),
+ * and encodes FP8 tensors in bands of rows: the writer then holds a band (a few MiB) plus
+ * the scales of the tensor being added, whatever the frame's size. A tensor with one scale
+ * (GIFT_SCALE_TENSOR), with stochastic rounding, or with zstd compression on is still
+ * encoded whole (its codes in memory while it is added). The frame's bytes are the same
+ * either way. The scratch file disappears with the writer or the process. */
+GIFT_API giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, const char* dir);
+
+/* Output written in order, as large as the disk allows: to a file through an unnamed (or,
+ * where the file system cannot, a temporary) file beside `path` that replaces it only when
+ * committed, after an fsync, so neither a failure nor an interrupted process leaves a
+ * partial file under that name; or to a descriptor the caller opened and keeps (standard
+ * output, a pipe), as the bytes come. Freeing an uncommitted file output discards it. */
+typedef struct giftOutput giftOutput;
+GIFT_API giftResult_t giftOutputOpenFile(const char* path, giftOutput** out);
+GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** out);
+GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size);
+GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
+GIFT_API void giftOutputFree(giftOutput* out);
+
+/* The finished frame appended to `out`, which the caller then commits. */
+GIFT_API giftResult_t giftFrameWriterWriteOutput(giftFrameWriter* writer, giftOutput* out);
+
 GIFT_API void giftFree(void* p);
 
-/* Writes `size` bytes to `path` through a temporary file in the same folder, fsync and a
+/* Writes `size` bytes to `path` as one giftOutput file: through a temporary, fsync and a
  * rename, so a failure never leaves a partial file under that name. */
 GIFT_API giftResult_t giftWriteFile(const char* path, const void* data, uint64_t size);
 

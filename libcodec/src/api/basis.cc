@@ -11,6 +11,7 @@
 #include "api/frame_basis.h"
 #include "api/handles.h"
 #include "common/error.h"
+#include "common/output_file.h"
 #include "common/sized.h"
 #include "coords/select.h"
 #include "gift/gift_basis.h"
@@ -153,7 +154,7 @@ giftResult_t giftBasisSave(const giftBasis* basis, const char* path, int zstd_le
     std::vector<uint8_t> bytes;
     if (const giftResult_t r = gift::coords::serialize_basis(basis->basis, zstd_level, &bytes))
       return r;
-    return gift::container::write_file_atomically(path, bytes);
+    return gift::write_file_atomically(path, bytes);
   });
 }
 
@@ -402,8 +403,7 @@ giftResult_t giftFrameWriterEmbedBasis(giftFrameWriter* writer, const giftBasis*
     if (const giftResult_t r =
             gift::coords::serialize_basis(basis->basis, writer->writer.compression(), &bytes))
       return r;
-    writer->writer.embed_basis(std::move(bytes), basis->basis.id.lo, basis->basis.id.hi);
-    return GIFT_OK;
+    return writer->writer.embed_basis(std::move(bytes), basis->basis.id.lo, basis->basis.id.hi);
   });
 }
 

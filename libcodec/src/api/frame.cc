@@ -357,16 +357,33 @@ giftResult_t giftFrameWriterFinish(giftFrameWriter* writer, void** data, uint64_
   }
 }
 
+giftResult_t giftFrameWriterWriteOutput(giftFrameWriter* writer, giftOutput* out) {
+  gift::clear_error();
+  if (!writer || !out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  try {
+    return writer->writer.write_to(&out->file);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while finishing a frame");
+  }
+}
+
 giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const char* path) {
   gift::clear_error();
   if (!writer || !path) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
   try {
-    std::vector<uint8_t> bytes;
-    if (const giftResult_t r = writer->writer.finish(&bytes)) return r;
-    return gift::container::write_file_atomically(path, bytes);
+    giftOutput out;
+    if (const giftResult_t r = out.file.open(path)) return r;
+    if (const giftResult_t r = writer->writer.write_to(&out.file)) return r;
+    return out.file.commit();
   } catch (const std::bad_alloc&) {
     return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while finishing a frame");
   }
+}
+
+giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, const char* dir) {
+  gift::clear_error();
+  if (!writer || !dir) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  return writer->writer.use_scratch(dir);
 }
 
 void giftFree(void* p) { std::free(p); }
@@ -375,7 +392,7 @@ giftResult_t giftWriteFile(const char* path, const void* data, uint64_t size) {
   gift::clear_error();
   if (!path || (size && !data))
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftWriteFile: null pointer");
-  return gift::container::write_file_atomically(path, static_cast<const uint8_t*>(data), size);
+  return gift::write_file_atomically(path, static_cast<const uint8_t*>(data), size);
 }
 
 }  // extern "C"

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/output_file.h"
 #include "container/reader.h"
 #include "container/writer.h"
 #include "coords/basis.h"
@@ -20,6 +21,10 @@ struct giftFrame {
   // The embedded basis, parsed on first use and kept.
   bool basis_read = false, has_basis = false;
   giftBasis basis;
+};
+
+struct giftOutput {
+  gift::OutputFile file;
 };
 
 struct giftFrameWriter {

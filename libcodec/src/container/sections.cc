@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include <cinttypes>
+#include <new>
 
 #include "common/error.h"
 
@@ -12,6 +13,24 @@ namespace gift::container {
 uint64_t checksum64(const void* data, uint64_t size) {
   return XXH3_64bits(data, static_cast<size_t>(size));
 }
+
+struct Checksum64::State {
+  XXH3_state_t* s = XXH3_createState();
+  ~State() { XXH3_freeState(s); }
+};
+
+Checksum64::Checksum64() : state_(new State) {
+  if (!state_->s) throw std::bad_alloc();
+  XXH3_64bits_reset(state_->s);
+}
+
+Checksum64::~Checksum64() = default;
+
+void Checksum64::update(const void* data, uint64_t size) {
+  XXH3_64bits_update(state_->s, data, static_cast<size_t>(size));
+}
+
+uint64_t Checksum64::digest() const { return XXH3_64bits_digest(state_->s); }
 
 StoredSection store_section(std::vector<uint8_t> raw, int level) {
   StoredSection s;
@@ -26,6 +45,7 @@ StoredSection store_section(std::vector<uint8_t> raw, int level) {
     }
   }
   if (!s.zstd) s.bytes = std::move(raw);
+  s.stored_length = s.bytes.size();
   s.checksum = checksum64(s.bytes.data(), s.bytes.size());
   return s;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "gift/gift.h"
@@ -10,9 +11,25 @@ namespace gift::container {
 
 uint64_t checksum64(const void* data, uint64_t size);
 
-// A section as the writer stores it.
+// checksum64 of bytes given in pieces.
+class Checksum64 {
+ public:
+  Checksum64();
+  ~Checksum64();
+  void update(const void* data, uint64_t size);
+  uint64_t digest() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// A section as the writer stores it: its bytes in memory, or in the writer's scratch file.
 struct StoredSection {
-  std::vector<uint8_t> bytes;  // as stored (compressed or not)
+  std::vector<uint8_t> bytes;  // as stored (compressed or not), unless spilled
+  bool spilled = false;
+  uint64_t scratch_offset = 0;  // where the stored bytes lie in the scratch file
+  uint64_t stored_length = 0;
   uint64_t raw_length = 0;
   bool zstd = false;
   uint64_t checksum = 0;

@@ -1,7 +1,5 @@
 #include "container/writer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 
 #include "common/error.h"
 #include "common/utf8.h"
@@ -36,34 +33,43 @@ giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
 
 namespace {
 
-// What a tensor's statistics say (FORMAT.md 2.2, Tensor.stats), over its values as given.
+// What a tensor's statistics say (FORMAT.md 2.2, Tensor.stats), over its values as given,
+// taken in pieces in element order (the sum of squares in the same order however cut).
 struct Census {
-  float rms = 0;  // over the finite values
-  giftEncodeStats stats{0.0f, 0, UINT64_MAX};
-};
-
-Census census(const void* data, giftDType_t dtype, uint64_t n) {
-  Census c;
   double sum = 0;
-  uint64_t count = 0;
-  float chunk[4096];
-  for (uint64_t i0 = 0; i0 < n; i0 += 4096) {
-    const uint64_t m = std::min<uint64_t>(4096, n - i0);
-    convert_elements(static_cast<const uint8_t*>(data) + i0 * dtype_size(dtype), dtype, chunk,
-                     GIFT_DTYPE_F32, m);
-    for (uint64_t k = 0; k < m; ++k) {
-      const float v = chunk[k];
-      if (std::isfinite(v)) {
-        sum += double(v) * v;
-        ++count;
-        c.stats.amax = std::max(c.stats.amax, std::fabs(v));
-      } else if (c.stats.nonfinite_count++ == 0) {
-        c.stats.first_nonfinite = i0 + k;
+  uint64_t finite = 0;
+  giftEncodeStats stats{0.0f, 0, UINT64_MAX};
+
+  // Elements [base, base + n) of the tensor.
+  void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n) {
+    float chunk[4096];
+    for (uint64_t i0 = 0; i0 < n; i0 += 4096) {
+      const uint64_t m = std::min<uint64_t>(4096, n - i0);
+      convert_elements(static_cast<const uint8_t*>(data) + i0 * dtype_size(dtype), dtype, chunk,
+                       GIFT_DTYPE_F32, m);
+      for (uint64_t k = 0; k < m; ++k) {
+        const float v = chunk[k];
+        if (std::isfinite(v)) {
+          sum += double(v) * v;
+          ++finite;
+          stats.amax = std::max(stats.amax, std::fabs(v));
+        } else if (stats.nonfinite_count++ == 0) {
+          stats.first_nonfinite = base + i0 + k;
+        }
       }
     }
   }
-  c.rms = count ? float(std::sqrt(sum / double(count))) : 0.0f;
-  return c;
+  float rms() const { return finite ? float(std::sqrt(sum / double(finite))) : 0.0f; }
+};
+
+// Bands of about this many elements: a few MiB of codes, enough work for every thread.
+constexpr uint64_t kBandElems = uint64_t(1) << 22;
+
+void merge_stats(giftEncodeStats* total, const giftEncodeStats& band, uint64_t base) {
+  total->amax = std::max(total->amax, band.amax);
+  if (band.nonfinite_count && total->nonfinite_count == 0)
+    total->first_nonfinite = base + band.first_nonfinite;
+  total->nonfinite_count += band.nonfinite_count;
 }
 
 }  // namespace
@@ -75,6 +81,84 @@ giftResult_t FrameWriter::add_metadata(std::string key, std::string value) {
   }
   metadata_.emplace_back(std::move(key), std::move(value));
   return GIFT_OK;
+}
+
+giftResult_t FrameWriter::embed_basis(std::vector<uint8_t> bytes, uint64_t lo, uint64_t hi) {
+  embedded_ = store_section(std::move(bytes), zstd_level_);
+  if (const giftResult_t r = keep(&embedded_)) return r;
+  has_embedded_ = true;
+  basis_lo_ = lo;
+  basis_hi_ = hi;
+  return GIFT_OK;
+}
+
+giftResult_t FrameWriter::keep(StoredSection* s) {
+  if (!scratch_.is_open()) return GIFT_OK;
+  s->scratch_offset = scratch_.size();
+  if (const giftResult_t r = scratch_.write(s->bytes.data(), s->bytes.size())) return r;
+  s->spilled = true;
+  std::vector<uint8_t>().swap(s->bytes);
+  return GIFT_OK;
+}
+
+bool FrameWriter::bands_apply(const giftQuantParams& p) const {
+  // A band is encoded as a tensor of its own, which gives the same bytes only where groups
+  // do not span bands (one scale for the whole tensor does) and the random words do not
+  // depend on the element's place in the whole tensor (stochastic rounding's do); zstd
+  // compresses a section whole.
+  return scratch_.is_open() && zstd_level_ == 0 && p.layout != GIFT_SCALE_TENSOR &&
+         p.rounding == GIFT_ROUND_NEAREST;
+}
+
+giftResult_t FrameWriter::raw_to_scratch(Pending* t, const void* data, uint64_t bytes) {
+  // Stored as given: straight from the caller's buffer, no copy.
+  StoredSection& s = t->codes;
+  s.spilled = true;
+  s.scratch_offset = scratch_.size();
+  s.stored_length = s.raw_length = bytes;
+  s.checksum = checksum64(data, bytes);
+  return scratch_.write(data, bytes);
+}
+
+giftResult_t FrameWriter::encode_in_bands(Pending* t, const void* data, giftDType_t data_dtype) {
+  const giftQuantParams& p = t->params;
+  const uint64_t rows = t->shape.rows, cols = t->shape.cols;
+  const uint64_t unit = p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1;
+  const uint64_t band_rows =
+      unit * std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * cols));
+  uint64_t scale_bytes = 0;
+  giftScaleBytes(&p, rows, cols, &scale_bytes);
+  std::vector<uint8_t> codes(std::min(rows, band_rows) * cols), scales(scale_bytes);
+  Checksum64 sum;
+  StoredSection& c = t->codes;
+  c.spilled = true;
+  c.scratch_offset = scratch_.size();
+  c.stored_length = c.raw_length = t->shape.elements;
+  // Non-finite input fails after the census of every band, so the message counts them all.
+  giftQuantParams band = p;
+  band.nonfinite = GIFT_NONFINITE_KEEP;
+  t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
+  uint64_t scales_at = 0;
+  for (uint64_t r0 = 0; r0 < rows; r0 += band_rows) {
+    const uint64_t n = std::min(band_rows, rows - r0);
+    const uint8_t* src = static_cast<const uint8_t*>(data) + r0 * cols * dtype_size(data_dtype);
+    uint64_t band_scales = 0;
+    giftScaleBytes(&band, n, cols, &band_scales);
+    giftEncodeStats st;
+    if (const giftResult_t r = encoder_(&ctx_, &band, src, data_dtype, n, cols, codes.data(),
+                                        scales.data() + scales_at, band_scales, &st)) {
+      return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
+    }
+    merge_stats(&t->stats, st, r0 * cols);
+    scales_at += band_scales;
+    sum.update(codes.data(), n * cols);
+    if (const giftResult_t r = scratch_.write(codes.data(), n * cols)) return r;
+  }
+  c.checksum = sum.digest();
+  if (const giftResult_t r = nonfinite_result(p, t->stats, cols))
+    return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
+  t->scales = store_section(std::move(scales), 0);
+  return keep(&t->scales);
 }
 
 giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
@@ -112,15 +196,22 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   giftQuantParamsInit(&t.params);
   // The encoder reports FP8 tensors' statistics; lossless ones are counted here, so that a
   // NaN stored as it is still shows in the frame.
-  const Census c = census(data, data_dtype, shape.elements);
+  Census c;
+  c.add(data, data_dtype, 0, shape.elements);
   t.stats = c.stats;
-  t.rms = c.rms;
+  t.rms = c.rms();
   const uint64_t in_bytes = shape.elements * dtype_size(data_dtype);
   if (t.raw) {
-    const uint8_t* p = static_cast<const uint8_t*>(data);
-    t.codes = store_section(std::vector<uint8_t>(p, p + in_bytes), zstd_level_);
+    if (scratch_.is_open() && zstd_level_ == 0) {
+      if (const giftResult_t r = raw_to_scratch(&t, data, in_bytes)) return r;
+    } else {
+      const uint8_t* p = static_cast<const uint8_t*>(data);
+      t.codes = store_section(std::vector<uint8_t>(p, p + in_bytes), zstd_level_);
+      if (const giftResult_t r = keep(&t.codes)) return r;
+    }
+  } else if (t.params = *params; bands_apply(t.params)) {
+    if (const giftResult_t r = encode_in_bands(&t, data, data_dtype)) return r;
   } else {
-    t.params = *params;
     uint64_t scale_bytes = 0;
     if (const giftResult_t r = giftScaleBytes(params, shape.rows, shape.cols, &scale_bytes)) {
       return fail(r, "tensor '%s': %s", name.c_str(), giftGetLastErrorMessage());
@@ -132,6 +223,8 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     }
     t.codes = store_section(std::move(codes), zstd_level_);
     t.scales = store_section(std::move(scales), zstd_level_);
+    if (const giftResult_t r = keep(&t.codes)) return r;
+    if (const giftResult_t r = keep(&t.scales)) return r;
   }
   tensors_.push_back(std::move(t));
   return GIFT_OK;
@@ -141,31 +234,42 @@ namespace {
 
 flatbuffers::Offset<fb::Section> section_ref(flatbuffers::FlatBufferBuilder& b,
                                              const StoredSection& s, uint64_t offset) {
-  return fb::CreateSection(b, offset, s.bytes.size(), s.raw_length,
+  return fb::CreateSection(b, offset, s.stored_length, s.raw_length,
                            s.zstd ? fb::Compression::Zstd : fb::Compression::None, s.checksum);
 }
 
 }  // namespace
 
-giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
+giftResult_t FrameWriter::layout(Layout* out) const {
+  // Sections in header order, each at the next multiple of 64.
+  auto place = [&](uint64_t data_start) {
+    std::vector<Placed> placed;
+    uint64_t at = data_start;
+    auto put = [&](const StoredSection& s) {
+      placed.push_back({&s, at});
+      at = align_up(at + s.stored_length);
+    };
+    for (const Pending& t : tensors_) {
+      put(t.codes);
+      if (!t.raw) put(t.scales);
+    }
+    if (has_embedded_) put(embedded_);
+    return placed;
+  };
   // The header holds the sections' offsets, which depend on the header's length. With every
   // scalar written (force_defaults) the length does not depend on the values, so a first
   // build with zero offsets measures it and a second writes the real ones.
-  auto build = [&](uint64_t data_start, flatbuffers::FlatBufferBuilder& b) {
+  auto build = [&](const std::vector<Placed>& placed, flatbuffers::FlatBufferBuilder& b) {
     b.ForceDefaults(true);
-    uint64_t at = data_start;
-    auto place = [&](const StoredSection& s) {
-      const uint64_t off = at;
-      at = align_up(at + s.bytes.size());
-      return off;
-    };
+    size_t next = 0;
+    auto ref = [&](const StoredSection& s) { return section_ref(b, s, placed[next++].offset); };
     std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
     for (const Pending& t : tensors_) {
       const auto name = b.CreateString(t.name);
       const auto shape = b.CreateVector(t.shape.dims);
-      const auto codes = section_ref(b, t.codes, place(t.codes));
+      const auto codes = ref(t.codes);
       flatbuffers::Offset<fb::Section> scales;
-      if (!t.raw) scales = section_ref(b, t.scales, place(t.scales));
+      if (!t.raw) scales = ref(t.scales);
       const auto stats = fb::CreateStats(b, t.stats.amax, t.rms, t.stats.nonfinite_count);
       flatbuffers::Offset<fb::Selection> selection;
       if (t.coords.has_selection) {
@@ -206,95 +310,79 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
                                          std::to_string(GIFT_VERSION_MINOR) + "." +
                                          std::to_string(GIFT_VERSION_PATCH));
     flatbuffers::Offset<fb::Section> basis;
-    if (has_embedded_) basis = section_ref(b, embedded_, place(embedded_));
+    if (has_embedded_) basis = ref(embedded_);
     const fb::BasisId id(basis_lo_, basis_hi_);
     const auto frame =
         fb::CreateFrame(b, basis_kind_ ? fb::FrameKind::Basis : fb::FrameKind::Tensors, producer,
                         b.CreateVector(kv), b.CreateVector(tensors), basis,
                         basis_kind_ || has_embedded_ ? &id : nullptr);
     b.Finish(frame, fb::FrameIdentifier());
-    return at;
   };
 
   flatbuffers::FlatBufferBuilder probe;
-  build(0, probe);
-  const uint64_t data_start = align_up(kPreambleBytes + probe.GetSize());
+  build(place(0), probe);
+  out->data_start = align_up(kPreambleBytes + probe.GetSize());
+  out->sections = place(out->data_start);
   flatbuffers::FlatBufferBuilder b;
-  const uint64_t end = build(data_start, b);
+  build(out->sections, b);
   if (b.GetSize() != probe.GetSize() || b.GetSize() > kMaxHeaderBytes) {
     return fail(GIFT_ERROR_INTERNAL, "frame header of %u bytes could not be laid out",
                 unsigned(b.GetSize()));
   }
-
-  out->assign(end, 0);
+  // The frame ends with its last section (no padding after it), or with the header's.
+  out->end = out->data_start;
+  if (!out->sections.empty()) {
+    const Placed& last = out->sections.back();
+    out->end = last.offset + last.section->stored_length;
+  }
+  out->head.assign(kPreambleBytes + b.GetSize(), 0);
   Preamble pre;
   pre.header_length = b.GetSize();
   pre.header_checksum = checksum64(b.GetBufferPointer(), b.GetSize());
-  pre.frame_length = end;
-  write_preamble(pre, out->data());
-  std::memcpy(out->data() + kPreambleBytes, b.GetBufferPointer(), b.GetSize());
-  // Sections in the order build() placed them; the last one's padding is not in the frame.
-  std::vector<const StoredSection*> order;
-  for (const Pending& t : tensors_) {
-    order.push_back(&t.codes);
-    if (!t.raw) order.push_back(&t.scales);
-  }
-  if (has_embedded_) order.push_back(&embedded_);
-  uint64_t at = data_start, last_end = data_start;
-  for (const StoredSection* sec : order) {
-    if (!sec->bytes.empty()) std::memcpy(out->data() + at, sec->bytes.data(), sec->bytes.size());
-    last_end = at + sec->bytes.size();
-    at = align_up(last_end);
-  }
-  if (!order.empty()) {
-    out->resize(last_end);
-    store_le(out->data() + 24, out->size(), 8);
-  }
+  pre.frame_length = out->end;
+  write_preamble(pre, out->head.data());
+  std::memcpy(out->head.data() + kPreambleBytes, b.GetBufferPointer(), b.GetSize());
   return GIFT_OK;
 }
 
-giftResult_t write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
-  return write_file_atomically(path, bytes.data(), bytes.size());
-}
-
-giftResult_t write_file_atomically(const std::string& path, const uint8_t* data, uint64_t size) {
-  // A fresh name in the same folder (so the rename is atomic), created with the permissions
-  // a plain create would give under the process umask.
-  std::string tmp;
-  int fd = -1;
-  std::random_device rd;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    char suffix[32];
-    std::snprintf(suffix, sizeof suffix, ".tmp.%08x", unsigned(rd()));
-    tmp = path + suffix;
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) {
-    return fail(GIFT_ERROR_IO, "%s: cannot create a temporary file: %s", path.c_str(),
-                std::strerror(errno));
-  }
-  uint64_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return fail(GIFT_ERROR_IO, "%s: write failed: %s", path.c_str(), std::strerror(e));
+giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
+  Layout l;
+  if (const giftResult_t r = layout(&l)) return r;
+  out->assign(l.end, 0);
+  std::memcpy(out->data(), l.head.data(), l.head.size());
+  for (const Placed& p : l.sections) {
+    const StoredSection& s = *p.section;
+    if (!s.spilled) {
+      if (s.stored_length) std::memcpy(out->data() + p.offset, s.bytes.data(), s.stored_length);
+      continue;
     }
-    done += uint64_t(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const int sync_errno = errno;
-  const bool closed = ::close(fd) == 0;
-  if (!synced || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = !synced ? sync_errno : errno;
-    ::unlink(tmp.c_str());
-    return fail(GIFT_ERROR_IO, "%s: cannot finish writing: %s", path.c_str(), std::strerror(e));
+    for (uint64_t done = 0; done < s.stored_length;) {
+      const ssize_t n = ::pread(scratch_.fd(), out->data() + p.offset + done,
+                                s.stored_length - done, off_t(s.scratch_offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return fail(GIFT_ERROR_IO, "cannot read back the writer's scratch file");
+      done += uint64_t(n);
+    }
   }
   return GIFT_OK;
+}
+
+giftResult_t FrameWriter::write_to(OutputFile* out) const {
+  Layout l;
+  if (const giftResult_t r = layout(&l)) return r;
+  if (const giftResult_t r = out->write(l.head.data(), l.head.size())) return r;
+  static const uint8_t zeros[kSectionAlign] = {};
+  uint64_t at = l.head.size();
+  for (const Placed& p : l.sections) {
+    if (const giftResult_t r = out->write(zeros, p.offset - at)) return r;
+    const StoredSection& s = *p.section;
+    const giftResult_t r = s.spilled
+                               ? out->append_from(scratch_.fd(), s.scratch_offset, s.stored_length)
+                               : out->write(s.bytes.data(), s.stored_length);
+    if (r) return r;
+    at = p.offset + s.stored_length;
+  }
+  return out->write(zeros, l.end - at);
 }
 
 }  // namespace gift::container

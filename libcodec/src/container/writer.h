@@ -1,4 +1,6 @@
 // Builds a frame: tensors are encoded as they are added, the layout is fixed at finish.
+// With a scratch folder the encoded sections go to an unnamed file there as they are made,
+// and large tensors are encoded in bands of rows, so memory stays bounded by a band.
 #pragma once
 
 #include <cmath>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "common/ctx.h"
+#include "common/output_file.h"
 #include "container/sections.h"
 #include "gift/gift.h"
 #include "numerics/shapes.h"
@@ -47,12 +50,9 @@ class FrameWriter {
     basis_hi_ = hi;
   }
   // A complete basis frame carried inside this one.
-  void embed_basis(std::vector<uint8_t> bytes, uint64_t lo, uint64_t hi) {
-    embedded_ = store_section(std::move(bytes), zstd_level_);
-    has_embedded_ = true;
-    basis_lo_ = lo;
-    basis_hi_ = hi;
-  }
+  giftResult_t embed_basis(std::vector<uint8_t> bytes, uint64_t lo, uint64_t hi);
+  // Sections made from now on are kept in an unnamed file in `dir`, not in memory.
+  giftResult_t use_scratch(const std::string& dir) { return scratch_.open(dir); }
   giftResult_t add_metadata(std::string key, std::string value);
   // params == nullptr: stored losslessly; otherwise valid (gift::load_params). `dtype` is the
   // tensor's own type; data_dtype that of `data` (fp32 for values already moved into a GIFT frame).
@@ -60,6 +60,8 @@ class FrameWriter {
                           const void* data, const giftQuantParams* params,
                           const CoordsChoice* coords = nullptr, int data_dtype = -1);
   giftResult_t finish(std::vector<uint8_t>* out) const;
+  // The frame's bytes in order to `out` (not committed).
+  giftResult_t write_to(OutputFile* out) const;
 
  private:
   struct Pending {
@@ -73,6 +75,23 @@ class FrameWriter {
     StoredSection codes, scales;
     CoordsChoice coords;
   };
+  struct Placed {
+    const StoredSection* section;
+    uint64_t offset;
+  };
+  // The header, with the sections placed after it, and where the frame ends.
+  struct Layout {
+    std::vector<uint8_t> head;  // preamble and header
+    std::vector<Placed> sections;
+    uint64_t data_start = 0, end = 0;
+  };
+  giftResult_t layout(Layout* out) const;
+  giftResult_t keep(StoredSection* s);
+  // FP8 codes and scales made band by band straight into the scratch file.
+  giftResult_t encode_in_bands(Pending* t, const void* data, giftDType_t data_dtype);
+  giftResult_t raw_to_scratch(Pending* t, const void* data, uint64_t bytes);
+  bool bands_apply(const giftQuantParams& p) const;
+
   bool basis_kind_ = false, has_embedded_ = false;
   uint64_t basis_lo_ = 0, basis_hi_ = 0;
   StoredSection embedded_;
@@ -81,10 +100,7 @@ class FrameWriter {
   decltype(&giftEncode) encoder_ = &giftEncode;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Pending> tensors_;
+  ScratchFile scratch_;
 };
-
-// Writes bytes to path via a temporary file in the same folder and a rename.
-giftResult_t write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes);
-giftResult_t write_file_atomically(const std::string& path, const uint8_t* data, uint64_t size);
 
 }  // namespace gift::container

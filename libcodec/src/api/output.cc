@@ -1,0 +1,51 @@
+// The C API of outputs: giftOutput over OutputFile.
+#include <new>
+
+#include "api/handles.h"
+#include "common/error.h"
+#include "common/output_file.h"
+
+using gift::fail;
+
+extern "C" {
+
+giftResult_t giftOutputOpenFile(const char* path, giftOutput** out) {
+  gift::clear_error();
+  if (!path || !out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputOpenFile: null pointer");
+  *out = nullptr;
+  giftOutput* o = new (std::nothrow) giftOutput;
+  if (!o) return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+  if (const giftResult_t r = o->file.open(path)) {
+    delete o;
+    return r;
+  }
+  *out = o;
+  return GIFT_OK;
+}
+
+giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** out) {
+  gift::clear_error();
+  if (!out || fd < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputOpenFd: bad argument");
+  *out = nullptr;
+  giftOutput* o = new (std::nothrow) giftOutput;
+  if (!o) return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+  o->file.open_fd(fd, name ? name : "output");
+  *out = o;
+  return GIFT_OK;
+}
+
+giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size) {
+  gift::clear_error();
+  if (!out || (size && !data)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputWrite: null");
+  return out->file.write(data, size);
+}
+
+giftResult_t giftOutputCommit(giftOutput* out) {
+  gift::clear_error();
+  if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputCommit: null output");
+  return out->file.commit();
+}
+
+void giftOutputFree(giftOutput* out) { delete out; }
+
+}  // extern "C"

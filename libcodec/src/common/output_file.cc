@@ -1,0 +1,215 @@
+#include "common/output_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "common/error.h"
+
+namespace gift {
+namespace {
+
+std::string folder_of(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// A name beside `path` that did not exist: `make` creates it (O_EXCL or link), or fails
+// with errno; EEXIST tries another.
+template <typename Make>
+bool fresh_name(const std::string& path, std::string* name, Make&& make) {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".tmp.%08x", unsigned(rd()));
+    *name = path + suffix;
+    if (make(*name)) return true;
+    if (errno != EEXIST) return false;
+  }
+  return false;
+}
+
+// File systems without unnamed files say so in one of these ways.
+bool no_tmpfile(int err) { return err == EOPNOTSUPP || err == EISDIR || err == EINVAL; }
+
+int open_unnamed(const std::string& dir, int access) {
+  return ::open(dir.c_str(), O_TMPFILE | access | O_CLOEXEC, 0666);
+}
+
+giftResult_t write_all(int fd, const uint8_t* p, uint64_t size, int* err) {
+  while (size) {
+    const ssize_t n = ::write(fd, p, std::min<uint64_t>(size, uint64_t(1) << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *err = n < 0 ? errno : ENOSPC;
+      return GIFT_ERROR_IO;
+    }
+    p += n;
+    size -= uint64_t(n);
+  }
+  return GIFT_OK;
+}
+
+}  // namespace
+
+OutputFile::~OutputFile() { discard(); }
+
+void OutputFile::discard() {
+  if (owned_ && fd_ >= 0) ::close(fd_);
+  if (owned_ && !committed_ && !unnamed_ && !temp_.empty()) ::unlink(temp_.c_str());
+  fd_ = -1;
+  owned_ = false;
+}
+
+giftResult_t OutputFile::fail_io(const char* what, int err) {
+  const giftResult_t r = fail(GIFT_ERROR_IO, "%s: %s: %s", name_.c_str(), what, std::strerror(err));
+  discard();
+  return r;
+}
+
+giftResult_t OutputFile::open(const std::string& path) {
+  discard();
+  path_ = name_ = path;
+  written_ = 0;
+  committed_ = false;
+  temp_.clear();
+  owned_ = true;
+  // Unnamed until complete: an interrupted run leaves nothing behind, not even a temporary.
+  fd_ = open_unnamed(folder_of(path), O_WRONLY);
+  unnamed_ = fd_ >= 0;
+  if (fd_ < 0 && no_tmpfile(errno)) {
+    fresh_name(path, &temp_, [&](const std::string& n) {
+      fd_ = ::open(n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      return fd_ >= 0;
+    });
+  }
+  if (fd_ < 0) return fail_io("cannot create a temporary file", errno);
+  return GIFT_OK;
+}
+
+void OutputFile::open_fd(int fd, const std::string& name) {
+  discard();
+  fd_ = fd;
+  name_ = name;
+  written_ = 0;
+  committed_ = false;
+}
+
+giftResult_t OutputFile::write(const void* data, uint64_t size) {
+  if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
+  int err = 0;
+  if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err) != GIFT_OK)
+    return fail_io("write failed", err);
+  written_ += size;
+  return GIFT_OK;
+}
+
+giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
+  if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
+  loff_t off = loff_t(offset);
+  uint64_t left = size;
+  while (left) {  // in the kernel: no copy through this process
+    const ssize_t n = ::copy_file_range(src, &off, fd_, nullptr, left, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0) {
+      left -= uint64_t(n);
+      continue;
+    }
+    if (n < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP &&
+        errno != EBADF)
+      return fail_io("write failed", errno);
+    break;  // not between these two files (a pipe, another file system): copy below
+  }
+  std::vector<uint8_t> buf(std::min<uint64_t>(left, uint64_t(1) << 20));
+  while (left) {
+    const ssize_t n = ::pread(src, buf.data(), std::min<uint64_t>(left, buf.size()), off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail_io("cannot read back scratch data", n < 0 ? errno : EIO);
+    int err = 0;
+    if (write_all(fd_, buf.data(), uint64_t(n), &err) != GIFT_OK)
+      return fail_io("write failed", err);
+    off += n;
+    left -= uint64_t(n);
+  }
+  written_ += size;
+  return GIFT_OK;
+}
+
+giftResult_t OutputFile::commit() {
+  if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
+  if (!owned_) {
+    committed_ = true;
+    return GIFT_OK;
+  }
+  if (::fsync(fd_) != 0) return fail_io("cannot finish writing", errno);
+  if (unnamed_) {
+    // A name only now: linked under a fresh temporary, then renamed over the destination
+    // (a link cannot replace an existing file).
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
+    const bool linked = fresh_name(path_, &temp_, [&](const std::string& n) {
+      return ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, n.c_str(), AT_SYMLINK_FOLLOW) == 0;
+    });
+    if (!linked) {
+      temp_.clear();
+      return fail_io("cannot name the finished file", errno);
+    }
+    unnamed_ = false;
+  }
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    return fail_io("cannot finish writing", errno);
+  }
+  fd_ = -1;
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) return fail_io("cannot finish writing", errno);
+  committed_ = true;
+  owned_ = false;
+  return GIFT_OK;
+}
+
+ScratchFile::~ScratchFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+giftResult_t ScratchFile::open(const std::string& dir) {
+  dir_ = dir;
+  fd_ = open_unnamed(dir, O_RDWR);
+  if (fd_ < 0 && no_tmpfile(errno)) {
+    std::string name;
+    if (fresh_name(dir + "/.gift-scratch", &name, [&](const std::string& n) {
+          fd_ = ::open(n.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+          return fd_ >= 0;
+        }))
+      ::unlink(name.c_str());  // nameless from here on, as an O_TMPFILE would be
+  }
+  if (fd_ < 0) {
+    return fail(GIFT_ERROR_IO, "%s: cannot create a scratch file: %s", dir.c_str(),
+                std::strerror(errno));
+  }
+  return GIFT_OK;
+}
+
+giftResult_t ScratchFile::write(const void* data, uint64_t size) {
+  int err = 0;
+  if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err) != GIFT_OK) {
+    return fail(GIFT_ERROR_IO, "%s: cannot write scratch data: %s", dir_.c_str(),
+                std::strerror(err));
+  }
+  size_ += size;
+  return GIFT_OK;
+}
+
+giftResult_t write_file_atomically(const std::string& path, const uint8_t* data, uint64_t size) {
+  OutputFile out;
+  if (const giftResult_t r = out.open(path)) return r;
+  if (const giftResult_t r = out.write(data, size)) return r;
+  return out.commit();
+}
+
+}  // namespace gift

@@ -1,0 +1,74 @@
+// Output that never shows a partial file under its final name: a file is written unnamed
+// (or under a temporary name where the file system cannot do that) beside its destination
+// and renamed into place only when complete. The same interface writes to a descriptor
+// (standard output, a pipe) where there is nothing to rename.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace gift {
+
+class OutputFile {
+ public:
+  OutputFile() = default;
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  // Removes what was written unless commit() succeeded.
+  ~OutputFile();
+
+  giftResult_t open(const std::string& path);
+  // Borrows fd (not closed here); `name` is used in messages.
+  void open_fd(int fd, const std::string& name);
+
+  giftResult_t write(const void* data, uint64_t size);
+  // Appends `size` bytes of the file `fd` from `offset`, in the kernel where it can.
+  giftResult_t append_from(int fd, uint64_t offset, uint64_t size);
+  // A file: fsync, then the rename over the destination. A descriptor: nothing to do.
+  giftResult_t commit();
+
+  uint64_t written() const { return written_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  giftResult_t fail_io(const char* what, int err);
+  void discard();
+
+  int fd_ = -1;
+  bool owned_ = false, unnamed_ = false, committed_ = false;
+  std::string path_, temp_, name_;
+  uint64_t written_ = 0;
+};
+
+// An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays
+// in one file system), removed by the kernel when closed, whatever ends the process.
+class ScratchFile {
+ public:
+  ScratchFile() = default;
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
+  ~ScratchFile();
+
+  giftResult_t open(const std::string& dir);
+  giftResult_t write(const void* data, uint64_t size);
+  bool is_open() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  std::string dir_;
+  uint64_t size_ = 0;
+};
+
+// Writes bytes to path through an OutputFile.
+giftResult_t write_file_atomically(const std::string& path, const uint8_t* data, uint64_t size);
+inline giftResult_t write_file_atomically(const std::string& path,
+                                          const std::vector<uint8_t>& bytes) {
+  return write_file_atomically(path, bytes.data(), bytes.size());
+}
+
+}  // namespace gift

@@ -1,0 +1,208 @@
+// Bounded-memory paths: a writer keeping its sections in a scratch file (and encoding in
+// bands of rows) writes the same bytes as one holding them in memory; outputs appear under
+// their name only when committed.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gift/gift.h"
+
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/gift-stream-XXXXXX";
+  const char* d = ::mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? d : "/tmp";
+}
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+std::vector<float> values(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen) * 0.01f;
+  return v;
+}
+
+struct Case {
+  const char* name;
+  giftScaleLayout_t layout;
+  giftRounding_t rounding;
+  int zstd;
+};
+
+// Tensors larger than the writer's bands (several million elements, rows not a multiple of
+// a band nor of the tile height), a raw vector and an empty tensor, as one frame.
+std::vector<uint8_t> frame_of(const Case& c, const std::string& scratch, const std::string& file) {
+  giftFrameWriter* w = nullptr;
+  EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterSetCompression(w, c.zstd), GIFT_OK);
+  if (!scratch.empty()) {
+    EXPECT_EQ(giftFrameWriterSetScratchDir(w, scratch.c_str()), GIFT_OK);
+  }
+  giftFrameWriterAddMetadata(w, "case", c.name);
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  p.layout = c.layout;
+  p.rounding = c.rounding;
+  p.tile_rows = 3;
+  p.tile_cols = 5;
+  static const std::vector<float> big = values(4099 * 1100, 1), bias = values(1100, 2);
+  std::vector<uint16_t> half(2050 * 2100);
+  for (size_t i = 0; i < half.size(); ++i) half[i] = uint16_t(0x3c00 + (i * 7919) % 0x0800);
+  const uint64_t sb[] = {4099, 1100}, sv[] = {1100}, sh[] = {2050, 2100}, se[] = {0, 9};
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "big", sb, 2, GIFT_DTYPE_F32, big.data(), &p), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "bias", sv, 1, GIFT_DTYPE_F32, bias.data(), nullptr),
+            GIFT_OK);
+  p.tensor_index = 2;
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "half", sh, 2, GIFT_DTYPE_BF16, half.data(), &p), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "empty", se, 2, GIFT_DTYPE_F32, nullptr, &p), GIFT_OK);
+  std::vector<uint8_t> bytes;
+  if (file.empty()) {
+    void* data = nullptr;
+    uint64_t size = 0;
+    EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK);
+    bytes.assign(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
+    giftFree(data);
+  } else {
+    EXPECT_EQ(giftFrameWriterWriteFile(w, file.c_str()), GIFT_OK) << giftGetLastErrorMessage();
+    bytes = file_bytes(file);
+  }
+  giftFrameWriterFree(w);
+  return bytes;
+}
+
+TEST(Streaming, ScratchWriterWritesTheSameBytes) {
+  const std::string dir = temp_dir();
+  for (const Case& c : {Case{"block", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 0},
+                        Case{"row", GIFT_SCALE_ROW, GIFT_ROUND_NEAREST, 0},
+                        Case{"tile", GIFT_SCALE_TILE, GIFT_ROUND_NEAREST, 0},
+                        Case{"tensor", GIFT_SCALE_TENSOR, GIFT_ROUND_NEAREST, 0},
+                        Case{"stochastic", GIFT_SCALE_BLOCK, GIFT_ROUND_STOCHASTIC, 0},
+                        Case{"zstd", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 3}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<uint8_t> in_memory = frame_of(c, "", "");
+    ASSERT_GT(in_memory.size(), 1u << 20);
+    EXPECT_EQ(frame_of(c, dir, ""), in_memory);
+    const std::string path = dir + "/out.gift";
+    EXPECT_EQ(frame_of(c, dir, path), in_memory);
+    giftFrame* f = nullptr;
+    ASSERT_EQ(giftFrameOpenFile(path.c_str(), &f), GIFT_OK);
+    EXPECT_EQ(giftFrameVerify(f), GIFT_OK);
+    giftFrameClose(f);
+    ::unlink(path.c_str());
+  }
+  EXPECT_TRUE(entries(dir).empty()) << "scratch or temporary files left behind";
+  ::rmdir(dir.c_str());
+}
+
+TEST(Streaming, BandedEncodeReportsNonFiniteInputOverTheWholeTensor) {
+  std::vector<float> v = values(4099 * 1100, 3);
+  v[4099 * 1100 - 5] = NAN;  // the last band
+  v[1100 * 3000 + 7] = INFINITY;
+  const uint64_t shape[] = {4099, 1100};
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  std::string messages[2];
+  const std::string dir = temp_dir();
+  for (int scratch = 0; scratch < 2; ++scratch) {
+    giftFrameWriter* w = nullptr;
+    ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+    if (scratch) {
+      ASSERT_EQ(giftFrameWriterSetScratchDir(w, dir.c_str()), GIFT_OK);
+    }
+    EXPECT_EQ(giftFrameWriterAddTensor(w, "w", shape, 2, GIFT_DTYPE_F32, v.data(), &p),
+              GIFT_ERROR_NONFINITE_INPUT);
+    messages[scratch] = giftGetLastErrorMessage();
+    giftFrameWriterFree(w);
+  }
+  EXPECT_NE(messages[1].find("2 non-finite values"), std::string::npos) << messages[1];
+  EXPECT_NE(messages[1].find("index 3300007 (row 3000, column 7)"), std::string::npos)
+      << messages[1];
+  EXPECT_EQ(messages[0], messages[1]);
+  ::rmdir(dir.c_str());
+}
+
+TEST(Streaming, OutputAppearsOnlyWhenCommitted) {
+  const std::string dir = temp_dir(), path = dir + "/out.bin";
+  { std::ofstream(path) << "old"; }
+  giftOutput* o = nullptr;
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &o), GIFT_OK);
+  ASSERT_EQ(giftOutputWrite(o, "new bytes", 9), GIFT_OK);
+  EXPECT_EQ(file_bytes(path), std::vector<uint8_t>({'o', 'l', 'd'}));
+  EXPECT_EQ(entries(dir).size(), 1u) << "the unfinished output has no name";
+  giftOutputFree(o);  // not committed: discarded
+  EXPECT_EQ(file_bytes(path), std::vector<uint8_t>({'o', 'l', 'd'}));
+  EXPECT_EQ(entries(dir).size(), 1u);
+
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &o), GIFT_OK);
+  ASSERT_EQ(giftOutputWrite(o, "new", 3), GIFT_OK);
+  ASSERT_EQ(giftOutputWrite(o, " bytes", 6), GIFT_OK);
+  ASSERT_EQ(giftOutputCommit(o), GIFT_OK);
+  giftOutputFree(o);
+  const std::string got(reinterpret_cast<const char*>(file_bytes(path).data()), 9);
+  EXPECT_EQ(got, "new bytes");
+  EXPECT_EQ(entries(dir), std::vector<std::string>({"out.bin"}));
+
+  EXPECT_EQ(giftOutputOpenFile((dir + "/no/such/folder/x").c_str(), &o), GIFT_ERROR_IO);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("no/such/folder/x"), std::string::npos);
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST(Streaming, OutputToADescriptorWritesAsItComes) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  giftOutput* o = nullptr;
+  ASSERT_EQ(giftOutputOpenFd(fds[1], "pipe", &o), GIFT_OK);
+  ASSERT_EQ(giftOutputWrite(o, "abc", 3), GIFT_OK);
+  char buf[4] = {};
+  ASSERT_EQ(::read(fds[0], buf, 3), 3);
+  EXPECT_STREQ(buf, "abc");
+  ASSERT_EQ(giftOutputCommit(o), GIFT_OK);
+  giftOutputFree(o);
+  EXPECT_EQ(::write(fds[1], "d", 1), 1) << "the caller's descriptor stays open";
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+TEST(Streaming, FullDiskFailsAndLeavesNothing) {
+  giftOutput* o = nullptr;
+  if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  const int fd = ::open("/dev/full", O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(giftOutputOpenFd(fd, "/dev/full", &o), GIFT_OK);
+  EXPECT_EQ(giftOutputWrite(o, "x", 1), GIFT_ERROR_IO);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("No space left"), std::string::npos)
+      << giftGetLastErrorMessage();
+  giftOutputFree(o);
+  ::close(fd);
+}
+
+}  // namespace
