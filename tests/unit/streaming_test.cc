@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -147,6 +148,47 @@ TEST(Streaming, BandedEncodeReportsNonFiniteInputOverTheWholeTensor) {
       << messages[1];
   EXPECT_EQ(messages[0], messages[1]);
   ::rmdir(dir.c_str());
+}
+
+// Decoding a tensor in bands of rows gives the bytes of the whole decode, for every layout,
+// output type and compression, with bands cut where the tensor allows.
+TEST(Streaming, BandsDecodeAsTheWholeTensor) {
+  for (const Case& c : {Case{"tile", GIFT_SCALE_TILE, GIFT_ROUND_NEAREST, 0},
+                        Case{"tensor", GIFT_SCALE_TENSOR, GIFT_ROUND_STOCHASTIC, 0},
+                        Case{"zstd", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 3}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<uint8_t> bytes = frame_of(c, "", "");
+    giftFrame* f = nullptr;
+    ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
+    for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
+      giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+      ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
+      ASSERT_EQ(info.rows * info.cols, info.elements);
+      EXPECT_EQ(info.row_align, c.layout == GIFT_SCALE_TILE && !info.raw ? 3u : 1u);
+      for (const giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16}) {
+        const size_t w = giftDTypeSize(dt);
+        std::vector<uint8_t> whole(info.elements * w), bands(whole.size());
+        ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
+        const uint64_t step = info.row_align * 337;
+        for (uint64_t r0 = 0; r0 < info.rows; r0 += step) {
+          const uint64_t n = std::min(step, info.rows - r0);
+          ASSERT_EQ(giftFrameDecodeRows(f, i, r0, n, bands.data() + r0 * info.cols * w,
+                                        n * info.cols * w, dt),
+                    GIFT_OK)
+              << giftGetLastErrorMessage();
+        }
+        EXPECT_EQ(bands, whole) << info.name;
+      }
+    }
+    float one[5000];
+    EXPECT_EQ(giftFrameDecodeRows(f, 0, 4098, 2, one, sizeof one, GIFT_DTYPE_F32),
+              GIFT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("has 4099 rows"), std::string::npos);
+    EXPECT_EQ(
+        giftFrameDecodeRows(f, 0, 1, 1, one, 4, GIFT_DTYPE_F32),
+        c.layout == GIFT_SCALE_TILE ? GIFT_ERROR_INVALID_ARGUMENT : GIFT_ERROR_BUFFER_TOO_SMALL);
+    giftFrameClose(f);
+  }
 }
 
 TEST(Streaming, OutputAppearsOnlyWhenCommitted) {

@@ -310,13 +310,15 @@ typedef struct {
   float amax;    /* largest finite magnitude of the encoded values */
   float rms;     /* root mean square of the finite ones */
   uint64_t nonfinite_count;
+  uint64_t rows, cols; /* the rows x cols view decoding works on (giftFrameDecodeRows) */
+  uint64_t row_align;  /* where a band of rows may start: a multiple of this */
 } giftTensorInfo;
 
 #define GIFT_TENSOR_INFO_INIT                                                                      \
   {                                                                                                \
     sizeof(giftTensorInfo), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 0, 0, 0, 0, GIFT_DTYPE_F32, 0, \
         GIFT_COORDS_EUCLIDEAN, {0, 0}, GIFT_QUANT_PARAMS_INIT, 0, 0, 0, GIFT_SELECTION_INIT, 0,    \
-        0.0f, 0.0f, 0                                                                              \
+        0.0f, 0.0f, 0, 0, 0, 1                                                                     \
   }
 
 GIFT_API giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index,
@@ -329,6 +331,17 @@ GIFT_API giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* na
  * mapped back with the frame's embedded basis (GIFT_ERROR_BASIS_MISSING without one). */
 GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst,
                                             uint64_t dst_bytes, giftDType_t dst_dtype);
+
+/* Rows [first_row, first_row + rows) of tensor `index` in its rows x cols view (cols: the
+ * last dimension, rows: the product of the others; giftTensorInfo.rows and .cols), decoded
+ * into dst (rows * cols * size of dst_dtype bytes): the values giftFrameDecodeTensor gives
+ * for them, so a large tensor decodes in bands through a small buffer. first_row must be a
+ * multiple of giftTensorInfo.row_align (the tile height; 1 for other layouts). The first
+ * call for a tensor checks its sections and the frame keeps them (a compressed section
+ * expanded) while later calls read the same tensor. Not for several threads on one frame. */
+GIFT_API giftResult_t giftFrameDecodeRows(giftFrame* frame, uint64_t index, uint64_t first_row,
+                                          uint64_t rows, void* dst, uint64_t dst_bytes,
+                                          giftDType_t dst_dtype);
 
 /* Zero-copy access to an FP8 tensor's codes and scales where they lie in the frame (after
  * checking their checksums); for compressed sections, GIFT_ERROR_INVALID_ARGUMENT. The

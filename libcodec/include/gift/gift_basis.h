@@ -167,6 +167,13 @@ GIFT_API giftResult_t giftFrameDecodeTensorWithBasis(giftFrame* frame, uint64_t 
                                                      const giftBasis* basis, void* dst,
                                                      uint64_t dst_bytes, giftDType_t dst_dtype);
 
+/* giftFrameDecodeRows with `basis` for tensors in GIFT coordinates (NULL: the frame's
+ * embedded one). */
+GIFT_API giftResult_t giftFrameDecodeRowsWithBasis(giftFrame* frame, uint64_t index,
+                                                   uint64_t first_row, uint64_t rows,
+                                                   const giftBasis* basis, void* dst,
+                                                   uint64_t dst_bytes, giftDType_t dst_dtype);
+
 #ifdef __cplusplus
 }
 #endif

@@ -422,4 +422,12 @@ giftResult_t giftFrameDecodeTensorWithBasis(giftFrame* frame, uint64_t index,
   return gift::decode_with_basis(frame, index, basis, dst, dst_bytes, dst_dtype);
 }
 
+giftResult_t giftFrameDecodeRowsWithBasis(giftFrame* frame, uint64_t index, uint64_t first_row,
+                                          uint64_t rows, const giftBasis* basis, void* dst,
+                                          uint64_t dst_bytes, giftDType_t dst_dtype) {
+  gift::clear_error();
+  return gift::decode_rows_with_basis(frame, index, first_row, rows, basis, dst, dst_bytes,
+                                      dst_dtype);
+}
+
 }  // extern "C"

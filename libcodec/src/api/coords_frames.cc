@@ -171,21 +171,34 @@ giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, con
   return GIFT_OK;
 }
 
-giftResult_t decode_in_basis(const container::FrameReader& r, size_t index, const Basis* basis,
-                             void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
+giftResult_t decode_rows_in_basis(const container::FrameReader& r, size_t index, const Basis* basis,
+                                  uint64_t first_row, uint64_t rows, void* dst, uint64_t dst_bytes,
+                                  giftDType_t dst_dtype,
+                                  container::FrameReader::SectionCache* cache) {
   if (index >= r.tensors().size() || r.tensors()[index].fb->coords() != fb::Coords::Gift) {
-    return r.decode(index, dst, dst_bytes, dst_dtype);
+    return r.decode_rows(index, first_row, rows, dst, dst_bytes, dst_dtype, false, cache);
   }
   const container::TensorEntry& e = r.tensors()[index];
-  if (const giftResult_t rc = r.check_output(index, dst, dst_bytes, dst_dtype)) return rc;
+  if (const giftResult_t rc = r.check_output(index, dst, dst_bytes, dst_dtype, rows * e.cols))
+    return rc;
   const Whitener* t = nullptr;
   if (const giftResult_t rc = resolve_whitener(r, index, basis, &t)) return rc;
-  std::vector<float> v(e.elements);
-  if (const giftResult_t rc = r.decode(index, v.data(), v.size() * 4, GIFT_DTYPE_F32, true))
+  // The inverse whitening acts on each row by itself: a band maps back alone.
+  std::vector<float> v(rows * e.cols);
+  if (const giftResult_t rc = r.decode_rows(index, first_row, rows, v.data(), v.size() * 4,
+                                            GIFT_DTYPE_F32, true, cache))
     return rc;
-  unwhiten(*t, v.data(), e.rows);
-  convert_elements(v.data(), GIFT_DTYPE_F32, dst, dst_dtype, e.elements);
+  unwhiten(*t, v.data(), rows);
+  convert_elements(v.data(), GIFT_DTYPE_F32, dst, dst_dtype, v.size());
   return GIFT_OK;
+}
+
+giftResult_t decode_in_basis(const container::FrameReader& r, size_t index, const Basis* basis,
+                             void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
+  if (const giftResult_t rc = r.check_output(index, dst, dst_bytes, dst_dtype)) return rc;
+  container::FrameReader::SectionCache fresh;  // a whole decode checks the sections again
+  return decode_rows_in_basis(r, index, basis, 0, r.tensors()[index].rows, dst, dst_bytes,
+                              dst_dtype, &fresh);
 }
 
 container::CoordsChoice record(const Selection& s, const BasisId& id) {

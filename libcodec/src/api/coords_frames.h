@@ -32,6 +32,11 @@ giftResult_t resolve_whitener(const container::FrameReader& r, size_t index, con
 // errors as resolve_whitener's.
 giftResult_t decode_in_basis(const container::FrameReader& r, size_t index, const Basis* basis,
                              void* dst, uint64_t dst_bytes, giftDType_t dst_dtype);
+// Rows of it, as FrameReader::decode_rows.
+giftResult_t decode_rows_in_basis(const container::FrameReader& r, size_t index, const Basis* basis,
+                                  uint64_t first_row, uint64_t rows, void* dst, uint64_t dst_bytes,
+                                  giftDType_t dst_dtype,
+                                  container::FrameReader::SectionCache* cache);
 
 // The frame's record of a choice made for a tensor in basis `id`.
 container::CoordsChoice record(const Selection& s, const BasisId& id);

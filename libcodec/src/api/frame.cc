@@ -20,7 +20,7 @@ giftResult_t open_source(std::unique_ptr<gift::container::ByteSource> src, const
                          giftFrame** frame) {
   std::unique_ptr<gift::container::FrameReader> r;
   if (const giftResult_t e = gift::container::FrameReader::open(std::move(src), name, &r)) return e;
-  *frame = new (std::nothrow) giftFrame{std::move(r), false, false, {}};
+  *frame = new (std::nothrow) giftFrame{std::move(r), false, false, {}, {}};
   return *frame ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
 }
 
@@ -46,24 +46,53 @@ giftResult_t gift::frame_basis(giftFrame* frame, const giftBasis** out) {
   return GIFT_OK;
 }
 
-giftResult_t gift::decode_with_basis(giftFrame* frame, uint64_t index, const giftBasis* given,
-                                     void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
+namespace {
+
+// The decode shared by whole tensors and bands: the caller's buffer is checked first, as for
+// every tensor, then the basis (the frame's own when none is given).
+template <typename Decode>
+giftResult_t decode_guarded(giftFrame* frame, uint64_t index, const giftBasis* given,
+                            const void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
+                            uint64_t elements, Decode&& decode) {
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
   try {
     const giftBasis* basis = given;
     if (in_gift_coords(frame, index)) {
-      // The caller's buffer first, as for every tensor, then the basis.
-      if (const giftResult_t r = frame->reader->check_output(index, dst, dst_bytes, dst_dtype))
+      if (const giftResult_t r =
+              frame->reader->check_output(index, dst, dst_bytes, dst_dtype, elements))
         return r;
       if (!basis) {
-        if (const giftResult_t r = frame_basis(frame, &basis)) return r;
+        if (const giftResult_t r = gift::frame_basis(frame, &basis)) return r;
       }
     }
-    return gift::coords::decode_in_basis(
-        *frame->reader, size_t(index), basis ? &basis->basis : nullptr, dst, dst_bytes, dst_dtype);
+    return decode(basis ? &basis->basis : nullptr);
   } catch (const std::bad_alloc&) {
     return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
   }
+}
+
+}  // namespace
+
+giftResult_t gift::decode_with_basis(giftFrame* frame, uint64_t index, const giftBasis* given,
+                                     void* dst, uint64_t dst_bytes, giftDType_t dst_dtype) {
+  return decode_guarded(frame, index, given, dst, dst_bytes, dst_dtype, UINT64_MAX,
+                        [&](const gift::coords::Basis* b) {
+                          return gift::coords::decode_in_basis(*frame->reader, size_t(index), b,
+                                                               dst, dst_bytes, dst_dtype);
+                        });
+}
+
+giftResult_t gift::decode_rows_with_basis(giftFrame* frame, uint64_t index, uint64_t first_row,
+                                          uint64_t rows, const giftBasis* given, void* dst,
+                                          uint64_t dst_bytes, giftDType_t dst_dtype) {
+  const auto& ts = frame ? frame->reader->tensors() : decltype(frame->reader->tensors()){};
+  const uint64_t cols = index < ts.size() ? ts[index].cols : 0;
+  return decode_guarded(frame, index, given, dst, dst_bytes, dst_dtype, rows * cols,
+                        [&](const gift::coords::Basis* b) {
+                          return gift::coords::decode_rows_in_basis(
+                              *frame->reader, size_t(index), b, first_row, rows, dst, dst_bytes,
+                              dst_dtype, &frame->rows_cache);
+                        });
 }
 
 extern "C" {
@@ -181,6 +210,9 @@ giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTen
     i.rms = s->rms();
     i.nonfinite_count = s->nonfinite_count();
   }
+  i.rows = e.rows;
+  i.cols = e.cols;
+  i.row_align = gift::container::FrameReader::row_unit(e);
   return gift::write_sized(i, info, "giftTensorInfo");
 }
 
@@ -202,6 +234,14 @@ giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst, 
                                    giftDType_t dst_dtype) {
   gift::clear_error();
   return gift::decode_with_basis(frame, index, nullptr, dst, dst_bytes, dst_dtype);
+}
+
+giftResult_t giftFrameDecodeRows(giftFrame* frame, uint64_t index, uint64_t first_row,
+                                 uint64_t rows, void* dst, uint64_t dst_bytes,
+                                 giftDType_t dst_dtype) {
+  gift::clear_error();
+  return gift::decode_rows_with_basis(frame, index, first_row, rows, nullptr, dst, dst_bytes,
+                                      dst_dtype);
 }
 
 giftResult_t giftFrameTensorData(giftFrame* frame, uint64_t index, const uint8_t** codes,

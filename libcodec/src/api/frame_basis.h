@@ -12,5 +12,9 @@ giftResult_t frame_basis(giftFrame* frame, const giftBasis** out);
 // one).
 giftResult_t decode_with_basis(giftFrame* frame, uint64_t index, const giftBasis* basis, void* dst,
                                uint64_t dst_bytes, giftDType_t dst_dtype);
+// Rows [first_row, first_row + rows) of it, through the frame's section cache.
+giftResult_t decode_rows_with_basis(giftFrame* frame, uint64_t index, uint64_t first_row,
+                                    uint64_t rows, const giftBasis* basis, void* dst,
+                                    uint64_t dst_bytes, giftDType_t dst_dtype);
 
 }  // namespace gift

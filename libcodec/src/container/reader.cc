@@ -421,7 +421,7 @@ giftResult_t FrameReader::embedded_basis(std::vector<uint8_t>* scratch, const ui
 }
 
 giftResult_t FrameReader::check_output(size_t index, const void* dst, uint64_t dst_bytes,
-                                       giftDType_t dst_dtype) const {
+                                       giftDType_t dst_dtype, uint64_t elements) const {
   if (index >= tensors_.size()) {
     return fail(GIFT_ERROR_NOT_FOUND, "%s: no tensor %zu (the frame has %zu)", name_.c_str(), index,
                 tensors_.size());
@@ -430,7 +430,7 @@ giftResult_t FrameReader::check_output(size_t index, const void* dst, uint64_t d
   if (!known_dtype(dst_dtype)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown output dtype %d", int(dst_dtype));
   }
-  const uint64_t need = e.elements * dtype_size(dst_dtype);
+  const uint64_t need = std::min(elements, e.elements) * dtype_size(dst_dtype);
   if (need && !dst) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: dst is NULL");
   if (dst_bytes < need) {
     return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
@@ -440,40 +440,90 @@ giftResult_t FrameReader::check_output(size_t index, const void* dst, uint64_t d
   return GIFT_OK;
 }
 
-giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
-                                 bool coded_values) const {
-  if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype)) return r;
+uint64_t FrameReader::row_unit(const TensorEntry& e) {
+  return !e.raw && e.params.layout == GIFT_SCALE_TILE ? e.params.tile_rows : 1;
+}
+
+giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
+  if (cache->index == index) return GIFT_OK;
   const TensorEntry& e = tensors_[index];
-  const uint64_t need = e.elements * dtype_size(dst_dtype);
+  cache->index = SIZE_MAX;
+  if (const giftResult_t r =
+          section_bytes(e.fb->codes(), section_name(e.name, e.raw ? "raw data" : "codes"),
+                        &cache->codes_scratch, &cache->codes)) {
+    return r;
+  }
+  cache->scales = nullptr;
+  if (!e.raw) {
+    if (const giftResult_t r = section_bytes(e.fb->scales(), section_name(e.name, "scales"),
+                                             &cache->scales_scratch, &cache->scales)) {
+      return r;
+    }
+    if (cache->scales != cache->scales_scratch.data())
+      cache->scales = aligned_scales(e, cache->scales, &cache->scales_scratch);
+  }
+  cache->index = index;
+  return GIFT_OK;
+}
+
+giftResult_t FrameReader::decode_band(const TensorEntry& e, const SectionCache& c, uint64_t r0,
+                                      uint64_t n, void* dst, giftDType_t dst_dtype,
+                                      decltype(&giftDecode) decoder) const {
+  if (n == 0 || e.cols == 0) return GIFT_OK;
+  if (e.raw) {
+    const uint8_t* src = c.codes + r0 * e.cols * dtype_size(e.dtype);
+    if (dst_dtype == e.dtype) {
+      std::memcpy(dst, src, n * e.cols * dtype_size(e.dtype));
+    } else {
+      convert_raw(src, e.dtype, n * e.cols, dst, dst_dtype);
+    }
+    return GIFT_OK;
+  }
+  // The band as a tensor of its own: its groups are the tensor's (r0 starts a row of groups),
+  // a last tile cut short by the band keeps its scale.
+  const GroupGrid grid = group_grid(e.params, e.rows, e.cols);
+  const uint64_t first_group =
+      e.params.layout == GIFT_SCALE_TENSOR ? 0 : (r0 / grid.height) * grid.grid_cols;
+  uint64_t band_scale_bytes = 0;
+  giftScaleBytes(&e.params, n, e.cols, &band_scale_bytes);
+  return decoder(&ctx_, &e.params, c.codes + r0 * e.cols,
+                 c.scales + first_group * scale_size(e.params.scale_dtype), band_scale_bytes, n,
+                 e.cols, dst, dst_dtype);
+}
+
+giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t rows, void* dst,
+                                      uint64_t dst_bytes, giftDType_t dst_dtype, bool coded_values,
+                                      SectionCache* cache) const {
+  if (index >= tensors_.size()) return check_output(index, dst, dst_bytes, dst_dtype);
+  const TensorEntry& e = tensors_[index];
+  if (first_row > e.rows || rows > e.rows - first_row) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s: tensor '%s' has %" PRIu64 " rows; rows [%" PRIu64 ", %" PRIu64 ") asked",
+                name_.c_str(), e.name.c_str(), e.rows, first_row, first_row + rows);
+  }
+  if (first_row % row_unit(e)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s: tensor '%s': row %" PRIu64 " does not start a tile of %" PRIu64
+                " rows (a band must)",
+                name_.c_str(), e.name.c_str(), first_row, row_unit(e));
+  }
+  if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype, rows * e.cols))
+    return r;
   if (e.fb->coords() == fb::Coords::Gift && !coded_values) {
     return fail(GIFT_ERROR_BASIS_MISSING,
                 "%s: tensor '%s' is encoded in a GIFT basis; it decodes only with that basis",
                 name_.c_str(), e.name.c_str());
   }
-  std::vector<uint8_t> codes_scratch, scales_scratch;
-  const uint8_t *codes = nullptr, *scales = nullptr;
-  const char* codes_what = e.raw ? "raw data" : "codes";
-  if (const giftResult_t r =
-          section_bytes(e.fb->codes(), section_name(e.name, codes_what), &codes_scratch, &codes)) {
-    return r;
-  }
-  if (e.raw) {
-    if (dst_dtype == e.dtype) {
-      if (need) std::memcpy(dst, codes, need);
-    } else {
-      convert_raw(codes, e.dtype, e.elements, dst, dst_dtype);
-    }
-    return GIFT_OK;
-  }
-  if (const giftResult_t r =
-          section_bytes(e.fb->scales(), section_name(e.name, "scales"), &scales_scratch, &scales)) {
-    return r;
-  }
-  const uint64_t scale_bytes = e.fb->scales() ? e.fb->scales()->raw_length() : 0;
-  if (e.elements == 0) return GIFT_OK;
-  std::vector<uint8_t> aligned;
-  scales = aligned_scales(e, scales, &aligned);
-  return decoder_(&ctx_, &e.params, codes, scales, scale_bytes, e.rows, e.cols, dst, dst_dtype);
+  if (const giftResult_t r = fetch(index, cache)) return r;
+  return decode_band(e, *cache, first_row, rows, dst, dst_dtype, decoder_);
+}
+
+giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
+                                 bool coded_values) const {
+  if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype)) return r;
+  SectionCache fresh;  // every whole decode checks the sections again
+  return decode_rows(index, 0, tensors_[index].rows, dst, dst_bytes, dst_dtype, coded_values,
+                     &fresh);
 }
 
 giftResult_t FrameReader::verify_all() const {
@@ -481,45 +531,21 @@ giftResult_t FrameReader::verify_all() const {
   // whose output stays small however many elements a frame claims.
   constexpr uint64_t kBandElems = uint64_t(1) << 22;
   std::vector<float> out;
-  for (const TensorEntry& e : tensors_) {
-    std::vector<uint8_t> codes_scratch, scales_scratch;
-    const uint8_t *codes = nullptr, *scales = nullptr;
-    if (const giftResult_t r =
-            section_bytes(e.fb->codes(), section_name(e.name, e.raw ? "raw data" : "codes"),
-                          &codes_scratch, &codes)) {
-      return r;
-    }
-    if (!e.raw) {
-      if (const giftResult_t r = section_bytes(e.fb->scales(), section_name(e.name, "scales"),
-                                               &scales_scratch, &scales)) {
-        return r;
-      }
-    }
-    // Raw data is checked by its checksum.
-    if (e.raw || e.elements == 0) continue;  // tensors in GIFT coordinates: their codes, as coded
-    std::vector<uint8_t> aligned;
-    scales = aligned_scales(e, scales, &aligned);
-    // Rows whose scales are their own: one row (row, block), a band of tile rows, or all.
-    const GroupGrid grid = group_grid(e.params, e.rows, e.cols);
-    const uint64_t unit = e.params.layout == GIFT_SCALE_TENSOR ? e.rows : grid.height;
-    const uint64_t units_per_band =
-        std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * e.cols));
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const TensorEntry& e = tensors_[i];
+    SectionCache c;
+    if (const giftResult_t r = fetch(i, &c)) return r;
+    // Raw data is checked by its checksum; tensors in GIFT coordinates: their codes, as coded.
+    if (e.raw || e.elements == 0) continue;
+    const uint64_t unit = e.params.layout == GIFT_SCALE_TENSOR ? e.rows : row_unit(e);
     const uint64_t band_rows =
-        e.params.layout == GIFT_SCALE_TENSOR ? e.rows : unit * units_per_band;
+        unit * std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * e.cols));
     for (uint64_t r0 = 0; r0 < e.rows; r0 += band_rows) {
       const uint64_t rows = std::min(band_rows, e.rows - r0);
-      const uint64_t first_group =
-          e.params.layout == GIFT_SCALE_TENSOR ? 0 : (r0 / grid.height) * grid.grid_cols;
-      giftQuantParams p = e.params;
-      uint64_t band_scale_bytes = 0;
-      giftScaleBytes(&p, rows, e.cols, &band_scale_bytes);
       out.resize(rows * e.cols);
       if (const giftResult_t r =
-              giftDecode(&ctx_, &p, codes + r0 * e.cols,
-                         scales + first_group * scale_size(e.params.scale_dtype), band_scale_bytes,
-                         rows, e.cols, out.data(), GIFT_DTYPE_F32)) {
+              decode_band(e, c, r0, rows, out.data(), GIFT_DTYPE_F32, &giftDecode))
         return r;
-      }
     }
   }
   if (const fb::Section* s = header_->basis()) {

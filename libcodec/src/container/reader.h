@@ -59,14 +59,30 @@ class FrameReader {
                              std::vector<uint8_t>* scratch, const uint8_t** bytes) const;
 
   // The checks every decode makes first, before anything else can fail: the tensor exists,
-  // the output type is known, the caller's buffer is there and large enough.
+  // the output type is known, the caller's buffer is there and large enough (for `elements`
+  // of the tensor; by default all).
   giftResult_t check_output(size_t index, const void* dst, uint64_t dst_bytes,
-                            giftDType_t dst_dtype) const;
+                            giftDType_t dst_dtype, uint64_t elements = UINT64_MAX) const;
 
   // A tensor in GIFT coordinates needs its basis (coords/select.h applies it); with
   // `coded_values` its codes are decoded as they are, in the basis' coordinates.
   giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
                       bool coded_values = false) const;
+
+  // A tensor's sections, checked and expanded once for a run of decode_rows calls.
+  struct SectionCache {
+    size_t index = SIZE_MAX;
+    const uint8_t *codes = nullptr, *scales = nullptr;
+    std::vector<uint8_t> codes_scratch, scales_scratch;
+  };
+  // Rows [first_row, first_row + rows) of the rows x cols view, as decode() gives them.
+  // first_row must be a multiple of row_unit(). The tensor's sections are checked when
+  // `cache` does not hold them yet (a compressed one expanded into it).
+  giftResult_t decode_rows(size_t index, uint64_t first_row, uint64_t rows, void* dst,
+                           uint64_t dst_bytes, giftDType_t dst_dtype, bool coded_values,
+                           SectionCache* cache) const;
+  // Where a band of rows may start: a tile's height, or any row.
+  static uint64_t row_unit(const TensorEntry& e);
 
   // The embedded basis frame's bytes, or size 0 when there is none.
   giftResult_t embedded_basis(std::vector<uint8_t>* scratch, const uint8_t** bytes,
@@ -81,6 +97,9 @@ class FrameReader {
  private:
   giftResult_t verify_structure();
   giftResult_t verify_strings() const;
+  giftResult_t fetch(size_t index, SectionCache* cache) const;
+  giftResult_t decode_band(const TensorEntry& e, const SectionCache& c, uint64_t r0, uint64_t n,
+                           void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
   static const uint8_t* aligned_scales(const TensorEntry& e, const uint8_t* scales,
                                        std::vector<uint8_t>* scratch);
 
