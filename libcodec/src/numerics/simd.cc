@@ -254,39 +254,40 @@ void QuantizeRNBounded(const void* src, giftDType_t dtype, size_t n, float facto
   QuantizeDispatch<true>(src, dtype, n, factor, divide, kind, codes);
 }
 
-// The vector form of num::fp8_to_float (NaN and Inf codes excepted, see DequantizeK).
+// The vector form of num::fp8_to_float(c) * s, for codes c (sign-extended) of magnitude
+// mag, NaN and Inf codes excepted (see DequantizeK). The magnitude moved up to fp32's
+// exponent and mantissa fields (mag << (23 - M)) reads as the FP8 value times
+// 2^-(127 - bias), FP8 subnormals as fp32 subnormals, so one exact multiplication gives the
+// value; the code's sign is applied last, as IEEE multiplication xors the operands' signs.
 template <Fp8 K>
-HWY_INLINE VF DecodeFp8(DF d, VI c) {
+HWY_INLINE VF DecodeScaled(DF d, VI c, VI mag, VF s) {
   using Tr = Fp8Traits<K>;
   const DI di;
-  const VI mag = hn::And(c, hn::Set(di, 0x7F));
-  const VI normal =
-      hn::Add(hn::ShiftLeft<23 - Tr::kMantBits>(mag), hn::Set(di, (127 - Tr::kBias) << 23));
-  const VF sub = hn::Mul(hn::ConvertTo(d, mag),
-                         hn::Set(d, num::float_of(uint32_t(127 + Tr::kSubnormalStepExp) << 23)));
-  const VI bits =
-      hn::IfThenElse(hn::Lt(mag, hn::Set(di, 1 << Tr::kMantBits)), hn::BitCast(di, sub), normal);
-  return hn::BitCast(d, hn::Or(bits, hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)))));
+  const VF up = hn::Set(d, num::float_of(uint32_t(127 + 127 - Tr::kBias) << 23));
+  const VF v = hn::Mul(hn::Mul(hn::BitCast(d, hn::ShiftLeft<23 - Tr::kMantBits>(mag)), up), s);
+  return hn::BitCast(d, hn::Xor(hn::BitCast(di, v), hn::And(c, hn::Set(di, INT32_MIN))));
 }
 
 template <Fp8 K>
 void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype) {
   const DF d;
   const DI di;
-  const hn::Rebind<uint8_t, DI> d8;
+  const hn::Rebind<int8_t, DI> d8;
   const hn::Rebind<uint16_t, DI> d16;
   const size_t lanes = hn::Lanes(d);
   const VF s = hn::Set(d, scale);
   // Codes that are NaN or Inf (E5M2) take the scalar path, which spells them out.
-  const int special = K == Fp8::kE4M3 ? 0x7F : 0x7C;
+  const VI special = hn::Set(di, (K == Fp8::kE4M3 ? 0x7F : 0x7C) - 1);
+  const int8_t* signed_codes = reinterpret_cast<const int8_t*>(codes);
   size_t i = 0;
   // fp16 output is on no hot path, and a non-finite scale (a damaged frame) needs the NaN
   // handling of the scalar rule: both take the scalar loop below.
   if (dtype != GIFT_DTYPE_F16 && std::isfinite(scale)) {
     for (; i + lanes <= n; i += lanes) {
-      const VI c = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
-      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), hn::Set(di, special - 1)))) break;
-      const VF v = hn::Mul(DecodeFp8<K>(d, c), s);
+      const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
+      const VI mag = hn::And(c, hn::Set(di, 0x7F));
+      if (!hn::AllFalse(di, hn::Gt(mag, special))) break;
+      const VF v = DecodeScaled<K>(d, c, mag, s);
       if (dtype == GIFT_DTYPE_F32) {
         hn::StoreU(v, d, static_cast<float*>(dst) + i);
       } else {
