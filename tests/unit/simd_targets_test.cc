@@ -154,6 +154,90 @@ TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
   }
 }
 
+// The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
+// per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
+// short last blocks, all-zero and subnormal blocks, bf16 values (whose few mantissa bits
+// put many quotients next to FP8 rounding midpoints), and a NaN that stops the run.
+TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd;
+  const size_t n = 40 * 128 + 77;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t blk = i / 128;
+    const float t = nd(gen);
+    x[i] = blk == 3 ? 0.0f : blk == 5 ? num::float_of(gen() & 0x807FFFFFu) : t * t * t * 1e-3f;
+  }
+  std::vector<uint16_t> xb(n), xh(n);
+  for (size_t i = 0; i < n; ++i) {
+    xb[i] = static_cast<uint16_t>(num::bits_of(x[i]) >> 16);
+    xh[i] = num::f16_from_float(x[i]);
+  }
+  for (giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16})
+    for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+      for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
+        for (uint32_t block : {16u, 128u, 4096u}) {
+          const void* src = dt == GIFT_DTYPE_F32    ? static_cast<const void*>(x.data())
+                            : dt == GIFT_DTYPE_BF16 ? static_cast<const void*>(xb.data())
+                                                    : static_cast<const void*>(xh.data());
+          const auto value = [&](size_t i) {
+            return dt == GIFT_DTYPE_F32    ? x[i]
+                   : dt == GIFT_DTYPE_BF16 ? num::bf16_to_float(xb[i])
+                                           : num::f16_to_float(xh[i]);
+          };
+          const size_t blocks = (n + block - 1) / block;
+          std::vector<uint8_t> codes(n, 0xAA), scales(blocks * 4, 0xAA);
+          const simd::BlockRun run{src, dt, n, block, kind, sd, codes.data(), scales.data()};
+          const uint32_t run_max = simd::encode_blocks_rn(run);
+          float amax_all = 0;
+          for (size_t i = 0; i < n; ++i) amax_all = std::max(amax_all, std::fabs(value(i)));
+          ASSERT_EQ(run_max, num::bits_of(amax_all));
+          for (size_t b = 0; b < blocks; ++b) {
+            float amax = 0;
+            for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
+              amax = std::max(amax, std::fabs(value(i)));
+            const num::GroupScale gs =
+                num::group_scale(amax, static_cast<Fp8>(kind), sd == GIFT_SCALE_DTYPE_E8M0);
+            const uint32_t stored =
+                sd == GIFT_SCALE_DTYPE_E8M0
+                    ? scales[b]
+                    : num::bits_of(reinterpret_cast<const float*>(scales.data())[b]);
+            ASSERT_EQ(stored, gs.stored) << "block " << b;
+            for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+              const uint8_t want =
+                  kind == GIFT_FP8_E4M3
+                      ? num::encode_element<Fp8::kE4M3>(value(i), gs, false, false, 0, 0, i)
+                      : num::encode_element<Fp8::kE5M2>(value(i), gs, false, false, 0, 0, i);
+              ASSERT_EQ(codes[i], want) << "dtype " << dt << " kind " << kind << " sd " << sd
+                                        << " block " << block << " i " << i;
+            }
+          }
+          // Decoding the run gives code * scale, as decode_element does.
+          std::vector<float> y(n);
+          simd::decode_blocks(run, y.data(), GIFT_DTYPE_F32);
+          for (size_t i = 0; i < n; ++i) {
+            const size_t b = i / block;
+            const float s = sd == GIFT_SCALE_DTYPE_E8M0
+                                ? num::e8m0_to_float(scales[b])
+                                : reinterpret_cast<const float*>(scales.data())[b];
+            const float want = kind == GIFT_FP8_E4M3 ? num::decode_element<Fp8::kE4M3>(codes[i], s)
+                                                     : num::decode_element<Fp8::kE5M2>(codes[i], s);
+            ASSERT_EQ(num::bits_of(y[i]), num::bits_of(want)) << i;
+          }
+        }
+  // A NaN ends the run at its block: the blocks before it are those of the run without it.
+  std::vector<uint8_t> want(n), scales(((n + 127) / 128) * 4);
+  simd::encode_blocks_rn({x.data(), GIFT_DTYPE_F32, n, 128, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_F32,
+                          want.data(), scales.data()});
+  std::vector<float> y = x;
+  y[21 * 128 + 5] = std::nanf("");
+  std::vector<uint8_t> codes(n);
+  EXPECT_GT(simd::encode_blocks_rn({y.data(), GIFT_DTYPE_F32, n, 128, GIFT_FP8_E4M3,
+                                    GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
+            0x7F800000u);
+  EXPECT_TRUE(std::equal(codes.begin(), codes.begin() + 21 * 128, want.begin()));
+}
+
 // The whitener's fused kernel against the same product in double precision, on shapes with
 // ragged edges everywhere: rows not a multiple of its band, dim and rank not of any vector
 // width, no rank at all, each scaling present or not. (Being a GEMM, it is compared within

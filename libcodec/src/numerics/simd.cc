@@ -153,21 +153,54 @@ HWY_INLINE VI ConvertRNBounded(DF d, VF v) {
   return hn::OrAnd(mag, hn::ShiftRight<24>(u), hn::Set(di, 0x80));
 }
 
+// Codes are in [0, 255]: keeping the low byte of each lane is exact.
+HWY_INLINE void StoreCodes(VI c, uint8_t* codes) {
+  const hn::Rebind<uint8_t, DF> d8;
+  hn::StoreU(hn::TruncateTo(d8, hn::BitCast(hn::RebindToUnsigned<DF>(), c)), d8, codes);
+}
+
+// Four vectors of codes at once. x86 narrows two vectors into one within each 128-bit
+// block, so two rounds of saturating packs (exact on [0, 255]) leave in 32-bit group 4k + j
+// the bytes of vector j's block k; one permutation puts them in order. That is 4
+// instructions where 4 truncations take 8 to 16.
+HWY_INLINE void StoreCodes4(const VI (&c)[4], uint8_t* codes) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const __m512i p = _mm512_packus_epi16(_mm512_packs_epi32(c[0].raw, c[1].raw),
+                                        _mm512_packs_epi32(c[2].raw, c[3].raw));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(codes, _mm512_permutexvar_epi32(order, p));
+#elif HWY_TARGET == HWY_AVX2
+  const __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(c[0].raw, c[1].raw),
+                                        _mm256_packs_epi32(c[2].raw, c[3].raw));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm256_permutevar8x32_epi32(p, order));
+#elif HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3
+  _mm_storeu_si128(
+      reinterpret_cast<__m128i*>(codes),
+      _mm_packus_epi16(_mm_packs_epi32(c[0].raw, c[1].raw), _mm_packs_epi32(c[2].raw, c[3].raw)));
+#else
+  const size_t lanes = hn::Lanes(DF());
+  for (size_t k = 0; k < 4; ++k) StoreCodes(c[k], codes + k * lanes);
+#endif
+}
+
 template <typename T, Fp8 K, bool kDivide, bool kBounded>
 void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
   const DF d;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<uint8_t, DF> d8;
   const size_t lanes = hn::Lanes(d);
   const VF f = hn::Set(d, factor);
-  size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
+  const auto code_at = [&](size_t i) {
     const VF x = Source<T>::load(d, src + i);
     const VF v = kDivide ? hn::Div(x, f) : hn::Mul(x, f);
-    const VI c = kBounded ? ConvertRNBounded<K>(d, v) : ConvertRN<K>(d, v);
-    // Codes are in [0, 255]: keeping the low byte of each lane is exact.
-    hn::StoreU(hn::TruncateTo(d8, hn::BitCast(du, c)), d8, codes + i);
+    return kBounded ? ConvertRNBounded<K>(d, v) : ConvertRN<K>(d, v);
+  };
+  size_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    const VI c[4] = {code_at(i), code_at(i + lanes), code_at(i + 2 * lanes),
+                     code_at(i + 3 * lanes)};
+    StoreCodes4(c, codes + i);
   }
+  for (; i + lanes <= n; i += lanes) StoreCodes(code_at(i), codes + i);
   for (; i < n; ++i) {
     const float x = Source<T>::scalar(src + i);
     codes[i] = num::fp8_from_float_rn<K>(kDivide ? x / factor : x * factor);
@@ -221,39 +254,40 @@ void QuantizeRNBounded(const void* src, giftDType_t dtype, size_t n, float facto
   QuantizeDispatch<true>(src, dtype, n, factor, divide, kind, codes);
 }
 
-// The vector form of num::fp8_to_float (NaN and Inf codes excepted, see DequantizeK).
+// The vector form of num::fp8_to_float(c) * s, for codes c (sign-extended) of magnitude
+// mag, NaN and Inf codes excepted (see DequantizeK). The magnitude moved up to fp32's
+// exponent and mantissa fields (mag << (23 - M)) reads as the FP8 value times
+// 2^-(127 - bias), FP8 subnormals as fp32 subnormals, so one exact multiplication gives the
+// value; the code's sign is applied last, as IEEE multiplication xors the operands' signs.
 template <Fp8 K>
-HWY_INLINE VF DecodeFp8(DF d, VI c) {
+HWY_INLINE VF DecodeScaled(DF d, VI c, VI mag, VF s) {
   using Tr = Fp8Traits<K>;
   const DI di;
-  const VI mag = hn::And(c, hn::Set(di, 0x7F));
-  const VI normal =
-      hn::Add(hn::ShiftLeft<23 - Tr::kMantBits>(mag), hn::Set(di, (127 - Tr::kBias) << 23));
-  const VF sub = hn::Mul(hn::ConvertTo(d, mag),
-                         hn::Set(d, num::float_of(uint32_t(127 + Tr::kSubnormalStepExp) << 23)));
-  const VI bits =
-      hn::IfThenElse(hn::Lt(mag, hn::Set(di, 1 << Tr::kMantBits)), hn::BitCast(di, sub), normal);
-  return hn::BitCast(d, hn::Or(bits, hn::ShiftLeft<24>(hn::And(c, hn::Set(di, 0x80)))));
+  const VF up = hn::Set(d, num::float_of(uint32_t(127 + 127 - Tr::kBias) << 23));
+  const VF v = hn::Mul(hn::Mul(hn::BitCast(d, hn::ShiftLeft<23 - Tr::kMantBits>(mag)), up), s);
+  return hn::BitCast(d, hn::Xor(hn::BitCast(di, v), hn::And(c, hn::Set(di, INT32_MIN))));
 }
 
 template <Fp8 K>
 void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype) {
   const DF d;
   const DI di;
-  const hn::Rebind<uint8_t, DI> d8;
+  const hn::Rebind<int8_t, DI> d8;
   const hn::Rebind<uint16_t, DI> d16;
   const size_t lanes = hn::Lanes(d);
   const VF s = hn::Set(d, scale);
   // Codes that are NaN or Inf (E5M2) take the scalar path, which spells them out.
-  const int special = K == Fp8::kE4M3 ? 0x7F : 0x7C;
+  const VI special = hn::Set(di, (K == Fp8::kE4M3 ? 0x7F : 0x7C) - 1);
+  const int8_t* signed_codes = reinterpret_cast<const int8_t*>(codes);
   size_t i = 0;
   // fp16 output is on no hot path, and a non-finite scale (a damaged frame) needs the NaN
   // handling of the scalar rule: both take the scalar loop below.
   if (dtype != GIFT_DTYPE_F16 && std::isfinite(scale)) {
     for (; i + lanes <= n; i += lanes) {
-      const VI c = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
-      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), hn::Set(di, special - 1)))) break;
-      const VF v = hn::Mul(DecodeFp8<K>(d, c), s);
+      const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
+      const VI mag = hn::And(c, hn::Set(di, 0x7F));
+      if (!hn::AllFalse(di, hn::Gt(mag, special))) break;
+      const VF v = DecodeScaled<K>(d, c, mag, s);
       if (dtype == GIFT_DTYPE_F32) {
         hn::StoreU(v, d, static_cast<float*>(dst) + i);
       } else {
@@ -287,32 +321,47 @@ void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind,
   }
 }
 
+// Blocks are taken in batches: first the amax of each block of the batch, then the codes of
+// each. Within one block the codes wait on the amax, its reduction across lanes and the
+// scale's division; batching lets those latencies of one block overlap the others' work.
+constexpr uint64_t kBatchBlocks = 16;
+
 template <typename T, Fp8 K, bool kE8M0>
 uint32_t EncodeBlocksT(const BlockRun& run) {
   const T* src = static_cast<const T*>(run.src);
   uint32_t run_max = 0;
-  for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
-    const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
-    const uint32_t amax_bits = AbsMaxBitsT(src + b0, len);
-    run_max = std::max(run_max, amax_bits);
-    if (amax_bits >= 0x7F800000u) return run_max;
-    // Finite x over a positive scale stays below 2^17 in magnitude: the bounded conversion
-    // applies. A zero scale (amax == 0 or fp32 underflow) means all codes +0.
-    const float amax = num::float_of(amax_bits);
-    uint8_t* codes = run.codes + b0;
-    bool zero;
-    if (kE8M0) {
-      const uint8_t e = num::scale_e8m0(amax, K);
-      static_cast<uint8_t*>(run.scales)[g] = e;
-      zero = amax_bits == 0;
-      if (!zero) QuantizeT<T, K, false, true>(src + b0, len, num::e8m0_reciprocal(e), codes);
-    } else {
-      const float s = num::scale_f32(amax, K);
-      static_cast<float*>(run.scales)[g] = s;
-      zero = !(s > 0.0f);
-      if (!zero) QuantizeT<T, K, true, true>(src + b0, len, s, codes);
+  uint32_t amax_bits[kBatchBlocks];
+  for (uint64_t first = 0, g0 = 0; first < run.n; first += kBatchBlocks * run.block) {
+    const uint64_t batch_n = std::min<uint64_t>(kBatchBlocks * run.block, run.n - first);
+    const uint64_t blocks = (batch_n + run.block - 1) / run.block;
+    for (uint64_t k = 0; k < blocks; ++k) {
+      const uint64_t b0 = first + k * run.block;
+      amax_bits[k] =
+          AbsMaxBitsT(src + b0, static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0)));
     }
-    if (zero) memset(codes, 0, len);
+    for (uint64_t k = 0; k < blocks; ++k, ++g0) {
+      const uint64_t b0 = first + k * run.block, g = g0;
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
+      run_max = std::max(run_max, amax_bits[k]);
+      if (amax_bits[k] >= 0x7F800000u) return run_max;
+      // Finite x over a positive scale stays below 2^17 in magnitude: the bounded conversion
+      // applies. A zero scale (amax == 0 or fp32 underflow) means all codes +0.
+      const float amax = num::float_of(amax_bits[k]);
+      uint8_t* codes = run.codes + b0;
+      bool zero;
+      if (kE8M0) {
+        const uint8_t e = num::scale_e8m0(amax, K);
+        static_cast<uint8_t*>(run.scales)[g] = e;
+        zero = amax_bits[k] == 0;
+        if (!zero) QuantizeT<T, K, false, true>(src + b0, len, num::e8m0_reciprocal(e), codes);
+      } else {
+        const float s = num::scale_f32(amax, K);
+        static_cast<float*>(run.scales)[g] = s;
+        zero = !(s > 0.0f);
+        if (!zero) QuantizeT<T, K, true, true>(src + b0, len, s, codes);
+      }
+      if (zero) memset(codes, 0, len);
+    }
   }
   return run_max;
 }
