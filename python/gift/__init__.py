@@ -377,7 +377,7 @@ class Frame:
         b = _float_buffer(out, f"out for {t['name']!r}", writable=True)
         if b.nbytes != t["elements"] * _ITEMSIZE[_DTYPES[b.dtype]]:
             raise ValueError(f"out for {t['name']!r}: shape {b.shape}, not {t['shape']}")
-        if b.device is None:
+        if b.device is None or t["elements"] == 0:
             self._f.decode_into(i, _handle(basis), b.address, b.nbytes, _DTYPES[b.dtype])
         elif t["raw"] or t["coords"] == "gift" or t["compressed"]:
             out.copy_(self.decode(i, basis, out=out.new_empty(out.shape, device="cpu")))
@@ -630,7 +630,8 @@ class ReducePlan:
         """Raises GiftError for what a device plan's steps saw since the last status (a
         non-finite value in an input or a sum, a message of another call or shard), after
         waiting for them. Host steps raise at once, so on the host this does nothing."""
-        self._plan.status()
+        with _on(self.device):
+            self._plan.status()
 
     def save_state(self):
         """The call counter and error-feedback residuals, for checkpoints (host plans)."""

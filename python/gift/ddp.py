@@ -55,6 +55,8 @@ class GiftState:
     attach(model). refresh_every: steps between basis fits (the first on step 0);
     reselect_every: calls between the transport's measurements under "auto";
     basis_rank, damping: how each whitener is fitted (gift.Basis.fit).
+    integrity: checksums over every message; None (the default) has them on CPU buckets,
+    and not on CUDA buckets, whose device plans have none.
     bytes_sent / fp32_bytes: what this rank sent through the hook (the basis refreshes
     included), and what a ring fp32 all-reduce of the same buckets sends (2 (N-1)/N x 4
     bytes per element).
@@ -63,7 +65,7 @@ class GiftState:
     def __init__(self, process_group=None, fp8="e4m3", block=128, coords="auto",
                  error_feedback=True, start_iter=0, refresh_every=50, reselect_every=50,
                  basis_rank=32, damping=1e-3, scale_dtype="f32", rounding="nearest", seed=0,
-                 integrity=True, threads=0):
+                 integrity=None, threads=0):
         if refresh_every < 1:
             raise ValueError(f"refresh_every: {refresh_every} is not a positive step count")
         self.process_group = process_group
