@@ -57,13 +57,17 @@ struct Where {
   uintptr_t stream = 0;
 };
 
-Where where(const py::object& stream) {
-  if (stream.is_none()) return {};
+void require_cuda() {
   if (!kHaveCuda) {
     throw Failure{GIFT_ERROR_DEVICE,
                   "this libgift was built without CUDA: device buffers need "
                   "a build with GIFT_WITH_CUDA"};
   }
+}
+
+Where where(const py::object& stream) {
+  if (stream.is_none()) return {};
+  require_cuda();
   return {true, stream.cast<uintptr_t>()};
 }
 
@@ -433,7 +437,7 @@ class ReducePlan {
       host_.reset(p);
       return;
     }
-    where(py::int_(0));  // fails without CUDA
+    require_cuda();
 #ifdef GIFT_HAVE_CUDA
     giftReduceDevicePlan* p = nullptr;
     check(giftReduceDevicePlanCreate(&c, world, rank, d.data(), d.size(), &p));
