@@ -203,7 +203,8 @@ echo "==== configure and build ($build: ${targets[*]}, and the Python package wh
 if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGIFT_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DGIFT_WARNINGS_AS_ERRORS=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
   "${cmake_deps[@]}" "${python_args[@]}" "${cmake_extra[@]}" 2>&1 | tee "$logdir/configure.log" &&
-  { ! grep -q '^build gift_python:' "$build/build.ninja" || targets+=(gift_python); } &&
+  { [ -z "$torch_py" ] || ! grep -q '^build gift_python:' "$build/build.ninja" ||
+    targets+=(gift_python); } &&
   cmake --build "$build" --parallel "$jobs" --target "${targets[@]}" 2>&1 | tee "$logdir/build.log"; then
   add_row "build ($build, sm_90, Release)" passed
 else
