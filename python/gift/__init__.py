@@ -6,21 +6,31 @@ A binding of libgift's public C API. Names and defaults are the command line's (
     out = gift.decode(frame)               # {"w": ndarray, "b": ndarray}
     with gift.open(frame) as f: f.tensors  # what each tensor is and how it was encoded
 
-Tensors are NumPy arrays or CPU torch tensors of float32, float16 or bfloat16 (torch.bfloat16,
+Tensors are NumPy arrays or torch tensors of float32, float16 or bfloat16 (torch.bfloat16,
 or ml_dtypes.bfloat16 arrays, since NumPy itself has no bfloat16). C-contiguous buffers are
 read and written in place, never copied. As giftc does, matrices (2 dimensions and more) are
 encoded to FP8 and vectors and scalars are stored losslessly. A failing call raises
 gift.GiftError with the library's code and message.
 
-gift.ReducePlan exposes the local steps of the compressed all-reduce (gift_transport.h), and
-gift.ddp the PyTorch DDP communication hook built on them.
+CUDA tensors (with a libgift built with CUDA; gift.have_cuda) are coded on their device
+(gift_cuda.h), in place and on the current torch stream, with the host's bytes:
+gift.encode_tensor/decode_tensor, decoding a frame into them, and ReducePlan(device=...).
+Frames are host bytes, so gift.encode copies a CUDA tensor to the host first.
+
+gift.ReducePlan exposes the local steps of the compressed all-reduce (gift_transport.h and
+gift_transport_cuda.h), and gift.ddp the PyTorch DDP communication hook built on them.
 """
+import contextlib
 import os
 
 from . import _gift
 from ._errors import GiftError
 
-__all__ = ["GiftError", "Basis", "Frame", "ReducePlan", "encode", "decode", "open", "quant_params"]
+__all__ = ["GiftError", "Basis", "Frame", "ReducePlan", "encode", "decode", "open", "quant_params",
+           "encode_tensor", "decode_tensor", "have_cuda"]
+
+# Whether this libgift codes CUDA tensors (built with CUDA; a device may still be missing).
+have_cuda = _gift.have_cuda
 
 _FP8 = {"e4m3": 0, "e5m2": 1}
 _SCALE_DTYPES = {"f32": 0, "e8m0": 1}
@@ -82,14 +92,15 @@ def _dtype_name(dtype):
 
 
 class _Buffer:
-    """A contiguous CPU buffer: its address, bytes, dtype name and shape. `owner` keeps the
-    array or tensor alive while the address is in use."""
+    """A contiguous buffer: its address, bytes, dtype name and shape, and its CUDA device
+    (None in host memory). `owner` keeps the array or tensor alive while the address is in
+    use."""
 
-    __slots__ = ("owner", "address", "nbytes", "dtype", "shape")
+    __slots__ = ("owner", "address", "nbytes", "dtype", "shape", "device")
 
-    def __init__(self, owner, address, nbytes, dtype, shape):
-        self.owner, self.address, self.nbytes, self.dtype, self.shape = (
-            owner, address, nbytes, dtype, tuple(int(d) for d in shape))
+    def __init__(self, owner, address, nbytes, dtype, shape, device=None):
+        self.owner, self.address, self.nbytes, self.dtype, self.shape, self.device = (
+            owner, address, nbytes, dtype, tuple(int(d) for d in shape), device)
 
 
 def _is_torch(x):
@@ -98,12 +109,14 @@ def _is_torch(x):
 
 def _buffer(x, what, writable=False):
     if _is_torch(x):
-        if x.device.type != "cpu":
-            raise ValueError(f"{what}: a {x.device.type} tensor; gift works on CPU tensors")
+        if x.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{what}: a {x.device.type} tensor; gift works on CPU and CUDA "
+                             "tensors")
         if not x.is_contiguous():
             raise ValueError(f"{what}: not contiguous (call .contiguous() first)")
         dtype = str(x.dtype).replace("torch.", "")
-        return _Buffer(x, x.data_ptr(), x.numel() * x.element_size(), dtype, x.shape)
+        device = x.device if x.is_cuda else None
+        return _Buffer(x, x.data_ptr(), x.numel() * x.element_size(), dtype, x.shape, device)
     import numpy as np
     if not isinstance(x, np.ndarray):
         if writable:
@@ -123,22 +136,64 @@ def _float_buffer(x, what, writable=False):
     return b
 
 
-def _byte_buffer(x, what, nbytes, writable=False):
+def _byte_buffer(x, what, nbytes=None, writable=False):
     b = _buffer(x, what, writable)
     if b.dtype != "uint8":
         raise TypeError(f"{what}: dtype {b.dtype}, not uint8")
-    if b.nbytes != nbytes:
+    if nbytes is not None and b.nbytes != nbytes:
         raise ValueError(f"{what}: {b.nbytes} bytes, not {nbytes}")
     return b
 
 
-def _empty_bytes(like, n):
-    """n uninitialized bytes: a uint8 torch tensor when `like` is a torch tensor, else NumPy."""
+def _zero_bytes(like, n):
+    """n zero bytes: a uint8 torch tensor on `like`'s device when `like` is a torch tensor,
+    else NumPy. Zero because device plans never write the padding of their messages."""
     if _is_torch(like):
         import torch
-        return torch.empty(n, dtype=torch.uint8)
+        return torch.zeros(n, dtype=torch.uint8, device=like.device)
     import numpy as np
-    return np.empty(n, dtype=np.uint8)
+    return np.zeros(n, dtype=np.uint8)
+
+
+def _place(buffers, what):
+    """The one CUDA device of `buffers` (None: all in host memory), and the handle of its
+    current torch stream (None on the host), for the binding's `stream` argument."""
+    devices = {b.device for b in buffers}
+    if len(devices) > 1:
+        places = sorted(str(d) if d else "the host" for d in devices)
+        raise ValueError(f"{what}: buffers on {', '.join(places)}; they must be on one device")
+    device = devices.pop() if devices else None
+    if device is None:
+        return None, None
+    import torch
+    return device, torch.cuda.current_stream(device).cuda_stream
+
+
+def _on(device):
+    """The CUDA device made current while the binding enqueues work for it (a stream takes
+    only kernels of its own device)."""
+    if device is None:
+        return contextlib.nullcontext()
+    import torch
+    return torch.cuda.device(device)
+
+
+def _matrix(shape):
+    """The rows x cols view of a shape, as gift.h codes it (a scalar is 1 x 1)."""
+    cols = shape[-1] if shape else 1
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return rows, cols
+
+
+def _like(x, shape, dtype_name):
+    """An uninitialized array of x's kind (torch, on x's device, or NumPy)."""
+    if _is_torch(x):
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, dtype_name), device=x.device)
+    import numpy as np
+    return np.empty(shape, dtype=np.dtype(dtype_name))
 
 
 class Basis:
@@ -215,7 +270,8 @@ def encode(tensors, fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="
     `giftc encode` does: matrices in FP8, in the order given (tensor i is seeded with index
     i), vectors and scalars losslessly. coords (euclidean, gift or auto) picks the
     coordinates of matrices the basis covers; without it, auto with a basis, else
-    euclidean."""
+    euclidean. A CUDA tensor is copied to the host first (frames are host bytes; for FP8
+    codes that stay on the device, encode_tensor)."""
     params = quant_params(fp8, scale, scale_dtype, rounding, seed, keep_nonfinite)
     mode = coords or ("auto" if basis is not None else "euclidean")
     mode_code = _choice("coords", _COORDS, mode)
@@ -232,6 +288,8 @@ def encode(tensors, fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="
         w.embed_basis(basis._b)
     for i, (name, t) in enumerate(_named_tensors(tensors)):
         b = _float_buffer(t, f"tensor {name!r}")
+        if b.device is not None:
+            b = _float_buffer(t.cpu(), f"tensor {name!r}")
         fp8_coded = len(b.shape) >= 2
         w.add(name, list(b.shape), _DTYPES[b.dtype], b.address, params if fp8_coded else None,
               i, _handle(basis), mode_code, margin, min_dim)
@@ -298,7 +356,10 @@ class Frame:
     def decode(self, key, basis=None, dtype=None, out=None):
         """Tensor `key` (name or index) as a NumPy array of its own dtype (bf16 as
         ml_dtypes.bfloat16 when installed, else float32), of `dtype`, or written into `out`
-        (an array or CPU tensor of its shape, decoded in place)."""
+        (an array or tensor of its shape, decoded in place). Into a CUDA tensor, an FP8
+        tensor in Euclidean coordinates is decoded on the device (its codes and scales
+        copied there, on the current torch stream); the others (raw, whitened or
+        compressed) are decoded on the host and copied."""
         import numpy as np
         i = self._index(key)
         t = self._f.tensor_info(i)
@@ -316,7 +377,16 @@ class Frame:
         b = _float_buffer(out, f"out for {t['name']!r}", writable=True)
         if b.nbytes != t["elements"] * _ITEMSIZE[_DTYPES[b.dtype]]:
             raise ValueError(f"out for {t['name']!r}: shape {b.shape}, not {t['shape']}")
-        self._f.decode_into(i, _handle(basis), b.address, b.nbytes, _DTYPES[b.dtype])
+        if b.device is None or t["elements"] == 0:
+            self._f.decode_into(i, _handle(basis), b.address, b.nbytes, _DTYPES[b.dtype])
+        elif t["raw"] or t["coords"] == "gift" or t["compressed"]:
+            out.copy_(self.decode(i, basis, out=out.new_empty(out.shape, device="cpu")))
+        else:
+            import torch
+            codes, scales = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(b.device)
+                             for data in self._f.tensor_data(i))
+            _decode_codes(t["params"], _buffer(codes.reshape(b.shape), "codes"),
+                          _buffer(scales, "scales"), b)
         return out
 
     def codes(self, key):
@@ -340,18 +410,97 @@ def open(source):  # noqa: A001 (the package's name for it, as giftc inspect)
     return Frame(source)
 
 
-def decode(frame, basis=None, dtype=None):
-    """Every tensor of a frame (bytes-like or a path) as a dict of NumPy arrays; tensors in
-    GIFT coordinates need `basis` unless the frame carries it."""
+def decode(frame, basis=None, dtype=None, device=None):
+    """Every tensor of a frame (bytes-like or a path) as a dict of NumPy arrays, or of torch
+    tensors on `device` (such as "cuda": decoded there, see Frame.decode); tensors in GIFT
+    coordinates need `basis` unless the frame carries it."""
     with Frame(frame) as f:
-        return {t["name"]: f.decode(i, basis, dtype) for i, t in enumerate(f.tensors)}
+        if device is None:
+            return {t["name"]: f.decode(i, basis, dtype) for i, t in enumerate(f.tensors)}
+        import torch
+        return {t["name"]: f.decode(i, basis, out=torch.empty(
+                    t["shape"], dtype=getattr(torch, dtype or t["dtype"]), device=device))
+                for i, t in enumerate(f.tensors)}
+
+
+def _scales_like(x, params, scale_bytes):
+    e8m0 = params["scale_dtype"] == _SCALE_DTYPES["e8m0"]
+    return _like(x, (scale_bytes if e8m0 else scale_bytes // 4,), "uint8" if e8m0 else "float32")
+
+
+def encode_tensor(x, fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="nearest",
+                  seed=0, keep_nonfinite=False):
+    """The FP8 codes and scales of one tensor as gift.h's giftEncode writes them, without a
+    frame: (codes, scales), codes uint8 of x's shape, scales 1-D (float32, or uint8 for
+    e8m0) over x viewed as rows x cols (cols its last dimension). NumPy arrays and CPU
+    tensors are coded on the host; CUDA tensors on their device (gift_cuda.h) with the same
+    bytes, read in place and enqueued on the current torch stream, the results on that
+    device. Non-finite input raises GiftError, on a device once the stream has run the
+    encode (the call waits for it); with keep_nonfinite=True a device call never waits."""
+    params = quant_params(fp8, scale, scale_dtype, rounding, seed, keep_nonfinite)
+    b = _float_buffer(x, "x")
+    rows, cols = _matrix(b.shape)
+    scale_bytes = _gift.scale_bytes(params, rows, cols)
+    codes = _like(x, b.shape, "uint8")
+    scales = _scales_like(x, params, scale_bytes)
+    c, sc = _buffer(codes, "codes"), _buffer(scales, "scales")
+    device, stream = _place([b, c, sc], "encode_tensor")
+    stats = 0
+    if device is not None and not keep_nonfinite:
+        import torch
+        # Room for one giftEncodeStats (24 bytes, 8-aligned), read back by the binding.
+        stats_buffer = torch.empty(3, dtype=torch.int64, device=device)
+        stats = stats_buffer.data_ptr()
+    with _on(device):
+        _gift.encode_tensor(params, b.address, _DTYPES[b.dtype], rows, cols, c.address,
+                            sc.address, scale_bytes, stream, stats)
+    return codes, scales
+
+
+def decode_tensor(codes, scales, out=None, dtype="float32", fp8="e4m3", scale="block:128",
+                  scale_dtype="f32"):
+    """The values of encode_tensor's (codes, scales), encoded with these parameters, as
+    gift.h's giftDecode gives them: written into `out` (an array or tensor of codes' shape,
+    float32, float16 or bfloat16) or into a new one of `dtype` beside codes. On a CUDA
+    device (codes, scales and out all there) the decode is enqueued on the current torch
+    stream."""
+    params = quant_params(fp8, scale, scale_dtype)
+    c = _byte_buffer(codes, "codes")
+    rows, cols = _matrix(c.shape)
+    scale_bytes = _gift.scale_bytes(params, rows, cols)
+    sc = _buffer(scales, "scales")
+    if sc.nbytes != scale_bytes:
+        raise ValueError(f"scales: {sc.nbytes} bytes, not {scale_bytes} for codes of shape "
+                         f"{c.shape} with these parameters")
+    out = _like(codes, c.shape, dtype) if out is None else out
+    o = _float_buffer(out, "out", writable=True)
+    if o.shape != c.shape:
+        raise ValueError(f"out: shape {o.shape}, not codes' {c.shape}")
+    _decode_codes(params, c, sc, o)
+    return out
+
+
+def _decode_codes(params, codes, scales, out):
+    rows, cols = _matrix(codes.shape)
+    device, stream = _place([codes, scales, out], "decode")
+    with _on(device):
+        _gift.decode_tensor(params, codes.address, scales.address, scales.nbytes, rows, cols,
+                            out.address, _DTYPES[out.dtype], stream)
 
 
 class ReducePlan:
     """The local steps of the compressed all-reduce for one bucket shape on one rank
     (gift_transport.h): encode_shards -> all-to-all of message_bytes per rank -> sum_shard
-    -> all-gather -> decode_result. Buffers are NumPy arrays or CPU torch tensors, used in
-    place; `tensors` is [(name, dtype, shape), ...] in bucket order.
+    -> all-gather -> decode_result. `tensors` is [(name, dtype, shape), ...] in bucket order.
+
+    device None: a host plan, whose buffers are NumPy arrays or CPU torch tensors. A CUDA
+    device (torch.device or a name such as "cuda:0"): a device plan (gift_transport_cuda.h)
+    on it, whose buffers are CUDA tensors there and whose steps are enqueued on the current
+    torch stream, writing the host plan's message bytes (without integrity checksums, which
+    device plans do not have: integrity defaults to False there and True on the host). What
+    a device plan's data held (non-finite values, messages of another call) is reported by
+    status(), which waits for its steps. Device plans travel in Euclidean coordinates only
+    and cannot save their state yet. Buffers are used in place.
 
     coords (auto, gift or euclidean) and reselect_every take effect once a basis is set
     (set_basis): a matrix the basis covers by name, whose last dimension is its whitener's
@@ -360,8 +509,17 @@ class ReducePlan:
     decided by rank 0 for all). Every rank must set the same basis."""
 
     def __init__(self, world, rank, tensors, fp8="e4m3", block=128, scale_dtype="f32",
-                 rounding="nearest", seed=0, op="avg", error_feedback=True, integrity=True,
-                 threads=0, coords="auto", reselect_every=50):
+                 rounding="nearest", seed=0, op="avg", error_feedback=True, integrity=None,
+                 threads=0, coords="auto", reselect_every=50, device=None):
+        if device is not None:
+            import torch
+            device = torch.device(device)
+            if device.type != "cuda":
+                raise ValueError(f"device: {device} is not a CUDA device")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+        if integrity is None:
+            integrity = device is None
         config = {
             "kind": _choice("fp8", _FP8, fp8), "block": int(block),
             "scale_dtype": _choice("scale_dtype", _SCALE_DTYPES, scale_dtype),
@@ -374,8 +532,9 @@ class ReducePlan:
         for name, dtype, shape in tensors:
             self._specs.append((str(name), _choice("dtype", _DTYPES, _dtype_name(dtype)),
                                 [int(d) for d in shape]))
-        self.world, self.rank = world, rank
-        self._plan = _gift.ReducePlan(config, world, rank, self._specs)
+        self.world, self.rank, self.device = world, rank, device
+        with _on(device):
+            self._plan = _gift.ReducePlan(config, world, rank, self._specs, device is not None)
 
     @property
     def message_bytes(self):
@@ -396,6 +555,14 @@ class ReducePlan:
         """"gift" or "euclidean" per tensor, in the plan's order: how it travels now."""
         return self._plan.coords
 
+    def _stream(self, buffers, what):
+        """The stream argument of a step over `buffers`, which must be where the plan is."""
+        device, stream = _place(buffers, what)
+        if device != self.device:
+            raise ValueError(f"{what}: buffers on {device or 'the host'}, the plan on "
+                             f"{self.device or 'the host'}")
+        return stream
+
     def _tensor_addresses(self, tensors, writable):
         if len(tensors) != len(self._specs):
             raise ValueError(f"{len(tensors)} tensors for a plan of {len(self._specs)}")
@@ -415,17 +582,21 @@ class ReducePlan:
         """Step 1: `world` messages, message r for rank r (world * message_bytes uint8)."""
         held = self._tensor_addresses(tensors, False)
         n = self.world * self.message_bytes
-        out = _empty_bytes(tensors[0] if tensors else None, n) if out is None else out
+        out = _zero_bytes(tensors[0] if tensors else None, n) if out is None else out
         send = _byte_buffer(out, "out", n, writable=True)
-        self._plan.encode_shards([b.address for b in held], send.address)
+        stream = self._stream(held + [send], "encode_shards")
+        with _on(self.device):
+            self._plan.encode_shards(0, [b.address for b in held], send.address, stream)
         return out
 
     def sum_shard(self, recv, out=None):
         """Step 3: this rank's reduced shard from the `world` messages it received."""
         r = _byte_buffer(recv, "recv", self.world * self.message_bytes)
-        out = _empty_bytes(recv, self.message_bytes) if out is None else out
+        out = _zero_bytes(recv, self.message_bytes) if out is None else out
         o = _byte_buffer(out, "out", self.message_bytes, writable=True)
-        self._plan.sum_shard(r.address, o.address)
+        stream = self._stream([r, o], "sum_shard")
+        with _on(self.device):
+            self._plan.sum_shard(r.address, o.address, stream)
         return out
 
     def decode_result(self, gathered, out_tensors):
@@ -433,23 +604,37 @@ class ReducePlan:
         the tensors given to encode_shards: in place)."""
         g = _byte_buffer(gathered, "gathered", self.world * self.message_bytes)
         held = self._tensor_addresses(out_tensors, True)
-        self._plan.decode_result(g.address, [b.address for b in held])
+        stream = self._stream(held + [g], "decode_result")
+        with _on(self.device):
+            self._plan.decode_result(g.address, 0, [b.address for b in held], stream)
         return out_tensors
 
-    def encode_shards_at(self, addresses, out):
-        """encode_shards for tensors given by address, in the plan's order and of its dtypes
-        and shapes, unchecked: for callers that own the memory (the DDP hook's bucket)."""
+    def encode_shards_in(self, bucket, offsets, out):
+        """encode_shards for tensors lying in one buffer `bucket` (a torch tensor where the
+        plan is), tensor i at byte offset offsets[i], in the plan's order and of its dtypes
+        and shapes, unchecked: one call for a whole bucket (the DDP hook's)."""
         send = _byte_buffer(out, "out", self.world * self.message_bytes, writable=True)
-        self._plan.encode_shards(list(addresses), send.address)
+        stream = self._stream([_buffer(bucket, "bucket"), send], "encode_shards_in")
+        with _on(self.device):
+            self._plan.encode_shards(bucket.data_ptr(), offsets, send.address, stream)
         return out
 
-    def decode_result_at(self, gathered, addresses):
-        """decode_result into tensors given by address (see encode_shards_at)."""
+    def decode_result_in(self, gathered, bucket, offsets):
+        """decode_result into tensors lying in one buffer (see encode_shards_in)."""
         g = _byte_buffer(gathered, "gathered", self.world * self.message_bytes)
-        self._plan.decode_result(g.address, list(addresses))
+        stream = self._stream([_buffer(bucket, "bucket"), g], "decode_result_in")
+        with _on(self.device):
+            self._plan.decode_result(g.address, bucket.data_ptr(), offsets, stream)
+
+    def status(self):
+        """Raises GiftError for what a device plan's steps saw since the last status (a
+        non-finite value in an input or a sum, a message of another call or shard), after
+        waiting for them. Host steps raise at once, so on the host this does nothing."""
+        with _on(self.device):
+            self._plan.status()
 
     def save_state(self):
-        """The call counter and error-feedback residuals, for checkpoints."""
+        """The call counter and error-feedback residuals, for checkpoints (host plans)."""
         return self._plan.save_state()
 
     def load_state(self, state):

@@ -8,13 +8,20 @@ Per bucket and step, every rank encodes its bucket into one FP8 message per rank
 shard in rank order and encodes it once (sum_shard), the reduced shards cross with
 all_gather and every rank decodes the same bytes into the bucket in place (decode_result).
 So every rank ends each step with bit-identical gradients, each value is rounded to FP8
-twice whatever the world size, and a rank sends about 2 (N-1)/N x 1.03 bytes per element
-against 2 (N-1)/N x 4 for fp32. The algorithm is libgift's; this module only moves bytes, on
-any process group with all_to_all_single and all_gather on uint8 CPU tensors (gloo).
+twice whatever the world size (one process included), and a rank sends about
+2 (N-1)/N x 1.03 bytes per element against 2 (N-1)/N x 4 for fp32. The algorithm is
+libgift's; this module only moves bytes, on any process group with all_to_all_single and
+all_gather on uint8 tensors where the bucket is: CPU buckets through host plans (gloo), CUDA
+buckets through device plans (gift_transport_cuda.h; NCCL, or gloo), whose steps and the
+collectives are enqueued on the current stream and write the host plans' message bytes.
+Each bucket is one binding call per step: the plan keeps where its tensors lie in the
+bucket's buffer from the first time it sees that layout.
 
 The hook returns the average (the sum divided by the world size, as DDP's default hook), and
-its future is already complete: the collectives run inside the hook, since the local steps
-between them are CPU work anyway.
+its future is already complete on the host: the collectives run inside the hook (for CUDA
+buckets, a future over the stream the work is enqueued on). Device plans report what their
+data held (non-finite values) once per step, at the last bucket, which waits for the
+device; the error is raised there.
 
 GIFT coordinates (coords="auto" or "gift"): state.attach(model) puts a forward pre-hook on
 every nn.Linear, which every refresh_every steps accumulates the second moment X^T X / n of
@@ -23,6 +30,8 @@ fits a basis (a whitener per Linear weight, named as the bucket's parameter) and
 it, and every bucket's plan takes it from the next step; with "auto" each weight then travels
 whitened where the transport's measurement says it helps, decided for all ranks at once.
 Until the first basis, and for coords="euclidean", buckets travel in Euclidean coordinates.
+Device plans have no GIFT coordinates yet, nor a state to pickle: a model on CUDA takes
+coords="euclidean" for attach(), and its GiftState does not pickle.
 """
 import torch
 import torch.distributed as dist
@@ -46,6 +55,8 @@ class GiftState:
     attach(model). refresh_every: steps between basis fits (the first on step 0);
     reselect_every: calls between the transport's measurements under "auto";
     basis_rank, damping: how each whitener is fitted (gift.Basis.fit).
+    integrity: checksums over every message; None (the default) has them on CPU buckets,
+    and not on CUDA buckets, whose device plans have none.
     bytes_sent / fp32_bytes: what this rank sent through the hook (the basis refreshes
     included), and what a ring fp32 all-reduce of the same buckets sends (2 (N-1)/N x 4
     bytes per element).
@@ -54,7 +65,7 @@ class GiftState:
     def __init__(self, process_group=None, fp8="e4m3", block=128, coords="auto",
                  error_feedback=True, start_iter=0, refresh_every=50, reselect_every=50,
                  basis_rank=32, damping=1e-3, scale_dtype="f32", rounding="nearest", seed=0,
-                 integrity=True, threads=0):
+                 integrity=None, threads=0):
         if refresh_every < 1:
             raise ValueError(f"refresh_every: {refresh_every} is not a positive step count")
         self.process_group = process_group
@@ -73,7 +84,9 @@ class GiftState:
         self.fp32_bytes = 0
         self._plans = {}
         self._saved = {}  # plan states restored from a checkpoint, until their plan exists
-        self._canon = {}  # id(parameter) -> its place in the canonical order (see _plan)
+        self._canon = {}  # id(parameter) -> its place in the canonical order (see _layout)
+        self._layouts = {}   # a bucket's parameters, in bucket order -> _Layout
+        self._messages = {}  # plan key -> the plan's message buffers (see _plan)
         self._unpicklable()
         # Checked here, before the first step, so that a bad option fails on every rank at
         # once instead of inside a backward pass.
@@ -84,9 +97,11 @@ class GiftState:
         self._moments = {}  # weight name -> [sum of x x^T, rows] of the step being collected
         self._hooks = []
 
+    _TRANSIENT = ("process_group", "_plans", "_canon", "_names", "_moments", "_hooks",
+                  "_layouts", "_messages")
+
     def __getstate__(self):
-        d = {k: v for k, v in self.__dict__.items()
-             if k not in ("process_group", "_plans", "_canon", "_names", "_moments", "_hooks")}
+        d = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
         d["_saved"] = dict(self._saved)
         d["_saved"].update({key: plan.save_state() for key, plan in self._plans.items()})
         return d
@@ -96,6 +111,8 @@ class GiftState:
         self.process_group = None
         self._plans = {}
         self._canon = {}
+        self._layouts = {}
+        self._messages = {}
         self._unpicklable()
 
     def attach(self, model):
@@ -104,6 +121,10 @@ class GiftState:
         names the basis uses. Call it on every rank, before the first step; with
         coords="euclidean" it only learns the names."""
         model = getattr(model, "module", model)
+        if self.coords != "euclidean" and any(p.is_cuda for p in model.parameters()):
+            raise ValueError("GIFT coordinates are not available for CUDA buckets yet (device "
+                             "plans are Euclidean): GiftState(coords=\"euclidean\") for a model "
+                             "on a GPU")
         for h in self._hooks:
             h.remove()
         self._unpicklable()
@@ -201,37 +222,66 @@ class GiftState:
         return {name: c for plan in self._plans.values()
                 for name, c in zip(plan.names, plan.coords)}
 
-    def _places(self, bucket):
-        # Learned on every call, warm-up steps included, so that the first layout is the
-        # initial one of the wrapper.
-        return [self._canon.setdefault(id(p), len(self._canon)) for p in bucket.parameters()]
-
-    def _plan(self, bucket, buf, world, rank):
-        """The bucket's plan and its tensors' addresses in the plan's order.
+    def _layout(self, bucket, buf):
+        """Where the bucket's gradients lie in its buffer, for the plan's order.
 
         The plan sees the bucket's gradients in a canonical order, each parameter's place in
         the first layout this state met: DDP rebuilds its buckets in gradient-ready order
         after the first step of every wrapper, and since scale blocks run across tensor
         boundaries, the bytes depend on the order. With it a run resumed in a new wrapper
         (whose first step has the initial layout again) sends what the uninterrupted run
-        sends. The gradients are views into the bucket, so reordering costs no copy."""
-        places = self._places(bucket)
-        params = bucket.parameters()
-        grads = bucket.gradients()
-        order = sorted(range(len(grads)), key=places.__getitem__)
-        key = (str(buf.dtype), tuple(sorted(places)))
-        plan = self._plans.get(key)
+        sends. The gradients are views into the bucket, so reordering costs no copy.
+
+        Layouts are kept by the bucket's parameters (whose hash is their identity), so that a
+        step looks its layout up instead of walking the parameters in Python; the state
+        holds those parameters while it lives. Learned on every call, warm-up steps
+        included, so that the first layout is the initial one of the wrapper."""
+        params = tuple(bucket.parameters())
+        layout = self._layouts.get(params)
+        if layout is None:
+            layout = _Layout(self, params, bucket.gradients(), buf)
+            self._layouts[params] = layout
+        return layout
+
+    def _plan(self, layout, buf, world, rank):
+        """The plan of `layout` and its message buffers: created on first use, zeroed once
+        where the bucket is (device plans never write the messages' padding)."""
+        plan = self._plans.get(layout.key)
         if plan is None:
             # The basis names weights as the model does; unattached, names are places.
-            names = [self._names.get(id(params[i]), f"p{places[i]}") for i in order]
-            specs = [(n, buf.dtype, tuple(grads[i].shape)) for n, i in zip(names, order)]
-            plan = ReducePlan(world, rank, specs, **self.config)
+            specs = [(self._names.get(id(p), f"p{place}"), buf.dtype, shape)
+                     for p, place, shape in zip(layout.params, layout.places, layout.shapes)]
+            device = buf.device if buf.is_cuda else None
+            plan = ReducePlan(world, rank, specs, device=device, **self.config)
             if self.basis is not None:
                 plan.set_basis(self.basis)
-            if key in self._saved:
-                plan.load_state(self._saved.pop(key))
-            self._plans[key] = plan
-        return plan, [grads[i].data_ptr() for i in order]
+            if layout.key in self._saved:
+                plan.load_state(self._saved.pop(layout.key))
+            self._plans[layout.key] = plan
+            m = plan.message_bytes
+            send = torch.zeros(world * m, dtype=torch.uint8, device=buf.device)
+            self._messages[layout.key] = (send, torch.zeros_like(send),
+                                          torch.zeros(m, dtype=torch.uint8, device=buf.device),
+                                          torch.zeros_like(send))
+        return plan, self._messages[layout.key]
+
+
+class _Layout:
+    """One bucket layout: the plan it belongs to (`key`: dtype and the parameters' canonical
+    places), and the parameters, places, shapes and byte offsets in the bucket's buffer of
+    its gradients in the plan's order."""
+
+    __slots__ = ("key", "params", "places", "shapes", "offsets")
+
+    def __init__(self, state, params, grads, buf):
+        places = [state._canon.setdefault(id(p), len(state._canon)) for p in params]
+        order = sorted(range(len(params)), key=places.__getitem__)
+        self.key = (str(buf.dtype), tuple(sorted(places)))
+        self.params = [params[i] for i in order]
+        self.places = [places[i] for i in order]
+        self.shapes = [tuple(grads[i].shape) for i in order]
+        base = buf.data_ptr()
+        self.offsets = [grads[i].data_ptr() - base for i in order]
 
 
 def _allreduce_fp32(state, buf, world):
@@ -248,26 +298,28 @@ def gift_hook(state, bucket):
     group = state.process_group
     world = dist.get_world_size(group)
     buf = bucket.buffer()
-    if state.iter < state.start_iter or world == 1:
-        state._places(bucket)
+    layout = state._layout(bucket, buf)
+    if state.iter < state.start_iter:
         _allreduce_fp32(state, buf, world)
     else:
-        plan, addresses = state._plan(bucket, buf, world, dist.get_rank(group))
+        plan, (send, recv, reduced, gathered) = state._plan(layout, buf, world,
+                                                            dist.get_rank(group))
         m = plan.message_bytes
-        send = torch.empty(world * m, dtype=torch.uint8)
-        plan.encode_shards_at(addresses, send)
-        recv = torch.empty_like(send)
+        plan.encode_shards_in(buf, layout.offsets, send)
         dist.all_to_all_single(recv, send, group=group)
-        reduced = plan.sum_shard(recv)
-        gathered = torch.empty(world * m, dtype=torch.uint8)
+        plan.sum_shard(recv, reduced)
         dist.all_gather(list(gathered.split(m)), reduced, group=group)
-        plan.decode_result_at(gathered, addresses)
+        plan.decode_result_in(gathered, buf, layout.offsets)
         state.bytes_sent += 2 * (world - 1) * m
         state.fp32_bytes += 2 * (world - 1) * buf.numel() * 4 // world
     if bucket.is_last():
+        for plan in state._plans.values():
+            plan.status()
         if state._collecting():
             state._refresh_basis(world)
         state.iter += 1
-    fut = torch.futures.Future()
+    # A CUDA bucket's future carries the current stream, which the work is enqueued on, to
+    # whoever waits for it.
+    fut = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
     fut.set_result(buf)
     return fut

@@ -1,8 +1,11 @@
-// gift._gift: the binding of libgift's public C API (gift.h, gift_basis.h, gift_transport.h).
+// gift._gift: the binding of libgift's public C API (gift.h, gift_basis.h, gift_transport.h,
+// and in CUDA builds gift_cuda.h and gift_transport_cuda.h).
 // It stays thin on purpose: buffers arrive as addresses and byte counts that the Python layer
 // (gift/__init__.py) takes from NumPy arrays and torch tensors after checking their dtype,
 // contiguity and size, so the binding needs neither NumPy's nor torch's headers and works
-// with any version of either (zero-copy on both).
+// with any version of either (zero-copy on both). Calls that take buffers take a `stream`
+// too: None for host memory, or a CUDA stream's handle (torch.cuda.Stream.cuda_stream) for
+// device memory, the work then being enqueued on that stream.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -15,6 +18,12 @@
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
 #include "gift/gift_transport.h"
+#ifdef GIFT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "gift/gift_cuda.h"
+#include "gift/gift_transport_cuda.h"
+#endif
 
 namespace py = pybind11;
 
@@ -34,6 +43,43 @@ template <typename T>
 T* address(uintptr_t a) {
   return reinterpret_cast<T*>(a);
 }
+
+#ifdef GIFT_HAVE_CUDA
+constexpr bool kHaveCuda = true;
+#else
+constexpr bool kHaveCuda = false;
+#endif
+
+// Where a call's buffers live: the host (stream None) or a CUDA device, whose work is
+// enqueued on the given stream.
+struct Where {
+  bool device = false;
+  uintptr_t stream = 0;
+};
+
+void require_cuda() {
+  if (!kHaveCuda) {
+    throw Failure{GIFT_ERROR_DEVICE,
+                  "this libgift was built without CUDA: device buffers need "
+                  "a build with GIFT_WITH_CUDA"};
+  }
+}
+
+Where where(const py::object& stream) {
+  if (stream.is_none()) return {};
+  require_cuda();
+  return {true, stream.cast<uintptr_t>()};
+}
+
+#ifdef GIFT_HAVE_CUDA
+cudaStream_t cuda_stream(const Where& w) { return reinterpret_cast<cudaStream_t>(w.stream); }
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw Failure{GIFT_ERROR_DEVICE, std::string(what) + " failed: " + cudaGetErrorName(e)};
+  }
+}
+#endif
 
 giftQuantParams quant_params(const py::dict& d) {
   giftQuantParams p = GIFT_QUANT_PARAMS_INIT;
@@ -63,6 +109,65 @@ py::dict params_dict(const giftQuantParams& p) {
   d["tensor_index"] = p.tensor_index;
   d["nonfinite"] = int(p.nonfinite);
   return d;
+}
+
+uint64_t scale_bytes(const py::dict& params, uint64_t rows, uint64_t cols) {
+  const giftQuantParams p = quant_params(params);
+  uint64_t bytes = 0;
+  check(giftScaleBytes(&p, rows, cols, &bytes));
+  return bytes;
+}
+
+// giftEncode, or giftEncodeDevice on `stream`. On a device, `stats` (device memory for one
+// giftEncodeStats, or 0) is read back once the stream has run the encode, so that
+// non-finite input fails the call as it does on the host; with 0 the call does not wait.
+void encode_tensor(const py::dict& params, uintptr_t src, int dtype, uint64_t rows, uint64_t cols,
+                   uintptr_t codes, uintptr_t scales, uint64_t scale_bytes,
+                   const py::object& stream, [[maybe_unused]] uintptr_t stats) {
+  const giftQuantParams p = quant_params(params);
+  const Where w = where(stream);
+  py::gil_scoped_release nogil;
+  if (!w.device) {
+    check(giftEncode(nullptr, &p, address<const void>(src), giftDType_t(dtype), rows, cols,
+                     address<uint8_t>(codes), address<void>(scales), scale_bytes, nullptr));
+    return;
+  }
+#ifdef GIFT_HAVE_CUDA
+  auto* d_stats = address<giftEncodeStats>(stats);
+  check(giftEncodeDevice(&p, address<const void>(src), giftDType_t(dtype), rows, cols,
+                         address<uint8_t>(codes), address<void>(scales), scale_bytes, d_stats,
+                         nullptr, 0, cuda_stream(w)));
+  if (!d_stats) return;
+  giftEncodeStats seen;
+  check_cuda(cudaMemcpyAsync(&seen, d_stats, sizeof seen, cudaMemcpyDeviceToHost, cuda_stream(w)),
+             "cudaMemcpyAsync of the statistics");
+  check_cuda(cudaStreamSynchronize(cuda_stream(w)), "cudaStreamSynchronize");
+  if (seen.nonfinite_count && p.nonfinite == GIFT_NONFINITE_ERROR) {
+    throw Failure{GIFT_ERROR_NONFINITE_INPUT, std::to_string(seen.nonfinite_count) +
+                                                  " non-finite value(s) in the input, the "
+                                                  "first at index " +
+                                                  std::to_string(seen.first_nonfinite)};
+  }
+#endif
+}
+
+// giftDecode, or giftDecodeDevice on `stream`.
+void decode_tensor(const py::dict& params, uintptr_t codes, uintptr_t scales, uint64_t scale_bytes,
+                   uint64_t rows, uint64_t cols, uintptr_t dst, int dtype,
+                   const py::object& stream) {
+  const giftQuantParams p = quant_params(params);
+  const Where w = where(stream);
+  py::gil_scoped_release nogil;
+  if (!w.device) {
+    check(giftDecode(nullptr, &p, address<const uint8_t>(codes), address<const void>(scales),
+                     scale_bytes, rows, cols, address<void>(dst), giftDType_t(dtype)));
+    return;
+  }
+#ifdef GIFT_HAVE_CUDA
+  check(giftDecodeDevice(&p, address<const uint8_t>(codes), address<const void>(scales),
+                         scale_bytes, rows, cols, address<void>(dst), giftDType_t(dtype),
+                         cuda_stream(w)));
+#endif
 }
 
 std::string id_hex(giftBasisId id) {
@@ -299,11 +404,16 @@ class Frame {
   std::unique_ptr<giftFrame, decltype(&giftFrameClose)> f_{nullptr, giftFrameClose};
 };
 
+// One bucket shape's plan on the host (giftReducePlan) or on the CUDA device current at its
+// creation (giftReduceDevicePlan): the same steps and message bytes, so each step is one
+// method taking its buffers where the plan lives. Device plans travel in Euclidean
+// coordinates only and have no state to save (gift_transport_cuda.h has neither yet).
 class ReducePlan {
  public:
   // tensors: (name, dtype, shape) per tensor of the bucket, in bucket order.
   ReducePlan(const py::dict& config, int world, int rank,
-             const std::vector<std::tuple<std::string, int, std::vector<uint64_t>>>& tensors)
+             const std::vector<std::tuple<std::string, int, std::vector<uint64_t>>>& tensors,
+             bool device)
       : tensors_(tensors) {
     giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
     c.kind = giftFp8Kind_t(config["kind"].cast<int>());
@@ -321,62 +431,142 @@ class ReducePlan {
     for (const auto& [name, dtype, shape] : tensors_) {
       d.push_back({name.c_str(), giftDType_t(dtype), uint32_t(shape.size()), shape.data()});
     }
-    giftReducePlan* p = nullptr;
-    check(giftReducePlanCreate(&c, world, rank, d.data(), d.size(), &p));
-    p_.reset(p);
+    if (!device) {
+      giftReducePlan* p = nullptr;
+      check(giftReducePlanCreate(&c, world, rank, d.data(), d.size(), &p));
+      host_.reset(p);
+      return;
+    }
+    require_cuda();
+#ifdef GIFT_HAVE_CUDA
+    giftReduceDevicePlan* p = nullptr;
+    check(giftReduceDevicePlanCreate(&c, world, rank, d.data(), d.size(), &p));
+    device_.reset(p);
+#endif
   }
-  uint64_t message_bytes() const { return giftReducePlanMessageBytes(p_.get()); }
+  bool device() const { return !host_; }
+  uint64_t message_bytes() const {
+#ifdef GIFT_HAVE_CUDA
+    if (device()) return giftReduceDevicePlanMessageBytes(device_.get());
+#endif
+    return giftReducePlanMessageBytes(host_.get());
+  }
   // The plan copies the whiteners it needs, so the basis need not outlive the call.
   void set_basis(const std::shared_ptr<Basis>& basis) {
-    check(giftReducePlanSetBasis(p_.get(), basis_of(basis)));
+    if (device() && !basis) return;
+    check(giftReducePlanSetBasis(host("GIFT coordinates"), basis_of(basis)));
   }
   std::vector<std::string> coords() const {
+    if (device()) return std::vector<std::string>(tensors_.size(), "euclidean");
     std::vector<giftCoords_t> c(tensors_.size());
-    check(giftReducePlanCoords(p_.get(), c.data(), c.size()));
+    check(giftReducePlanCoords(host_.get(), c.data(), c.size()));
     std::vector<std::string> out;
     for (giftCoords_t x : c) out.push_back(x == GIFT_COORDS_GIFT ? "gift" : "euclidean");
     return out;
   }
-  void encode_shards(const std::vector<uintptr_t>& tensors, uintptr_t send) {
-    const std::vector<const void*> t = pointers<const void*>(tensors);
+  // Tensor i is at base + offsets[i]: absolute addresses with base 0, or a bucket's tensors
+  // within one buffer, whose offsets the caller keeps between calls.
+  void encode_shards(uintptr_t base, const std::vector<uint64_t>& offsets, uintptr_t send,
+                     const py::object& stream) {
+    const std::vector<const void*> t = pointers<const void*>(base, offsets);
+    const Where w = on(stream);
     py::gil_scoped_release nogil;
-    check(giftReduceEncodeShards(p_.get(), t.data(), address<uint8_t>(send)));
+    if (!w.device) {
+      check(giftReduceEncodeShards(host_.get(), t.data(), address<uint8_t>(send)));
+      return;
+    }
+#ifdef GIFT_HAVE_CUDA
+    check(giftReduceEncodeShardsDevice(device_.get(), t.data(), address<uint8_t>(send),
+                                       cuda_stream(w)));
+#endif
   }
-  void sum_shard(uintptr_t recv, uintptr_t out) {
+  void sum_shard(uintptr_t recv, uintptr_t out, const py::object& stream) {
+    const Where w = on(stream);
     py::gil_scoped_release nogil;
-    check(giftReduceSumShard(p_.get(), address<const uint8_t>(recv), address<uint8_t>(out)));
+    if (!w.device) {
+      check(giftReduceSumShard(host_.get(), address<const uint8_t>(recv), address<uint8_t>(out)));
+      return;
+    }
+#ifdef GIFT_HAVE_CUDA
+    check(giftReduceSumShardDevice(device_.get(), address<const uint8_t>(recv),
+                                   address<uint8_t>(out), cuda_stream(w)));
+#endif
   }
-  void decode_result(uintptr_t gathered, const std::vector<uintptr_t>& out) {
-    const std::vector<void*> t = pointers<void*>(out);
+  void decode_result(uintptr_t gathered, uintptr_t base, const std::vector<uint64_t>& offsets,
+                     const py::object& stream) {
+    const std::vector<void*> t = pointers<void*>(base, offsets);
+    const Where w = on(stream);
     py::gil_scoped_release nogil;
-    check(giftReduceDecodeResult(p_.get(), address<const uint8_t>(gathered), t.data()));
+    if (!w.device) {
+      check(giftReduceDecodeResult(host_.get(), address<const uint8_t>(gathered), t.data()));
+      return;
+    }
+#ifdef GIFT_HAVE_CUDA
+    check(giftReduceDecodeResultDevice(device_.get(), address<const uint8_t>(gathered), t.data(),
+                                       cuda_stream(w)));
+#endif
   }
-  py::bytes save_state() const {
-    std::string s(giftReducePlanStateBytes(p_.get()), '\0');
-    check(giftReducePlanSaveState(p_.get(), s.data(), s.size()));
+  // What a device plan's enqueued steps saw (non-finite values, foreign messages); waits for
+  // them. Host steps report at once, so there is nothing left to report.
+  void status() {
+#ifdef GIFT_HAVE_CUDA
+    if (device()) {
+      py::gil_scoped_release nogil;
+      check(giftReduceDevicePlanStatus(device_.get()));
+    }
+#endif
+  }
+  py::bytes save_state() {
+    giftReducePlan* p = host("saving the state");
+    std::string s(giftReducePlanStateBytes(p), '\0');
+    check(giftReducePlanSaveState(p, s.data(), s.size()));
     return py::bytes(s);
   }
   void load_state(const py::bytes& state) {
     const std::string_view v = state;
-    check(giftReducePlanLoadState(p_.get(), v.data(), v.size()));
+    check(giftReducePlanLoadState(host("loading a state"), v.data(), v.size()));
   }
 
  private:
+  giftReducePlan* host(const char* what) {
+    if (device()) {
+      throw Failure{GIFT_ERROR_INVALID_ARGUMENT,
+                    std::string(what) +
+                        " is not available on device plans yet (the CUDA "
+                        "transport has no such step)"};
+    }
+    return host_.get();
+  }
+  Where on(const py::object& stream) const {
+    const Where w = where(stream);
+    if (w.device != device()) {
+      throw Failure{GIFT_ERROR_INVALID_ARGUMENT,
+                    device() ? "a device plan takes device buffers and a stream"
+                             : "a host plan takes host buffers, without a stream"};
+    }
+    return w;
+  }
   template <typename P>
-  std::vector<P> pointers(const std::vector<uintptr_t>& a) const {
-    if (a.size() != tensors_.size()) {
+  std::vector<P> pointers(uintptr_t base, const std::vector<uint64_t>& offsets) const {
+    if (offsets.size() != tensors_.size()) {
       throw Failure{GIFT_ERROR_INVALID_ARGUMENT, "the plan has " + std::to_string(tensors_.size()) +
-                                                     " tensors, not " + std::to_string(a.size())};
+                                                     " tensors, not " +
+                                                     std::to_string(offsets.size())};
     }
     std::vector<P> p;
-    for (uintptr_t x : a) p.push_back(reinterpret_cast<P>(x));
+    p.reserve(offsets.size());
+    for (uint64_t x : offsets) p.push_back(reinterpret_cast<P>(base + x));
     return p;
   }
 
   // The names and shapes giftBucketTensor points at while the plan is created.
   std::vector<std::tuple<std::string, int, std::vector<uint64_t>>> tensors_;
-  std::unique_ptr<giftReducePlan, decltype(&giftReducePlanDestroy)> p_{nullptr,
-                                                                       giftReducePlanDestroy};
+  std::unique_ptr<giftReducePlan, decltype(&giftReducePlanDestroy)> host_{nullptr,
+                                                                          giftReducePlanDestroy};
+#ifdef GIFT_HAVE_CUDA
+  std::unique_ptr<giftReduceDevicePlan, decltype(&giftReduceDevicePlanDestroy)> device_{
+      nullptr, giftReduceDevicePlanDestroy};
+#endif
 };
 
 }  // namespace
@@ -397,6 +587,17 @@ PYBIND11_MODULE(_gift, m) {
   m.def("error_string", [](int code) { return giftGetErrorString(giftResult_t(code)); });
   m.def("default_params", [] { return params_dict(GIFT_QUANT_PARAMS_INIT); });
   m.def("check_params", [](const py::dict& d) { quant_params(d); });
+  m.attr("have_cuda") = kHaveCuda;
+  m.def("cuda_device_count", [] {
+#ifdef GIFT_HAVE_CUDA
+    return giftCudaDeviceCount();
+#else
+    return 0;
+#endif
+  });
+  m.def("scale_bytes", &scale_bytes);
+  m.def("encode_tensor", &encode_tensor);
+  m.def("decode_tensor", &decode_tensor);
   m.def(
       "convert",
       [](uintptr_t src, int src_dtype, uintptr_t dst, int dst_dtype, uint64_t n) {
@@ -438,14 +639,17 @@ PYBIND11_MODULE(_gift, m) {
       .def("verify", &Frame::verify);
 
   py::class_<ReducePlan>(m, "ReducePlan")
-      .def(py::init<const py::dict&, int, int,
-                    const std::vector<std::tuple<std::string, int, std::vector<uint64_t>>>&>())
+      .def(
+          py::init<const py::dict&, int, int,
+                   const std::vector<std::tuple<std::string, int, std::vector<uint64_t>>>&, bool>())
+      .def_property_readonly("device", &ReducePlan::device)
       .def_property_readonly("message_bytes", &ReducePlan::message_bytes)
       .def("set_basis", &ReducePlan::set_basis)
       .def_property_readonly("coords", &ReducePlan::coords)
       .def("encode_shards", &ReducePlan::encode_shards)
       .def("sum_shard", &ReducePlan::sum_shard)
       .def("decode_result", &ReducePlan::decode_result)
+      .def("status", &ReducePlan::status)
       .def("save_state", &ReducePlan::save_state)
       .def("load_state", &ReducePlan::load_state);
 }

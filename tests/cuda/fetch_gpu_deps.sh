@@ -8,7 +8,9 @@
 #   bash tests/cuda/run_on_gpu.sh            # there, with .gpu-deps/ carried along
 #
 # The list is the build's requirements (cmake/GiftOptions.cmake, cli/, tests/) with their
-# libraries, minus what any system with a C++ compiler has (libc, libstdc++, libgomp).
+# libraries, minus what any system with a C++ compiler has (libc, libstdc++, libgomp), plus
+# pybind11's headers for the Python package (any Python 3; the interpreter with torch there
+# brings its own headers, as pip's and conda's do, when its pybind11 is not installed).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dest="$root/.gpu-deps"
@@ -21,6 +23,7 @@ packages=(
   libzstd-dev libzstd1 libxxhash-dev libxxhash0 zlib1g-dev zlib1g
   libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
+  pybind11-dev
 )
 rm -rf "$dest"
 mkdir -p "$dest"

@@ -11,7 +11,9 @@
 #
 # When $OUT is set, the table goes to "$OUT/gpu_report.txt" and each step's log next to it.
 # Exits non-zero when any test fails (or is skipped: on a GPU machine nothing may skip), when
-# the build fails, or when a step crashes or runs out of time.
+# the build fails, or when a step crashes or runs out of time. The Python package's steps need
+# a python3 with torch built for CUDA, which the machine may lack: they are then reported as
+# "not run" with the reason, which is not a failure.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,7 +34,7 @@ gpu_table=""
 
 add_row() {  # name status
   rows+=("$1"$'\t'"$2")
-  case "$2" in passed | ran) ;; *) failed=1 ;; esac
+  case "$2" in passed | ran | "not run"*) ;; *) failed=1 ;; esac
 }
 
 report() {
@@ -178,10 +180,31 @@ done
 read -ra cmake_extra <<<"${GIFT_GPU_CMAKE_ARGS:-}"
 targets=(cuda_device_tests nccl_allreduce_tests bench_cuda giftc)
 [ "${GIFT_GPU_CPU_STEPS:-0}" = 1 ] && targets+=(cuda_reference_tests bench_codec)
-echo "==== configure and build ($build: ${targets[*]}) ===="
+
+# The Python package is built for the first python3 whose torch is built for CUDA, with that
+# interpreter's pybind11 when it has one (else the one of .gpu-deps or the system).
+torch_py=""
+for candidate in python3 /usr/bin/python3; do
+  if command -v "$candidate" >/dev/null 2>&1 &&
+    "$candidate" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" >/dev/null 2>&1; then
+    torch_py=$(command -v "$candidate")
+    break
+  fi
+done
+python_args=()
+if [ -n "$torch_py" ]; then
+  python_args=(-DPython3_EXECUTABLE="$torch_py")
+  if pybind11_dir=$("$torch_py" -m pybind11 --cmakedir 2>/dev/null); then
+    python_args+=(-Dpybind11_DIR="$pybind11_dir")
+  fi
+fi
+
+echo "==== configure and build ($build: ${targets[*]}, and the Python package when it can) ===="
 if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGIFT_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DGIFT_WARNINGS_AS_ERRORS=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-  "${cmake_deps[@]}" "${cmake_extra[@]}" 2>&1 | tee "$logdir/configure.log" &&
+  "${cmake_deps[@]}" "${python_args[@]}" "${cmake_extra[@]}" 2>&1 | tee "$logdir/configure.log" &&
+  { [ -z "$torch_py" ] || ! grep -q '^build gift_python:' "$build/build.ninja" ||
+    targets+=(gift_python); } &&
   cmake --build "$build" --parallel "$jobs" --target "${targets[@]}" 2>&1 | tee "$logdir/build.log"; then
   add_row "build ($build, sm_90, Release)" passed
 else
@@ -232,6 +255,55 @@ if [ "$rc" -eq 0 ]; then
   add_row "giftc --device cuda (frame bytes equal to the CPU's)" passed
 else
   add_row "giftc --device cuda (exit code $rc)" failed
+fi
+
+# ---- The Python package on CUDA tensors, and the DDP hook on CUDA buckets -----------------
+# Runs a Python test with the interpreter the package was built for; unittest's verbose lines
+# ("test_x (...) ... ok") become one row each.
+run_python() {  # label timeout script [args...]
+  local label=$1 limit=$2
+  shift 2
+  local log="$logdir/$label.log" rc=0
+  echo "==== $label ===="
+  GIFT_REQUIRE_CUDA_DEVICE=1 PYTHONPATH="$root/$build/python" OMP_NUM_THREADS=1 \
+    timeout --signal=TERM --kill-after=10 "$limit" "$torch_py" "$@" 2>&1 | tee "$log" || rc=$?
+  local parsed n=0 name status
+  parsed=$(sed -nE 's/^(test_[A-Za-z0-9_]+) \(.*\) \.\.\. (ok|FAIL|ERROR)$/\1\t\2/p' "$log")
+  while IFS=$'\t' read -r name status; do
+    [ -n "$name" ] || continue
+    n=$((n + 1))
+    if [ "$status" = ok ]; then add_row "$label: $name" passed; else add_row "$label: $name" failed; fi
+  done <<<"$parsed"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    add_row "$label (timed out after ${limit}s)" failed
+  elif [ "$rc" -ne 0 ]; then
+    add_row "$label (exit code $rc: $(grep -m1 -E 'SKIPPED|Error|FAILED' "$log" || echo 'see its log'))" failed
+  elif [ "$n" -eq 0 ]; then
+    add_row "$label ($(grep -m1 -E '^(cuda buckets|OK)' "$log" || echo 'passed'))" passed
+  fi
+}
+
+if [ -z "$torch_py" ]; then
+  add_row "python: gift on CUDA tensors, the DDP hook on NCCL" \
+    "not run: no python3 here has torch built for CUDA"
+elif ! compgen -G "$build/python/gift/_gift*.so" >/dev/null; then
+  add_row "python: gift on CUDA tensors, the DDP hook on NCCL" \
+    "not run: the module was not built for $torch_py (Python headers or pybind11 missing; see configure.log)"
+else
+  # The package's encode/decode and device plans against the host, byte for byte.
+  run_python "python: CUDA tensors against the host" "$device_timeout" tests/python/test_cuda.py
+  # The hook through device plans and NCCL: one process (the whole device path, the bytes
+  # exchanged with itself), then one rank per GPU where there are two; two gloo ranks share
+  # one GPU (gloo moves CUDA tensors through the host; NCCL refuses two ranks on one GPU).
+  run_python "python: DDP hook, nccl, 1 process" "$device_timeout" \
+    tests/python/test_ddp_cuda.py --world 1 --backend nccl
+  gpus=$("$torch_py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [ "$gpus" -ge 2 ]; then
+    run_python "python: DDP hook, nccl, 2 processes on 2 GPUs" "$device_timeout" \
+      tests/python/test_ddp_cuda.py --world 2 --backend nccl
+  fi
+  run_python "python: DDP hook, gloo, 2 processes sharing a GPU" "$device_timeout" \
+    tests/python/test_ddp_cuda.py --world 2 --backend gloo
 fi
 
 # CPU-only steps (CI runs them anyway): only with GIFT_GPU_CPU_STEPS=1, to spend the lent

@@ -1,6 +1,7 @@
-"""What the DDP hook tests share: gloo processes on this machine with a deadline (a hang
-fails instead of stalling the suite), and the check that every rank holds the same
-parameters."""
+"""What the DDP hook tests share: processes on this machine with a deadline (a hang fails
+instead of stalling the suite), the check that every rank holds the same parameters, and
+the check that the hook's results are the host plans' (a recorded run replayed through
+gift.ReducePlan in one process)."""
 import datetime
 import socket
 import sys
@@ -10,6 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+import gift.ddp
 
 
 def flat_params(model):
@@ -31,9 +34,66 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, tmp, body):
+class Recorder:
+    """Its hook is gift_hook, keeping each compressed call's bucket before and after it (on the host,
+    as the plan's tensors), for check_against_host_plans."""
+
+    def __init__(self):
+        self.calls = []  # (plan key, plan specs, inputs, outputs)
+
+    def hook(self, state, bucket):
+        buf = bucket.buffer()
+        compressed = state.iter >= state.start_iter
+        before = buf.detach().to("cpu", copy=True)
+        fut = gift.ddp.gift_hook(state, bucket)
+        if compressed:
+            layout = state._layout(bucket, buf)
+            plan = state._plans[layout.key]
+            specs = [(n, buf.dtype, shape) for n, shape in zip(plan.names, layout.shapes)]
+            self.calls.append((layout.key, specs, _pieces(before, layout),
+                               _pieces(buf.detach().to("cpu", copy=True), layout)))
+        return fut
+
+
+def _pieces(flat, layout):
+    size = flat.element_size()
+    return [flat[at // size:at // size + torch.Size(shape).numel()].reshape(shape)
+            for at, shape in zip(layout.offsets, layout.shapes)]
+
+
+def check_against_host_plans(recorder, state, world, what):
+    """Replays every rank's recorded calls through host plans (integrity off: device plans
+    have none, and it does not change values), all ranks in this process, and asserts the
+    hook gave every rank the replay's tensors bit for bit."""
+    everyone = [None] * world
+    dist.all_gather_object(everyone, recorder.calls)
+    config = {k: v for k, v in state.config.items() if k != "integrity"}
+    plans = {}
+    for i, calls in enumerate(zip(*everyone)):
+        key, specs = calls[0][0], calls[0][1]
+        if key not in plans:
+            plans[key] = [gift.ReducePlan(world, r, specs, integrity=False, **config)
+                          for r in range(world)]
+        ranks = plans[key]
+        values = [[t.clone() for t in call[2]] for call in calls]
+        m = ranks[0].message_bytes
+        sends = [p.encode_shards(x) for p, x in zip(ranks, values)]
+        recv = [torch.cat([s[r * m:(r + 1) * m] for s in sends]) for r in range(world)]
+        gathered = torch.cat([p.sum_shard(x) for p, x in zip(ranks, recv)])
+        for r, (p, x, call) in enumerate(zip(ranks, values, calls)):
+            p.decode_result(gathered, x)
+            for name, got, want in zip(p.names, call[3], x):
+                if not torch.equal(got, want):
+                    raise AssertionError(f"{what}: call {i}, rank {r}, {name}: the hook's "
+                                         "result differs from the host plans'")
+    return len(recorder.calls)
+
+
+def _worker(rank, world, port, tmp, body, backend):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         body(rank, world, tmp)
@@ -41,13 +101,14 @@ def _worker(rank, world, port, tmp, body):
         dist.destroy_process_group()
 
 
-def run(body, world, deadline_s):
-    """Runs body(rank, world, tmp) in `world` gloo processes sharing a temporary folder;
-    exits 1 when they do not all finish within deadline_s."""
-    print(f"torch {torch.__version__}, {world} processes on gloo", flush=True)
+def run(body, world, deadline_s, backend="gloo"):
+    """Runs body(rank, world, tmp) in `world` processes of `backend` (nccl: rank r on GPU
+    r mod the GPUs) sharing a temporary folder; exits 1 when they do not all finish within
+    deadline_s."""
+    print(f"torch {torch.__version__}, {world} processes on {backend}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_worker, args=(world, _free_port(), tmp, body), nprocs=world,
-                                 join=False)
+        ctx = mp.start_processes(_worker, args=(world, _free_port(), tmp, body, backend),
+                                 nprocs=world, join=False)
         deadline = time.time() + deadline_s
         while not ctx.join(timeout=max(1.0, deadline - time.time())):
             if time.time() > deadline:

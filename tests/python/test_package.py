@@ -143,6 +143,54 @@ class Package(unittest.TestCase):
         np.testing.assert_allclose(gift.decode(ours, basis=again)["a.weight"], grad["a.weight"],
                                    atol=0.15 * np.abs(grad["a.weight"]).max())
 
+    def test_encode_tensor_gives_the_frames_codes_and_decode_tensor_its_values(self):
+        rng = np.random.default_rng(6)
+        tensors = [(rng.standard_normal((33, 200)) * np.logspace(-3, 2, 200)).astype(np.float32),
+                   rng.standard_normal((3, 5, 48)).astype(np.float16)]
+        cases = [{}, {"fp8": "e5m2", "scale": "row"},
+                 {"scale": "tile:16x32", "scale_dtype": "e8m0", "rounding": "stochastic",
+                  "seed": 7}]
+        for x in tensors:
+            for kwargs in cases:
+                with self.subTest(dtype=x.dtype.name, options=kwargs):
+                    codes, scales = gift.encode_tensor(x, **kwargs)
+                    self.assertEqual(codes.shape, x.shape)
+                    layout = {k: v for k, v in kwargs.items() if k not in ("rounding", "seed")}
+                    with gift.open(gift.encode({"x": x}, **kwargs)) as f:
+                        frame_codes, frame_scales = f.codes("x")
+                        np.testing.assert_array_equal(codes, frame_codes)
+                        np.testing.assert_array_equal(scales, frame_scales)
+                        np.testing.assert_array_equal(gift.decode_tensor(codes, scales, **layout),
+                                                      f.decode("x", dtype="float32"))
+                        out = np.empty(x.shape, np.float16)
+                        self.assertIs(gift.decode_tensor(codes, scales, out, **layout), out)
+                        np.testing.assert_array_equal(out, f.decode("x", dtype="float16"))
+        codes, scales = gift.encode_tensor(tensors[0])
+        with self.assertRaises(ValueError):
+            gift.decode_tensor(codes, scales[1:])
+        with self.assertRaises(ValueError):
+            gift.decode_tensor(codes, scales, np.empty((200, 33), np.float32))
+        with self.assertRaises(gift.GiftError) as e:
+            gift.encode_tensor(np.full((4, 32), np.inf, np.float32))
+        self.assertEqual(e.exception.name, "GIFT_ERROR_NONFINITE_INPUT")
+
+    def test_device_buffers_need_a_cuda_build(self):
+        # Without a GPU here the binding is called directly: a host plan refuses a stream (a
+        # build without CUDA, any device work), and a build without CUDA refuses device plans.
+        plan = gift.ReducePlan(1, 0, [("w", "float32", (4, 32))])
+        with self.assertRaises(gift.GiftError) as e:
+            plan._plan.sum_shard(0, 0, 0)
+        self.assertEqual(e.exception.name,
+                         "GIFT_ERROR_INVALID_ARGUMENT" if gift.have_cuda else "GIFT_ERROR_DEVICE")
+        if not gift.have_cuda:
+            config = {"kind": 0, "block": 128, "scale_dtype": 0, "rounding": 0, "seed": 0,
+                      "op": 1, "error_feedback": True, "integrity": False, "threads": 0,
+                      "coords": 0, "reselect_every": 50}
+            with self.assertRaises(gift.GiftError) as e:
+                gift._gift.ReducePlan(config, 1, 0, [("w", 0, [4, 32])], True)
+            self.assertEqual(e.exception.name, "GIFT_ERROR_DEVICE")
+            self.assertIn("without CUDA", e.exception.message)
+
     def test_reduce_plan_steps_in_one_process(self):
         world = 3
         specs = [("w", "float32", (40, 50)), ("b", np.float16, (50,))]
