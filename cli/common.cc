@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "io/tensor_file.h"
+
 namespace giftc {
 
 // Options are checked where they are parsed (usage errors, exit 1), so what the library
@@ -39,7 +41,14 @@ BasisPtr read_basis(const std::string& path) {
 
 FramePtr open_frame(const std::string& path) {
   giftFrame* f = nullptr;
-  check(giftFrameOpenFile(path.c_str(), &f));
+  if (path != "-") {
+    check(giftFrameOpenFile(path.c_str(), &f));
+    return FramePtr(f, giftFrameClose);
+  }
+  // Standard input is read once per run; its mapping outlives every frame opened on it.
+  static gift::io::MappedBytes in;
+  if (!in.storage && in.size == 0) in = gift::io::map_stdin();
+  check(giftFrameOpen(in.data, in.size, &f), gift::io::kStdinName);
   return FramePtr(f, giftFrameClose);
 }
 
@@ -214,6 +223,15 @@ void check_output(const std::string& path, bool force, const std::vector<std::st
       throw Failure(kUsage, path + ": is the input " + in + "; choose another output");
   }
   if (!force) throw Failure(kUsage, path + ": already exists (use -f to overwrite)");
+}
+
+std::string scratch_dir(const std::string& output) {
+  if (output.empty()) {
+    const char* env = std::getenv("TMPDIR");
+    return env && *env ? env : "/tmp";
+  }
+  const size_t slash = output.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : output.substr(0, slash);
 }
 
 void write_output(const std::string& path, const std::vector<uint8_t>& bytes) {

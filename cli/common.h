@@ -68,8 +68,12 @@ bool file_exists(const std::string& path);
 // Refuses an existing output unless `force` (usage error, nothing touched); never replaces
 // what is not a regular file (a device, a FIFO, a link, a folder), nor any of `inputs`
 // (compared by device and inode, so another name of an input is caught too), and refuses
-// "-" (standard output is not written to).
+// "-" (the commands that write standard output check for it first).
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs = {});
+
+// Where scratch data for `output` goes: its folder (so copying it in stays in one file
+// system); for "" (standard output), $TMPDIR or /tmp.
+std::string scratch_dir(const std::string& output);
 
 // Writes through a temporary name and a rename.
 void write_output(const std::string& path, const std::vector<uint8_t>& bytes);

@@ -1,4 +1,8 @@
-// giftc decode: a GIFT frame back to a tensor file.
+// giftc decode: a GIFT frame back to a tensor file, tensor by tensor and band by band
+// through one reused buffer, so memory does not grow with the output.
+#include <unistd.h>
+
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -9,10 +13,13 @@
 namespace giftc {
 namespace {
 
+// The output buffer: bands of rows of about this many bytes.
+constexpr uint64_t kBandBytes = uint64_t(8) << 20;
+
 struct DecodeOptions {
-  std::string input, output, dtype, basis, device = "cpu";
+  std::string input, output, dtype, basis, format, device = "cpu";
   int threads = 0;
-  bool force = false;
+  bool force = false, to_stdout = false;
 };
 
 // IN without .gift, with ".decoded" before its tensor-file extension: decoding
@@ -33,51 +40,114 @@ std::map<std::string, std::string> metadata_map(const giftFrame* f) {
   return md;
 }
 
-void run_decode(const DecodeOptions& o, const Verbosity& v) {
-  const std::string out = o.output.empty() ? default_output(o.input) : o.output;
-  const gift::io::FileKind kind = gift::io::kind_of_path(out);
-  if (kind != gift::io::FileKind::kSafetensors && kind != gift::io::FileKind::kNpy) {
-    throw Failure(kUsage, out + ": output must be .safetensors or .npy");
+// Where the output goes and in which format: --format, else the output's extension; standard
+// output (-c, -o -, or input from standard input without -o) is safetensors unless told.
+struct Target {
+  bool to_stdout;
+  std::string path;  // for messages: the file, or "standard output"
+  gift::io::FileKind kind;
+};
+
+Target target_of(const DecodeOptions& o) {
+  Target t;
+  t.to_stdout = o.to_stdout || o.output == "-" || (o.input == "-" && o.output.empty());
+  if (o.to_stdout && !o.output.empty()) throw Failure(kUsage, "-c and -o: give one");
+  t.path = t.to_stdout ? "standard output" : o.output.empty() ? default_output(o.input) : o.output;
+  if (o.format == "safetensors") {
+    t.kind = gift::io::FileKind::kSafetensors;
+  } else if (o.format == "npy") {
+    t.kind = gift::io::FileKind::kNpy;
+  } else if (!o.format.empty()) {
+    throw Failure(kUsage, "--format: '" + o.format + "' is not safetensors or npy");
+  } else {
+    t.kind = t.to_stdout ? gift::io::FileKind::kSafetensors : gift::io::kind_of_path(t.path);
   }
-  check_output(out, o.force, {o.input, o.basis});
+  if (t.kind != gift::io::FileKind::kSafetensors && t.kind != gift::io::FileKind::kNpy) {
+    throw Failure(kUsage, t.path + ": output must be .safetensors or .npy (or give --format)");
+  }
+  return t;
+}
+
+using OutputPtr = std::unique_ptr<giftOutput, decltype(&giftOutputFree)>;
+
+OutputPtr open_output(const Target& t) {
+  giftOutput* out = nullptr;
+  check(t.to_stdout ? giftOutputOpenFd(STDOUT_FILENO, t.path.c_str(), &out)
+                    : giftOutputOpenFile(t.path.c_str(), &out));
+  return OutputPtr(out, giftOutputFree);
+}
+
+void run_decode(const DecodeOptions& o, const Verbosity& v) {
+  const Target target = target_of(o);
+  if (target.to_stdout) {
+    if (::isatty(STDOUT_FILENO) && !o.force) {
+      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
+    }
+  } else {
+    check_output(target.path, o.force, {o.input, o.basis});
+  }
+  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
   const Device device = parse_device(o.device);
   const BasisPtr basis = read_basis(o.basis);
   const FramePtr f = open_frame(o.input);
   use_device(f.get(), device);
-  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
   check(giftFrameSetThreads(f.get(), o.threads));
   const uint64_t n = giftFrameTensorCount(f.get());
-  if (kind == gift::io::FileKind::kNpy && n != 1) {
+  const bool npy = target.kind == gift::io::FileKind::kNpy;
+  if (npy && n != 1) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
                               " tensors; a .npy file holds one (decode to .safetensors)");
   }
-  std::vector<gift::io::OwnedTensor> tensors;
-  Progress progress("decode", n, v);
+  std::vector<giftTensorInfo> infos;
+  std::vector<gift::io::TensorHeader> headers;
   for (uint64_t i = 0; i < n; ++i) {
     const giftTensorInfo e = tensor_info(f.get(), i);
     const giftDType_t dt = o.dtype.empty() ? e.dtype : parse_dtype(o.dtype);
-    if (kind == gift::io::FileKind::kNpy && dt == GIFT_DTYPE_BF16) {
+    if (npy && dt == GIFT_DTYPE_BF16) {
       throw Failure(kUsage, o.dtype.empty()
                                 ? "tensor '" + std::string(e.name) +
                                       "' is bf16, which .npy cannot hold: decode to "
                                       ".safetensors, or to .npy with --dtype f32"
                                 : "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
     }
-    gift::io::OwnedTensor t{e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt, {}};
-    t.data.resize(e.elements * giftDTypeSize(dt));
-    check(
-        giftFrameDecodeTensorWithBasis(f.get(), i, basis.get(), t.data.data(), t.data.size(), dt));
-    tensors.push_back(std::move(t));
+    infos.push_back(e);
+    headers.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt});
+  }
+
+  const OutputPtr out = open_output(target);
+  const std::vector<uint8_t> head =
+      npy ? gift::io::npy_header(headers[0])
+          : gift::io::safetensors_header(headers, metadata_map(f.get()));
+  check(giftOutputWrite(out.get(), head.data(), head.size()));
+  // One buffer for every band of every tensor, sized for the largest band needed (at least
+  // a tile's height of rows).
+  uint64_t buffer_bytes = 0;
+  std::vector<uint64_t> band_rows(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t row_bytes = infos[i].cols * giftDTypeSize(headers[i].dtype);
+    const uint64_t align = infos[i].row_align;
+    band_rows[i] =
+        std::max<uint64_t>(align, kBandBytes / std::max<uint64_t>(1, row_bytes * align) * align);
+    band_rows[i] = std::min(band_rows[i], infos[i].rows);
+    buffer_bytes = std::max(buffer_bytes, band_rows[i] * row_bytes);
+  }
+  const std::unique_ptr<uint8_t[]> buffer(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
+  Progress progress("decode", n, v);
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t row_bytes = infos[i].cols * giftDTypeSize(headers[i].dtype);
+    for (uint64_t r0 = 0; r0 < infos[i].rows; r0 += band_rows[i]) {
+      const uint64_t rows = std::min(band_rows[i], infos[i].rows - r0);
+      check(giftFrameDecodeRowsWithBasis(f.get(), i, r0, rows, basis.get(), buffer.get(),
+                                         rows * row_bytes, headers[i].dtype));
+      check(giftOutputWrite(out.get(), buffer.get(), rows * row_bytes));
+    }
     progress.step(i + 1);
   }
-  if (kind == gift::io::FileKind::kNpy) {
-    write_output(out, gift::io::serialize_npy(tensors[0]));
-  } else {
-    write_output(out, gift::io::serialize_safetensors(tensors, metadata_map(f.get())));
-  }
+  check(giftOutputCommit(out.get()));
   if (!v.quiet)
-    std::fprintf(stderr, "%s: %llu tensors -> %s\n", o.input.c_str(), (unsigned long long)n,
-                 out.c_str());
+    std::fprintf(stderr, "%s: %llu tensors -> %s\n",
+                 o.input == "-" ? gift::io::kStdinName : o.input.c_str(), (unsigned long long)n,
+                 target.path.c_str());
 }
 
 }  // namespace
@@ -85,9 +155,14 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
 void add_decode(CLI::App& app, Verbosity& v) {
   auto o = std::make_shared<DecodeOptions>();
   CLI::App* c = app.add_subcommand("decode", "Decode a GIFT frame to .safetensors or .npy");
-  c->add_option("IN", o->input, "Input frame (.gift)")->required();
+  c->add_option("IN", o->input, "Input frame (.gift; - reads standard input)")->required();
   c->add_option("-o,--output", o->output,
-                "Output file (default: IN without .gift, as NAME.decoded.safetensors or .npy)");
+                "Output file (default: IN without .gift, as NAME.decoded.safetensors or .npy; "
+                "- writes standard output)");
+  c->add_flag("-c,--stdout", o->to_stdout, "Write to standard output");
+  c->add_option("--format", o->format,
+                "Output format: safetensors or npy (default: by the output's extension; "
+                "safetensors on standard output)");
   c->add_option("--dtype", o->dtype,
                 "Output element type: f32, bf16 or f16 (default: each tensor's own)");
   c->add_option("--basis", o->basis,
@@ -97,7 +172,8 @@ void add_decode(CLI::App& app, Verbosity& v) {
                 "tensors in GIFT coordinates stays on the CPU)")
       ->capture_default_str();
   c->add_option("--threads", o->threads, "Threads (default: all)");
-  c->add_flag("-f,--force", o->force, "Overwrite an existing output");
+  c->add_flag("-f,--force", o->force,
+              "Overwrite an existing output; write binary data to a terminal");
   c->callback([o, &v] { run_decode(*o, v); });
 }
 

@@ -1,5 +1,5 @@
 // giftc encode: a tensor file to a GIFT frame.
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +21,7 @@ struct EncodeOptions {
   int zstd = 0;
   std::string include, exclude;
   int threads = 0;
-  bool keep_nonfinite = false, force = false;
+  bool keep_nonfinite = false, force = false, to_stdout = false;
   std::string basis, coords;
   std::string frame;  // the deprecated spelling of --coords, kept for one release
   bool embed_basis = false;
@@ -70,8 +70,18 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   } catch (const std::regex_error& e) {
     throw Failure(kUsage, std::string("--include/--exclude: bad regular expression: ") + e.what());
   }
-  const std::string out = o.output.empty() ? o.input + ".gift" : o.output;
-  check_output(out, o.force, {o.input, o.basis});
+  // Standard output with -c or -o -, and by default for standard input, as zstd does.
+  if (o.to_stdout && !o.output.empty()) throw Failure(kUsage, "-c and -o: give one");
+  const bool to_stdout = o.to_stdout || o.output == "-" || (o.input == "-" && o.output.empty());
+  const std::string out = to_stdout          ? "standard output"
+                          : o.output.empty() ? o.input + ".gift"
+                                             : o.output;
+  if (to_stdout) {
+    if (::isatty(STDOUT_FILENO) && !o.force)
+      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
+  } else {
+    check_output(out, o.force, {o.input, o.basis});
+  }
 
   giftSelectParams select = GIFT_SELECT_PARAMS_INIT;
   if (!(o.margin >= 0 && o.margin < 1)) throw Failure(kUsage, "--margin must be in [0, 1)");
@@ -100,6 +110,9 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   gift::io::TensorFile in;
   gift::io::read_tensor_file(o.input, &in);
   const WriterPtr w = new_writer();
+  // Encoded sections wait in an unnamed file beside the output (the frame's header, which
+  // comes first, is known only at the end), not in memory.
+  check(giftFrameWriterSetScratchDir(w.get(), scratch_dir(to_stdout ? "" : out).c_str()));
   use_device(w.get(), device);
   check(giftFrameWriterSetCompression(w.get(), o.zstd));
   check(giftFrameWriterSetThreads(w.get(), o.threads));
@@ -146,18 +159,21 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     }
     progress.step(i + 1);
   }
-  check(giftFrameWriterWriteFile(w.get(), out.c_str()));
+  giftOutput* sink = nullptr;
+  check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, out.c_str(), &sink)
+                  : giftOutputOpenFile(out.c_str(), &sink));
+  const std::unique_ptr<giftOutput, decltype(&giftOutputFree)> output(sink, giftOutputFree);
+  check(giftFrameWriterWriteOutput(w.get(), sink));
+  check(giftOutputCommit(sink));
   if (!v.quiet) {
-    const uint64_t out_bytes = [&] {
-      struct stat st;
-      return ::stat(out.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
-    }();
+    const uint64_t out_bytes = giftOutputBytes(sink);
     std::fprintf(stderr,
                  "%s: %zu tensors (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> %s "
                  "(%.2fx) -> %s\n",
-                 o.input.c_str(), in.tensors.size(), (unsigned long long)quantized,
-                 (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
-                 human_bytes(in_bytes).c_str(), human_bytes(out_bytes).c_str(),
+                 o.input == "-" ? gift::io::kStdinName : o.input.c_str(), in.tensors.size(),
+                 (unsigned long long)quantized, (unsigned long long)in_gift,
+                 (unsigned long long)(in.tensors.size() - quantized), human_bytes(in_bytes).c_str(),
+                 human_bytes(out_bytes).c_str(),
                  out_bytes ? double(in_bytes) / double(out_bytes) : 0.0, out.c_str());
   }
 }
@@ -168,8 +184,11 @@ void add_encode(CLI::App& app, Verbosity& v) {
   auto o = std::make_shared<EncodeOptions>();
   CLI::App* c = app.add_subcommand(
       "encode", "Encode a tensor file (.safetensors, .npy, .npz) to a GIFT frame");
-  c->add_option("IN", o->input, "Input tensor file")->required();
-  c->add_option("-o,--output", o->output, "Output frame (default: IN.gift)");
+  c->add_option("IN", o->input, "Input tensor file (- reads standard input)")->required();
+  c->add_option("-o,--output", o->output,
+                "Output frame (default: IN.gift, or standard output for standard input; - "
+                "writes standard output)");
+  c->add_flag("-c,--stdout", o->to_stdout, "Write to standard output");
   c->add_option("--fp8", o->fp8, "FP8 kind: e4m3 or e5m2")->capture_default_str();
   c->add_option("--scale", o->scale, "Scale groups: tensor, row, block:N or tile:RxC")
       ->capture_default_str();

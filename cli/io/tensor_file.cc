@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -43,15 +44,14 @@ uint64_t load_le(const uint8_t* p, int bytes) {
   return v;
 }
 
-// Maps a file read-only and keeps the mapping alive in out->storage: tensors point into it,
-// so a large dump is never copied.
-void map_into(const std::string& path, TensorFile* out, const uint8_t** data, uint64_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) io_error(path, std::string("cannot open: ") + std::strerror(errno));
+// Maps `fd` read-only and keeps the mapping alive in *storage: tensors point into it, so a
+// large dump is never copied. Closes fd.
+void map_fd(int fd, const std::string& name, std::vector<std::shared_ptr<void>>* storage,
+            const uint8_t** data, uint64_t* size) {
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    io_error(path, "not a regular file");
+    io_error(name, "not a regular file");
   }
   *data = nullptr;
   *size = uint64_t(st.st_size);
@@ -62,10 +62,53 @@ void map_into(const std::string& path, TensorFile* out, const uint8_t** data, ui
   void* p = ::mmap(nullptr, size_t(*size), PROT_READ, MAP_PRIVATE, fd, 0);
   const int e = errno;
   ::close(fd);
-  if (p == MAP_FAILED) io_error(path, std::string("cannot map: ") + std::strerror(e));
+  if (p == MAP_FAILED) io_error(name, std::string("cannot map: ") + std::strerror(e));
   const size_t length = size_t(*size);
-  out->storage.push_back(std::shared_ptr<void>(p, [length](void* q) { ::munmap(q, length); }));
+  storage->push_back(std::shared_ptr<void>(p, [length](void* q) { ::munmap(q, length); }));
   *data = static_cast<const uint8_t*>(p);
+}
+
+void map_into(const std::string& path, TensorFile* out, const uint8_t** data, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_error(path, std::string("cannot open: ") + std::strerror(errno));
+  map_fd(fd, path, &out->storage, data, size);
+}
+
+// An unnamed file in $TMPDIR (or /tmp) holding everything `fd` gives until its end, so that
+// a stream is read as a file: mapped, in bounded memory.
+int spill(int fd, const std::string& name) {
+  const char* env = std::getenv("TMPDIR");
+  const std::string dir = env && *env ? env : "/tmp";
+  int tmp = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (tmp < 0) {
+    std::string path = dir + "/giftc-stdin-XXXXXX";
+    tmp = ::mkostemp(path.data(), O_CLOEXEC);
+    if (tmp >= 0) ::unlink(path.c_str());
+  }
+  if (tmp < 0)
+    io_error(name, "cannot create a scratch file in " + dir + ": " + std::strerror(errno));
+  std::vector<uint8_t> buf(uint64_t(1) << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(tmp);
+      io_error(name, std::string("read failed: ") + std::strerror(e));
+    }
+    if (n == 0) break;
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t w = ::write(tmp, buf.data() + done, size_t(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int e = w < 0 ? errno : ENOSPC;
+        ::close(tmp);
+        io_error(name, "cannot keep it in " + dir + ": " + std::strerror(e));
+      }
+      done += w;
+    }
+  }
+  return tmp;
 }
 
 std::string stem_of(const std::string& path) {
@@ -261,11 +304,18 @@ const char* dtype_name(giftDType_t d) {
 
 }  // namespace
 
-uint64_t TensorRef::elements() const {
+namespace {
+
+uint64_t product(const std::vector<uint64_t>& shape) {
   uint64_t n = 1;
   for (uint64_t d : shape) n *= d;
   return n;
 }
+
+}  // namespace
+
+uint64_t TensorRef::elements() const { return product(shape); }
+uint64_t TensorHeader::elements() const { return product(shape); }
 
 std::vector<float> widen_to_float(const TensorRef& t) {
   std::vector<float> out(t.elements());
@@ -387,54 +437,77 @@ void align_data(TensorFile* f) {
   }
 }
 
+MappedBytes map_stdin() {
+  MappedBytes m;
+  std::vector<std::shared_ptr<void>> storage;
+  map_fd(spill(STDIN_FILENO, kStdinName), kStdinName, &storage, &m.data, &m.size);
+  if (!storage.empty()) m.storage = storage.front();
+  return m;
+}
+
+FileKind sniff_kind(const uint8_t* b, uint64_t size) {
+  if (size >= 6 && std::memcmp(b, "\x93NUMPY", 6) == 0) return FileKind::kNpy;
+  if (size >= 4 && std::memcmp(b, "PK\x03\x04", 4) == 0) return FileKind::kNpz;
+  return FileKind::kSafetensors;
+}
+
 void read_tensor_file(const std::string& path, TensorFile* out) {
-  const FileKind kind = kind_of_path(path);
-  if (kind == FileKind::kUnknown)
+  const bool from_stdin = path == "-";
+  const std::string name = from_stdin ? kStdinName : path;
+  FileKind kind = kind_of_path(path);
+  if (kind == FileKind::kUnknown && !from_stdin)
     bad(path, "unknown file type (expected .safetensors, .npy or .npz)");
   const uint8_t* b = nullptr;
   uint64_t size = 0;
-  map_into(path, out, &b, &size);
+  if (from_stdin) {
+    MappedBytes m = map_stdin();
+    b = m.data;
+    size = m.size;
+    if (m.storage) out->storage.push_back(m.storage);
+    kind = sniff_kind(b, size);
+  } else {
+    map_into(path, out, &b, &size);
+  }
   // A frame under a tensor file's name would otherwise be read as a broken one; libgift
   // knows a frame by its magic.
   giftFrame* frame = nullptr;
   if (b && giftFrameOpen(b, size, &frame) != GIFT_ERROR_FRAME_MAGIC) {
     giftFrameClose(frame);
-    bad(path, "is a GIFT frame, not a tensor file (giftc decode reads it)");
+    bad(name, "is a GIFT frame, not a tensor file (giftc decode reads it)");
   }
   static const uint8_t kEmpty[1] = {0};
   if (!b) b = kEmpty;
   if (kind == FileKind::kSafetensors) {
-    parse_safetensors(b, size, path, out);
+    parse_safetensors(b, size, name, out);
   } else if (kind == FileKind::kNpy) {
-    add_npy(b, size, path, stem_of(path), out);
+    add_npy(b, size, name, from_stdin ? "tensor" : stem_of(path), out);
   } else {
-    parse_npz(b, size, path, out);
+    parse_npz(b, size, name, out);
   }
-  check_names(*out, path);
+  check_names(*out, name);
   align_data(out);
 }
 
-std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,
-                                           const std::map<std::string, std::string>& metadata) {
+std::vector<uint8_t> safetensors_header(const std::vector<TensorHeader>& tensors,
+                                        const std::map<std::string, std::string>& metadata) {
   nlohmann::json h = nlohmann::json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t at = 0;
-  for (const OwnedTensor& t : tensors) {
-    h[t.name] = {{"dtype", dtype_name(t.dtype)},
-                 {"shape", t.shape},
-                 {"data_offsets", {at, at + t.data.size()}}};
-    at += t.data.size();
+  for (const TensorHeader& t : tensors) {
+    const uint64_t bytes = t.elements() * giftDTypeSize(t.dtype);
+    h[t.name] = {
+        {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
   }
   std::string js = h.dump();
   while ((8 + js.size()) % 8) js += ' ';  // keeps the data 8-byte aligned, as writers do
   std::vector<uint8_t> out(8 + js.size());
   for (int i = 0; i < 8; ++i) out[size_t(i)] = uint8_t(js.size() >> (8 * i));  // little-endian
   std::memcpy(out.data() + 8, js.data(), js.size());
-  for (const OwnedTensor& t : tensors) out.insert(out.end(), t.data.begin(), t.data.end());
   return out;
 }
 
-std::vector<uint8_t> serialize_npy(const OwnedTensor& t) {
+std::vector<uint8_t> npy_header(const TensorHeader& t) {
   std::string shape;
   for (size_t i = 0; i < t.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(t.shape[i]);
   if (t.shape.size() == 1) shape += ",";
@@ -448,11 +521,9 @@ std::vector<uint8_t> serialize_npy(const OwnedTensor& t) {
   pre += char(header.size() & 0xFF);
   pre += char(header.size() >> 8);
   std::vector<uint8_t> out;
-  out.reserve(pre.size() + header.size() + t.data.size());
   for (const std::string* part : {&pre, &header}) {
     for (char c : *part) out.push_back(static_cast<uint8_t>(c));
   }
-  out.insert(out.end(), t.data.begin(), t.data.end());
   return out;
 }
 

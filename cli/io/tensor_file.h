@@ -38,23 +38,39 @@ enum class FileKind { kSafetensors, kNpy, kNpz, kUnknown };
 // By extension (.safetensors, .npy, .npz).
 FileKind kind_of_path(const std::string& path);
 
-// Reads any supported kind. Errors are giftc::Failure naming the file (and tensor): kIoError
-// for files that cannot be read, kBadInput for malformed or unsupported ones.
+// What standard input is called in messages.
+inline const char* const kStdinName = "standard input";
+
+// Reads any supported kind; "-" reads standard input (kept in an unnamed scratch file, its
+// kind told by its first bytes). Errors are giftc::Failure naming the file (and tensor):
+// kIoError for files that cannot be read, kBadInput for malformed or unsupported ones.
 void read_tensor_file(const std::string& path, TensorFile* out);
 
 void parse_safetensors(const uint8_t* bytes, uint64_t size, const std::string& name,
                        TensorFile* out);
 
-// Tensors given as (name, shape, dtype, bytes).
-struct OwnedTensor {
+// Standard input to its end, mapped from an unnamed scratch file in $TMPDIR (or /tmp):
+// any size, in bounded memory.
+struct MappedBytes {
+  std::shared_ptr<void> storage;  // the mapping, alive while this is held
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+};
+MappedBytes map_stdin();
+
+// What an output file says of a tensor before its data.
+struct TensorHeader {
   std::string name;
   std::vector<uint64_t> shape;
   giftDType_t dtype;
-  std::vector<uint8_t> data;
+
+  uint64_t elements() const;
 };
 
-std::vector<uint8_t> serialize_safetensors(const std::vector<OwnedTensor>& tensors,
-                                           const std::map<std::string, std::string>& metadata);
-std::vector<uint8_t> serialize_npy(const OwnedTensor& tensor);
+// The bytes that precede the tensors' data, which follows in the given order, each
+// elements * dtype size bytes, little-endian.
+std::vector<uint8_t> safetensors_header(const std::vector<TensorHeader>& tensors,
+                                        const std::map<std::string, std::string>& metadata);
+std::vector<uint8_t> npy_header(const TensorHeader& tensor);
 
 }  // namespace gift::io

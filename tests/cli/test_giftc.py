@@ -68,7 +68,7 @@ class Giftc(unittest.TestCase):
         os.link(src, hard)
         for out, why in (("/dev/null", "not a regular file"), (fifo, "not a regular file"),
                          (link, "not a regular file"), (src, "is the input"),
-                         (hard, "is the input"), ("-", "standard output")):
+                         (hard, "is the input")):
             r = run("encode", src, "-o", out, "-f")
             self.assertEqual(r.returncode, 1, out)
             self.assertIn(why, r.stderr)
@@ -77,6 +77,125 @@ class Giftc(unittest.TestCase):
             self.assertEqual(f.read(), b"keep")
         self.assertTrue(os.path.islink(link))
         np.testing.assert_array_equal(np.load(src), np.ones((4, 64), np.float32))
+
+    def test_standard_input_and_output_give_the_files_bytes(self):
+        src = self.path("g.safetensors")
+        rng = np.random.default_rng(5)
+        save_file({"w": rng.standard_normal((96, 200)).astype(np.float32),
+                   "b": rng.standard_normal(200).astype(np.float32)}, src,
+                  metadata={"step": "7"})
+        frame = self.path("g.gift")
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        with open(src, "rb") as f:
+            raw = f.read()
+        with open(frame, "rb") as f:
+            frame_bytes = f.read()
+        piped = subprocess.run([GIFTC, "encode", "-", "-q"], input=raw, capture_output=True)
+        self.assertEqual(piped.returncode, 0, piped.stderr)
+        self.assertEqual(piped.stdout, frame_bytes)
+        for args in (["-c"], ["-o", "-"]):
+            r = subprocess.run([GIFTC, "encode", src, "-q", *args], capture_output=True)
+            self.assertEqual(r.stdout, frame_bytes, args)
+        decoded = self.path("g.decoded.safetensors")
+        self.assertEqual(run("decode", frame, "-o", decoded, "-q").returncode, 0)
+        with open(decoded, "rb") as f:
+            decoded_bytes = f.read()
+        r = subprocess.run([GIFTC, "decode", "-", "-q"], input=frame_bytes, capture_output=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, decoded_bytes)
+        one = self.path("one.npy")
+        np.save(one, rng.standard_normal((8, 64)).astype(np.float32))
+        self.assertEqual(run("encode", one, "-q").returncode, 0)
+        self.assertEqual(run("decode", one + ".gift", "-q").returncode, 0)
+        r = subprocess.run([GIFTC, "decode", one + ".gift", "-c", "--format", "npy", "-q"],
+                           capture_output=True)
+        with open(self.path("one.decoded.npy"), "rb") as f:
+            self.assertEqual(r.stdout, f.read())
+        # Damaged input on standard input is named as such.
+        r = subprocess.run([GIFTC, "decode", "-"], input=frame_bytes[:-9], capture_output=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(b"standard input", r.stderr)
+        r = run("decode", frame, "-c", "-o", self.path("x.safetensors"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("-c and -o", r.stderr)
+
+    def test_memory_does_not_grow_with_the_file(self):
+        # RLIMIT_DATA caps the process's private writable memory (not the page cache of the
+        # files it maps): a 256 MiB dump must encode and decode under 96 MiB of it, so
+        # neither command may hold its output or the input's codes whole.
+        import resource
+
+        limit = 96 << 20
+
+        def capped():
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+        # OpenBLAS's worker threads retry a failed buffer allocation forever: one thread.
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+
+        def run_capped(*args):
+            return subprocess.run([GIFTC, *map(str, args)], capture_output=True, text=True,
+                                  preexec_fn=capped, env=env, timeout=600)
+
+        if run_capped("--version").returncode != 0:
+            self.skipTest("giftc cannot start under RLIMIT_DATA (a sanitizer build)")
+        rng = np.random.default_rng(9)
+        tensors = {f"layer{i}": (rng.standard_normal((4096, 4096), np.float32) * 1e-3)
+                   for i in range(4)}
+        src = self.path("big.safetensors")
+        save_file(tensors, src)
+        frame, out = self.path("big.gift"), self.path("big.out.safetensors")
+        r = run_capped("encode", src, "-o", frame, "--threads", "1", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run_capped("decode", frame, "-o", out, "--threads", "1", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        back = load_file(out)
+        self.assertEqual(sorted(back), sorted(tensors))
+        np.testing.assert_array_equal(back["layer2"][:64], model_block_e4m3(tensors["layer2"][:64]))
+        # The cap is real: a buffer of the output's size does not fit under it.
+        r = run_capped("bench", "--size", str(256 << 20), "--threads", "1", "-q")
+        self.assertNotEqual(r.returncode, 0)
+
+    def test_a_full_disk_or_an_interrupt_leaves_no_output(self):
+        import resource
+        import signal
+        import time
+
+        src = self.path("in.safetensors")
+        save_file({"w": np.ones((2048, 1024), np.float32)}, src)
+        out = self.path("out.gift")
+
+        def small_files():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails with EFBIG instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+        r = subprocess.run([GIFTC, "encode", src, "-o", out], capture_output=True, text=True,
+                           preexec_fn=small_files)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("File too large", r.stderr)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["in.safetensors"])
+        self.assertEqual(run("encode", src, "-o", out, "-q").returncode, 0)
+        r = subprocess.run([GIFTC, "decode", out, "-o", self.path("d.safetensors")],
+                           capture_output=True, text=True, preexec_fn=small_files)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["in.safetensors", "out.gift"])
+        os.unlink(out)
+        # SIGINT part-way: either it finished (a complete frame) or there is no file at all,
+        # and never a temporary.
+        big = self.path("big.safetensors")
+        save_file({f"t{i}": np.ones((2048, 2048), np.float32) for i in range(8)}, big)
+        p = subprocess.Popen([GIFTC, "encode", big, "-o", out, "--threads", "1"],
+                             stderr=subprocess.PIPE)
+        time.sleep(0.15)
+        p.send_signal(signal.SIGINT)
+        rc = p.wait()
+        left = sorted(os.listdir(self.dir))
+        if rc == 0:
+            self.assertEqual(run("inspect", out, "--verify", "-q").returncode, 0)
+            self.assertEqual(left, ["big.safetensors", "in.safetensors", "out.gift"])
+        else:
+            self.assertEqual(rc, -signal.SIGINT)
+            self.assertEqual(left, ["big.safetensors", "in.safetensors"])
 
     def test_default_decode_name_never_aims_at_the_original(self):
         src = self.path("grads.safetensors")

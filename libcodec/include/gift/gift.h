@@ -396,6 +396,8 @@ GIFT_API giftResult_t giftOutputOpenFile(const char* path, giftOutput** out);
 GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** out);
 GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size);
 GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
+/* Bytes written to `out` so far. */
+GIFT_API uint64_t giftOutputBytes(const giftOutput* out);
 GIFT_API void giftOutputFree(giftOutput* out);
 
 /* The finished frame appended to `out`, which the caller then commits. */

@@ -46,6 +46,8 @@ giftResult_t giftOutputCommit(giftOutput* out) {
   return out->file.commit();
 }
 
+uint64_t giftOutputBytes(const giftOutput* out) { return out ? out->file.written() : 0; }
+
 void giftOutputFree(giftOutput* out) { delete out; }
 
 }  // extern "C"
