@@ -118,6 +118,9 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()));
+  uint64_t total = head.size();
+  for (const gift::io::TensorHeader& h : headers) total += h.elements() * giftDTypeSize(h.dtype);
+  check(giftOutputReserve(out.get(), total));
   check(giftOutputWrite(out.get(), head.data(), head.size()));
   // One buffer for every band of every tensor, sized for the largest band needed (at least
   // a tile's height of rows).

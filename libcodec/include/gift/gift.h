@@ -394,6 +394,10 @@ GIFT_API giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, cons
 typedef struct giftOutput giftOutput;
 GIFT_API giftResult_t giftOutputOpenFile(const char* path, giftOutput** out);
 GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** out);
+/* The output will be `total` bytes long: a file's space is allocated now, so a full disk
+ * fails here, before anything is written, and writing is faster on file systems that
+ * otherwise allocate as the bytes come. Nothing for a descriptor. */
+GIFT_API giftResult_t giftOutputReserve(giftOutput* out, uint64_t total);
 GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size);
 GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
 /* Bytes written to `out` so far. */

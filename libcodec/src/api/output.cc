@@ -40,6 +40,12 @@ giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size) {
   return out->file.write(data, size);
 }
 
+giftResult_t giftOutputReserve(giftOutput* out, uint64_t total) {
+  gift::clear_error();
+  if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputReserve: null output");
+  return out->file.reserve(total);
+}
+
 giftResult_t giftOutputCommit(giftOutput* out) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputCommit: null output");

@@ -66,6 +66,7 @@ void OutputFile::discard() {
   if (owned_ && !committed_ && !unnamed_ && !temp_.empty()) ::unlink(temp_.c_str());
   fd_ = -1;
   owned_ = false;
+  reserved_ = 0;
 }
 
 giftResult_t OutputFile::fail_io(const char* what, int err) {
@@ -77,7 +78,7 @@ giftResult_t OutputFile::fail_io(const char* what, int err) {
 giftResult_t OutputFile::open(const std::string& path) {
   discard();
   path_ = name_ = path;
-  written_ = 0;
+  written_ = reserved_ = 0;
   committed_ = false;
   temp_.clear();
   owned_ = true;
@@ -100,6 +101,17 @@ void OutputFile::open_fd(int fd, const std::string& name) {
   name_ = name;
   written_ = 0;
   committed_ = false;
+}
+
+giftResult_t OutputFile::reserve(uint64_t total) {
+  if (fd_ < 0 || !owned_ || total <= written_) return GIFT_OK;
+  if (::fallocate(fd_, 0, off_t(written_), off_t(total - written_)) == 0) {
+    reserved_ = total;
+    return GIFT_OK;
+  }
+  if (errno == ENOSPC || errno == EFBIG || errno == EDQUOT)
+    return fail_io("cannot reserve space", errno);
+  return GIFT_OK;  // not supported here: blocks are allocated as the bytes come
 }
 
 giftResult_t OutputFile::write(const void* data, uint64_t size) {
@@ -148,6 +160,8 @@ giftResult_t OutputFile::commit() {
     committed_ = true;
     return GIFT_OK;
   }
+  if (reserved_ > written_ && ::ftruncate(fd_, off_t(written_)) != 0)
+    return fail_io("cannot finish writing", errno);
   if (::fsync(fd_) != 0) return fail_io("cannot finish writing", errno);
   if (unnamed_) {
     // A name only now: linked under a fresh temporary, then renamed over the destination
@@ -193,6 +207,11 @@ giftResult_t ScratchFile::open(const std::string& dir) {
                 std::strerror(errno));
   }
   return GIFT_OK;
+}
+
+void ScratchFile::reserve(uint64_t more) {
+  // Only a speed-up: a failure shows again, precisely, when the bytes are written.
+  if (fd_ >= 0 && more) (void)::fallocate(fd_, FALLOC_FL_KEEP_SIZE, off_t(size_), off_t(more));
 }
 
 giftResult_t ScratchFile::write(const void* data, uint64_t size) {

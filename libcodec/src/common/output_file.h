@@ -24,6 +24,10 @@ class OutputFile {
   // Borrows fd (not closed here); `name` is used in messages.
   void open_fd(int fd, const std::string& name);
 
+  // The file will hold `total` bytes: its blocks are allocated now, so a full disk fails
+  // before anything is written and writing does not allocate page by page. A no-op for a
+  // descriptor or a file system that cannot do it.
+  giftResult_t reserve(uint64_t total);
   giftResult_t write(const void* data, uint64_t size);
   // Appends `size` bytes of the file `fd` from `offset`, in the kernel where it can.
   giftResult_t append_from(int fd, uint64_t offset, uint64_t size);
@@ -40,7 +44,7 @@ class OutputFile {
   int fd_ = -1;
   bool owned_ = false, unnamed_ = false, committed_ = false;
   std::string path_, temp_, name_;
-  uint64_t written_ = 0;
+  uint64_t written_ = 0, reserved_ = 0;
 };
 
 // An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays
@@ -53,6 +57,8 @@ class ScratchFile {
   ~ScratchFile();
 
   giftResult_t open(const std::string& dir);
+  // Room for `more` bytes past the end, allocated ahead (as OutputFile::reserve).
+  void reserve(uint64_t more);
   giftResult_t write(const void* data, uint64_t size);
   bool is_open() const { return fd_ >= 0; }
   int fd() const { return fd_; }

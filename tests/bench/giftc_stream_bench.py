@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""giftc at scale against cp, in one run: encode and decode of safetensors dumps, one thread,
+page cache hot, each timed against `cp` of the same input file, with the peak anonymous
+memory (RssAnon: the process's own memory, not the page cache of the files it maps) of each
+command. A benchmark, not a test: it prints a table and asserts nothing.
+
+Usage: giftc_stream_bench.py PATH/TO/giftc [--dir DIR] [--sizes 512M,6G] [--repeat 3]
+DIR (default: a folder under $TMPDIR) needs about 2.3x the largest size free.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+
+def write_dump(path, total_bytes, dtype):
+    """A safetensors file of 4096 x 4096 tensors of `dtype`, written tensor by tensor."""
+    width = 4 if dtype == "F32" else 2
+    per = 4096 * 4096 * width
+    count = max(1, total_bytes // per)
+    header = {f"layers.{i}.weight": {"dtype": dtype, "shape": [4096, 4096],
+                                     "data_offsets": [i * per, (i + 1) * per]}
+              for i in range(count)}
+    js = json.dumps(header).encode()
+    js += b" " * ((8 - (8 + len(js)) % 8) % 8)
+    rng = np.random.default_rng(1)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(js)) + js)
+        for _ in range(count):
+            x = rng.standard_normal((4096, 4096), dtype=np.float32) * np.float32(1e-3)
+            if dtype == "BF16":
+                x = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation is fine for data
+            f.write(x.tobytes())
+    return count * per
+
+
+def measure(cmd):
+    """Wall time and peak RssAnon (sampled every millisecond) of one command."""
+    start = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = 0
+    status = f"/proc/{p.pid}/status"
+    while p.poll() is None:
+        try:
+            with open(status) as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+        time.sleep(0.001)
+    wall = time.perf_counter() - start
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {p.stderr.read().decode()}")
+    return wall, peak / 1024.0
+
+
+def median_run(cmd, repeat, before=None):
+    times, peaks = [], []
+    for _ in range(repeat):
+        if before:
+            before()
+        t, m = measure(cmd)
+        times.append(t)
+        peaks.append(m)
+    return statistics.median(times), max(peaks)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("giftc")
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--sizes", default="512M,6G")
+    ap.add_argument("--dtypes", default="F32,BF16")
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    work = a.dir or tempfile.mkdtemp(prefix="giftc-bench-")
+    units = {"M": 1 << 20, "G": 1 << 30}
+    rows = []
+    for size in a.sizes.split(","):
+        nbytes = int(size[:-1]) * units[size[-1]]
+        for dtype in a.dtypes.split(","):
+            if nbytes > (1 << 30) and dtype != "F32":
+                continue  # the large run shows memory growth; one dtype is enough
+            src = os.path.join(work, f"dump-{size}-{dtype}.safetensors")
+            frame, out, copy = src + ".gift", src + ".out.safetensors", src + ".copy"
+            real = write_dump(src, nbytes, dtype)
+            subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)  # hot cache
+            rm = lambda *paths: [os.path.exists(p) and os.unlink(p) for p in paths]
+            cp_t, cp_m = median_run(["cp", src, copy], a.repeat, lambda: rm(copy))
+            # Every command writes a new file, as cp does (replacing one costs freeing it).
+            enc_t, enc_m = median_run([a.giftc, "encode", src, "-o", frame, "--threads", "1",
+                                       "-q"], a.repeat, lambda: rm(frame))
+            dec_t, dec_m = median_run([a.giftc, "decode", frame, "-o", out, "--threads", "1",
+                                       "-q"], a.repeat, lambda: rm(out))
+            rows.append((f"{size} {dtype}", real, os.path.getsize(frame), cp_t, cp_m, enc_t,
+                         enc_m, dec_t, dec_m))
+            rm(src, frame, out, copy)
+    if not a.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"giftc {subprocess.run([a.giftc, '--version'], capture_output=True, text=True).stdout.strip()}"
+          f", one thread, page cache hot, median of {a.repeat}; RssAnon: peak sampled every ms")
+    print("| dump | frame | cp s | encode s (x cp) | encode RssAnon MiB | decode s (x cp) "
+          "| decode RssAnon MiB | cp RssAnon MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, real, fb, cp_t, cp_m, enc_t, enc_m, dec_t, dec_m in rows:
+        print(f"| {name} ({real / 2**20:.0f} MiB) | {fb / 2**20:.0f} MiB | {cp_t:.3f} "
+              f"| {enc_t:.3f} ({enc_t / cp_t:.2f}) | {enc_m:.1f} | {dec_t:.3f} ({dec_t / cp_t:.2f}) "
+              f"| {dec_m:.1f} | {cp_m:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
