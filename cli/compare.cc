@@ -1,8 +1,11 @@
-// giftc compare: error of decoded tensors against their originals.
+// giftc compare: error of decoded tensors against their originals, band by band of rows
+// (memory does not grow with the files).
 #include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "io/tensor_file.h"
@@ -15,45 +18,75 @@ struct CompareOptions {
   bool json = false;
 };
 
-struct Tensor {
-  std::vector<uint64_t> shape;
-  std::vector<float> values;
+// Bands of about this many elements of each file are read and compared at a time.
+constexpr uint64_t kBandElems = uint64_t(1) << 21;
+
+// The tensors of a file, read in bands of rows as fp32: frames are decoded (with `basis` for
+// tensors in GIFT coordinates), tensor files widened exactly from their mapping.
+class Source {
+ public:
+  Source(const std::string& path, const giftBasis* basis)
+      : frame_(nullptr, giftFrameClose), basis_(basis) {
+    if (gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
+      frame_ = open_frame(path);
+      for (uint64_t i = 0; i < giftFrameTensorCount(frame_.get()); ++i) {
+        const giftTensorInfo e = tensor_info(frame_.get(), i);
+        entries_.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), e.rows,
+                            e.cols, e.row_align});
+      }
+      return;
+    }
+    gift::io::read_tensor_file(path, &file_);
+    for (const gift::io::TensorRef& r : file_.tensors) {
+      const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
+      entries_.push_back({r.name, r.shape, cols ? r.elements() / cols : 0, cols, 1});
+    }
+  }
+
+  struct Entry {
+    std::string name;
+    std::vector<uint64_t> shape;
+    uint64_t rows, cols, row_align;
+  };
+  const std::vector<Entry>& entries() const { return entries_; }
+
+  void read_rows(size_t i, uint64_t r0, uint64_t n, float* out) {
+    const uint64_t count = n * entries_[i].cols;
+    if (frame_) {
+      check(giftFrameDecodeRowsWithBasis(frame_.get(), i, r0, n, basis_, out, count * 4,
+                                         GIFT_DTYPE_F32));
+      return;
+    }
+    const gift::io::TensorRef& t = file_.tensors[i];
+    check(giftConvert(t.data + r0 * entries_[i].cols * giftDTypeSize(t.dtype), t.dtype, out,
+                      GIFT_DTYPE_F32, count));
+  }
+
+ private:
+  FramePtr frame_;
+  const giftBasis* basis_;
+  gift::io::TensorFile file_;
+  std::vector<Entry> entries_;
 };
 
-// Every tensor of a file as fp32: frames are decoded (with `basis` for tensors in GIFT
-// coordinates), tensor files widened exactly.
-std::vector<std::pair<std::string, Tensor>> load(const std::string& path, const giftBasis* basis) {
-  std::vector<std::pair<std::string, Tensor>> out;
-  if (gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
-    const FramePtr f = open_frame(path);
-    for (uint64_t i = 0; i < giftFrameTensorCount(f.get()); ++i) {
-      const giftTensorInfo e = tensor_info(f.get(), i);
-      Tensor t{std::vector<uint64_t>(e.shape, e.shape + e.ndim), std::vector<float>(e.elements)};
-      check(giftFrameDecodeTensorWithBasis(f.get(), i, basis, t.values.data(), t.values.size() * 4,
-                                           GIFT_DTYPE_F32));
-      out.emplace_back(e.name, std::move(t));
-    }
-    return out;
-  }
-  gift::io::TensorFile file;
-  gift::io::read_tensor_file(path, &file);
-  for (const gift::io::TensorRef& r : file.tensors)
-    out.emplace_back(r.name, Tensor{r.shape, gift::io::widen_to_float(r)});
-  return out;
+uint64_t lcm(uint64_t a, uint64_t b) {
+  uint64_t x = a, y = b;
+  while (y) x = std::exchange(y, x % y);
+  return a / x * b;
 }
 
 void run_compare(const CompareOptions& o, const Verbosity&) {
   const BasisPtr basis = read_basis(o.basis);
-  const auto ref = load(o.reference, basis.get());
-  const auto dec = load(o.decoded, basis.get());
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : dec) by_name[name] = &t;
-  // Activation statistics: the d_in x d_in A of each gradient, by name, for the A-norm error.
-  std::map<std::string, std::vector<float>> acts;
+  Source ref(o.reference, basis.get()), dec(o.decoded, basis.get());
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < dec.entries().size(); ++i) by_name[dec.entries()[i].name] = i;
+  // Activation statistics: the d_in x d_in A of each gradient, by name, for the A-norm error;
+  // widened when its gradient is compared.
+  gift::io::TensorFile acts;
+  std::map<std::string, const gift::io::TensorRef*> act_by_name;
   if (!o.activations.empty()) {
-    gift::io::TensorFile f;
-    gift::io::read_tensor_file(o.activations, &f);
-    for (const gift::io::TensorRef& t : f.tensors) acts[t.name] = gift::io::widen_to_float(t);
+    gift::io::read_tensor_file(o.activations, &acts);
+    for (const gift::io::TensorRef& t : acts.tensors) act_by_name[t.name] = &t;
   }
   nlohmann::ordered_json doc;
   doc["reference"] = o.reference;
@@ -69,32 +102,52 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     return j;
   };
   // Two single-tensor files (two .npy, say) are compared whatever their names.
-  if (ref.size() == 1 && dec.size() == 1) by_name = {{ref[0].first, &dec[0].second}};
-  for (const auto& [name, r] : ref) {
-    const auto it = by_name.find(name);
-    if (it == by_name.end()) throw Failure(kBadInput, o.decoded + ": has no tensor '" + name + "'");
-    if (it->second->shape != r.shape)
-      throw Failure(kBadInput, "tensor '" + name + "': shapes differ between the files");
-    giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
-    const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
-    const uint64_t rows = cols ? r.values.size() / cols : 0;
-    const auto a = acts.find(name);
-    if (a != acts.end() && (r.shape.size() != 2 || a->second.size() != cols * cols)) {
-      throw Failure(kBadInput, o.activations + ": tensor '" + name + "' holds " +
-                                   std::to_string(a->second.size()) +
-                                   " values, not the square of the gradient's " +
-                                   std::to_string(cols) + " columns");
+  if (ref.entries().size() == 1 && dec.entries().size() == 1)
+    by_name = {{ref.entries()[0].name, 0}};
+  std::vector<float> ref_band, dec_band;
+  for (size_t i = 0; i < ref.entries().size(); ++i) {
+    const Source::Entry& r = ref.entries()[i];
+    const auto it = by_name.find(r.name);
+    if (it == by_name.end())
+      throw Failure(kBadInput, o.decoded + ": has no tensor '" + r.name + "'");
+    const Source::Entry& d = dec.entries()[it->second];
+    if (d.shape != r.shape)
+      throw Failure(kBadInput, "tensor '" + r.name + "': shapes differ between the files");
+    const auto a = act_by_name.find(r.name);
+    std::vector<float> a_values;
+    if (a != act_by_name.end()) {
+      a_values = gift::io::widen_to_float(*a->second);
+      if (r.shape.size() != 2 || a_values.size() != r.cols * r.cols) {
+        throw Failure(kBadInput, o.activations + ": tensor '" + r.name + "' holds " +
+                                     std::to_string(a_values.size()) +
+                                     " values, not the square of the gradient's " +
+                                     std::to_string(r.cols) + " columns");
+      }
     }
-    check(giftComputeErrorMetrics(r.values.data(), it->second->values.data(), rows, cols,
-                                  a == acts.end() ? nullptr : a->second.data(), &m));
+    giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
+    const uint64_t unit = lcm(r.row_align, d.row_align);
+    const uint64_t band =
+        unit * std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * r.cols));
+    for (uint64_t r0 = 0; r0 < r.rows; r0 += band) {
+      const uint64_t n = std::min(band, r.rows - r0);
+      ref_band.resize(n * r.cols);
+      dec_band.resize(n * r.cols);
+      ref.read_rows(i, r0, n, ref_band.data());
+      dec.read_rows(it->second, r0, n, dec_band.data());
+      giftErrorMetrics part = GIFT_ERROR_METRICS_INIT;
+      check(giftComputeErrorMetrics(ref_band.data(), dec_band.data(), n, r.cols,
+                                    a_values.empty() ? nullptr : a_values.data(), &part));
+      check(giftErrorMetricsMerge(&m, &part));
+    }
     check(giftErrorMetricsMerge(&total, &m));
-    nlohmann::ordered_json j{{"name", name}, {"elements", r.values.size()}};
+    nlohmann::ordered_json j{{"name", r.name}, {"elements", r.rows * r.cols}};
     j.update(row(m));
     doc["tensors"].push_back(j);
   }
-  if (ref.size() != dec.size()) {
-    throw Failure(kBadInput, o.decoded + ": holds " + std::to_string(dec.size()) + " tensors, " +
-                                 o.reference + " holds " + std::to_string(ref.size()));
+  if (ref.entries().size() != dec.entries().size()) {
+    throw Failure(kBadInput, o.decoded + ": holds " + std::to_string(dec.entries().size()) +
+                                 " tensors, " + o.reference + " holds " +
+                                 std::to_string(ref.entries().size()));
   }
   doc["total"] = row(total);
   if (o.json) {

@@ -1,4 +1,5 @@
 // The C API of frames: opaque handles over FrameReader and FrameWriter.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -306,16 +307,25 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
       const gift::container::TensorEntry& e = frame->reader->tensors()[i];
       const gift::fb::Stats* stats = e.fb->stats();
       if (stats && stats->nonfinite_count() > 0) continue;
-      std::vector<float> v(e.elements);
-      if (const giftResult_t r = gift::coords::decode_in_basis(*frame->reader, i, b, v.data(),
-                                                               v.size() * 4, GIFT_DTYPE_F32))
-        return r;
-      for (const float x : v) {
-        if (!std::isfinite(x)) {
-          return fail(GIFT_ERROR_CORRUPT_INPUT,
-                      "%s: tensor '%s' decodes to NaN or Inf in GIFT coordinates, though its "
-                      "input was finite",
-                      frame->reader->name().c_str(), e.name.c_str());
+      // In bands of rows, as decoding does, so memory stays bounded.
+      const uint64_t unit = gift::container::FrameReader::row_unit(e);
+      const uint64_t band =
+          unit * std::max<uint64_t>(1, (uint64_t(1) << 22) / std::max<uint64_t>(1, unit * e.cols));
+      gift::container::FrameReader::SectionCache cache;
+      std::vector<float> v;
+      for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {
+        const uint64_t n = std::min(band, e.rows - r0);
+        v.resize(n * e.cols);
+        if (const giftResult_t r = gift::coords::decode_rows_in_basis(
+                *frame->reader, i, b, r0, n, v.data(), v.size() * 4, GIFT_DTYPE_F32, &cache))
+          return r;
+        for (const float x : v) {
+          if (!std::isfinite(x)) {
+            return fail(GIFT_ERROR_CORRUPT_INPUT,
+                        "%s: tensor '%s' decodes to NaN or Inf in GIFT coordinates, though its "
+                        "input was finite",
+                        frame->reader->name().c_str(), e.name.c_str());
+          }
         }
       }
     }
