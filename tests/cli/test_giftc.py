@@ -197,6 +197,46 @@ class Giftc(unittest.TestCase):
             self.assertEqual(rc, -signal.SIGINT)
             self.assertEqual(left, ["big.safetensors", "in.safetensors"])
 
+    @unittest.skipUnless(os.environ.get("GIFT_LARGE_TESTS") == "1",
+                         "GIFT_LARGE_TESTS=1: writes about 26 GB and takes minutes")
+    def test_a_tensor_past_2_to_the_32_elements_in_files_past_4_gib(self):
+        # A bf16 tensor of 2^32 + 2^16 elements (8 GiB, a sparse file of zeros with a few
+        # values placed past element 2^32): its frame (4 GiB of codes) and decoded file keep
+        # every element where it belongs.
+        rows, cols = 65537, 65536
+        header = json.dumps({"g": {"dtype": "BF16", "shape": [rows, cols],
+                                   "data_offsets": [0, rows * cols * 2]}}).encode()
+        header += b" " * ((8 - len(header) % 8) % 8)
+        src = self.path("huge.safetensors")
+        start = 8 + len(header)
+        placed = {5: 2.0, (1 << 32) + 7: -3.0, rows * cols - 1: 0.5}
+        with open(src, "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+            f.truncate(start + rows * cols * 2)
+            for index, value in placed.items():
+                f.seek(start + 2 * index)
+                f.write(np.array([value], ml_dtypes.bfloat16).tobytes())
+        frame, out = self.path("huge.gift"), self.path("huge.out.safetensors")
+        r = run("encode", src, "-o", frame, "--scale", "row", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertGreater(os.path.getsize(frame), 1 << 32)
+        os.unlink(src)
+        info = json.loads(run("inspect", frame, "--json").stdout)
+        self.assertEqual(info["tensors"][0]["shape"], [rows, cols])
+        r = run("decode", frame, "-o", out, "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        os.unlink(frame)
+        with open(out, "rb") as f:
+            hlen = struct.unpack("<Q", f.read(8))[0]
+        data = np.memmap(out, dtype=np.uint16, mode="r", offset=8 + hlen)
+        self.assertEqual(data.size, rows * cols)
+        for index, value in placed.items():
+            got = float(np.array([data[index]], np.uint16).view(ml_dtypes.bfloat16)[0])
+            self.assertAlmostEqual(got, value, delta=abs(value) * 0.07, msg=index)
+        # The rest of the last and first rows stayed zero.
+        self.assertEqual(int(np.count_nonzero(data[-cols:])), 1)
+        self.assertEqual(int(np.count_nonzero(data[:cols])), 1)
+
     def test_default_decode_name_never_aims_at_the_original(self):
         src = self.path("grads.safetensors")
         save_file({"w": np.ones((4, 64), np.float32)}, src)
