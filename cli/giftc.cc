@@ -1,11 +1,32 @@
 // giftc: FP8 gradient compression on the command line. One subcommand per file.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 
 #include "commands.h"
 
+namespace {
+
+// Inputs are memory-mapped: a file truncated by another process while giftc reads it raises
+// SIGBUS on the vanished pages. That is an I/O error like any other, reported as one; the
+// output, still unnamed, disappears with the process.
+extern "C" void input_vanished(int) {
+  static const char msg[] =
+      "giftc: an input file shrank while it was being read (it is memory-mapped); nothing "
+      "was written\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+  ::_exit(giftc::kIoError);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace giftc;
+  struct sigaction bus = {};
+  bus.sa_handler = input_vanished;
+  ::sigaction(SIGBUS, &bus, nullptr);
   CLI::App app("giftc: encode, inspect, decode and compare FP8 gradient dumps (GIFT format)",
                "giftc");
   app.require_subcommand(1);

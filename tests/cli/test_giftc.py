@@ -184,6 +184,22 @@ class Giftc(unittest.TestCase):
         # and never a temporary.
         big = self.path("big.safetensors")
         save_file({f"t{i}": np.ones((2048, 2048), np.float32) for i in range(8)}, big)
+        # An input truncated under giftc's mapping faults with SIGBUS: reported as an I/O
+        # error (exit status 3), nothing written (or, if it won the race, a whole frame).
+        shrinking = self.path("shrinking.safetensors")
+        save_file({f"t{i}": np.ones((2048, 2048), np.float32) for i in range(8)}, shrinking)
+        p = subprocess.Popen([GIFTC, "encode", shrinking, "-o", out, "--threads", "1"],
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(0.05)
+        os.truncate(shrinking, 1 << 20)
+        _, err = p.communicate()
+        if p.returncode != 0:
+            self.assertEqual(p.returncode, 3, err)
+            self.assertIn("shrank while it was being read", err)
+            self.assertNotIn("out.gift", os.listdir(self.dir))
+        else:
+            os.unlink(out)
+        os.unlink(shrinking)
         p = subprocess.Popen([GIFTC, "encode", big, "-o", out, "--threads", "1"],
                              stderr=subprocess.PIPE)
         time.sleep(0.15)
