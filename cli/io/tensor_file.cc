@@ -24,6 +24,8 @@ namespace {
 // The safetensors format's own limit on its JSON header.
 constexpr uint64_t kMaxSafetensorsHeader = uint64_t(100) << 20;
 
+constexpr const char* kUnknownKind = "unknown file type (expected .safetensors, .npy or .npz)";
+
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
@@ -453,10 +455,8 @@ FileKind sniff_kind(const uint8_t* b, uint64_t size) {
 
 void read_tensor_file(const std::string& path, TensorFile* out) {
   const bool from_stdin = path == "-";
-  const std::string name = from_stdin ? kStdinName : path;
   FileKind kind = kind_of_path(path);
-  if (kind == FileKind::kUnknown && !from_stdin)
-    bad(path, "unknown file type (expected .safetensors, .npy or .npz)");
+  if (kind == FileKind::kUnknown && !from_stdin) bad(path, kUnknownKind);
   const uint8_t* b = nullptr;
   uint64_t size = 0;
   if (from_stdin) {
@@ -468,6 +468,12 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
   } else {
     map_into(path, out, &b, &size);
   }
+  parse_tensor_file(kind, b, size, from_stdin ? kStdinName : path,
+                    from_stdin ? "tensor" : stem_of(path), out);
+}
+
+void parse_tensor_file(FileKind kind, const uint8_t* b, uint64_t size, const std::string& name,
+                       const std::string& npy_tensor, TensorFile* out) {
   // A frame under a tensor file's name would otherwise be read as a broken one; libgift
   // knows a frame by its magic.
   giftFrame* frame = nullptr;
@@ -480,9 +486,11 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
   if (kind == FileKind::kSafetensors) {
     parse_safetensors(b, size, name, out);
   } else if (kind == FileKind::kNpy) {
-    add_npy(b, size, name, from_stdin ? "tensor" : stem_of(path), out);
-  } else {
+    add_npy(b, size, name, npy_tensor, out);
+  } else if (kind == FileKind::kNpz) {
     parse_npz(b, size, name, out);
+  } else {
+    bad(name, kUnknownKind);
   }
   check_names(*out, name);
   align_data(out);
