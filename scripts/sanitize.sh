@@ -1,30 +1,92 @@
 #!/usr/bin/env bash
-# The CPU library, giftc and their tests built with Clang under AddressSanitizer and
-# UndefinedBehaviorSanitizer (the main build is GCC's, so both compilers build the project),
-# then run: the unit, compatibility and all-reduce local-step tests, and giftc's end-to-end
-# tests on the sanitized giftc. Any report fails the run. SANITIZE_BUILD_DIR picks the folder.
+# The CPU library, giftc and their tests built three more times and run; any report fails:
+# - Clang under AddressSanitizer and UndefinedBehaviorSanitizer: the unit, compatibility and
+#   all-reduce local-step tests, and giftc's end-to-end tests on the sanitized giftc;
+# - GCC under the same sanitizers (the main build is GCC's, without them): the unit tests and
+#   giftc's end-to-end tests, since each compiler instruments and warns differently;
+# - Clang under ThreadSanitizer with LLVM's OpenMP runtime, whose Archer tool tells TSan
+#   about OpenMP's barriers and tasks (GCC's libgomp is not instrumented): the tests that run
+#   the codec, the frame writer and reader and the all-reduce's local steps on several threads.
+# SANITIZE_BUILD_DIR picks the folder that holds the three build trees.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${SANITIZE_BUILD_DIR:-$root/build-sanitize}
-flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+asan="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+tsan="-fsanitize=thread -fno-omit-frame-pointer"
 
 "$root/scripts/setup.sh"
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DGIFT_WITH_CUDA=OFF -DGIFT_WITH_MPI=OFF -DGIFT_WITH_NCCL=OFF -DGIFT_PYTHON=OFF \
-    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
-    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
-fi
-cmake --build "$build" --parallel "$(nproc)" --target unit_tests compat_tests transport_tests giftc
+
+# Configures (once) and builds the given targets of one sanitized tree:
+#   DIR CC CXX OPTIMIZATION FLAGS TARGET...
+# Line tables only (-g1): stacks still name file and line, and compiling takes less time.
+sanitized_build() {
+  local dir=$1 cc=$2 cxx=$3 opt=$4 flags=$5
+  shift 5
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    CC=$cc CXX=$cxx cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DGIFT_WITH_CUDA=OFF -DGIFT_WITH_MPI=OFF -DGIFT_WITH_NCCL=OFF -DGIFT_PYTHON=OFF \
+      -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt -g1 -DNDEBUG" \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt -g1 -DNDEBUG" \
+      -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+      -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
+  fi
+  local start=$SECONDS
+  cmake --build "$dir" --parallel "$(nproc)" --target "$@"
+  echo "sanitize: built $(basename "$dir") in $((SECONDS - start)) s"
+}
+
+failed=0
+# Runs one test command under a label; a failure is counted, and the other runs still happen.
+run() {
+  local label=$1 start=$SECONDS
+  shift
+  echo "sanitize: $label"
+  "$@" || failed=1
+  echo "sanitize: $label: $((SECONDS - start)) s"
+}
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-failed=0
+# The job may share its cores: an OpenMP thread that spins at a barrier for a whole time slice
+# makes each small parallel loop take milliseconds (a test of 8000 of them took a minute).
+export OMP_WAIT_POLICY=passive
+
+clang_asan=$build/clang-asan
+sanitized_build "$clang_asan" clang clang++ -O2 "$asan" unit_tests compat_tests transport_tests giftc
 for bin in unit_tests compat/compat_tests mpi/transport_tests; do
-  echo "sanitize: $(basename "$bin")"
-  "$build/tests/$bin" --gtest_brief=1 || failed=1
+  run "clang asan+ubsan $(basename "$bin")" "$clang_asan/tests/$bin" --gtest_brief=1
 done
-echo "sanitize: giftc end to end"
-python3 "$root/tests/cli/test_giftc.py" "$build/cli/giftc" "$root" || failed=1
+run "clang asan+ubsan giftc end to end" \
+  python3 "$root/tests/cli/test_giftc.py" "$clang_asan/cli/giftc" "$root"
+
+gcc_asan=$build/gcc-asan
+# At -O1, which compiles in two thirds of -O2's time. The SIMD code is checked once per
+# instruction set by Clang's build above; here at -O1 those tests alone would take a minute.
+sanitized_build "$gcc_asan" gcc g++ -O1 "$asan" unit_tests giftc
+run "gcc asan+ubsan unit_tests" "$gcc_asan/tests/unit_tests" --gtest_brief=1 \
+  --gtest_filter='-Targets/*'
+run "gcc asan+ubsan giftc end to end" \
+  python3 "$root/tests/cli/test_giftc.py" "$gcc_asan/cli/giftc" "$root"
+
+# Archer ships with LLVM's OpenMP runtime, next to clang's own libraries.
+archer=$(cd "$(clang -print-resource-dir)/../.." && pwd)/libarcher.so
+[ -f "$archer" ] || {
+  echo "sanitize: FAILED: $archer not found (Debian: libomp-14-dev)" >&2
+  exit 1
+}
+clang_tsan=$build/clang-tsan
+sanitized_build "$clang_tsan" clang clang++ -O1 "$tsan" unit_tests transport_tests
+# LLVM's OpenMP runtime is not instrumented itself: Archer reports its barriers and joins to
+# TSan, which ignores the runtime's own accesses (without both, every parallel loop would be
+# reported). Two codec threads, as on CI's two cores (more are capped at the processors
+# anyway); OpenBLAS's threads are not instrumented either, so it runs on the calling thread.
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1
+export OMP_TOOL_LIBRARIES=$archer
+export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
+run "clang tsan codec and frames on threads" "$clang_tsan/tests/unit_tests" --gtest_brief=1 \
+  --gtest_filter='Codec.*:Ctx.ThreadsDoNotChangeTheBytes:Frame.ThreadsChangeNeitherTheBytesNorTheDecodedValues'
+run "clang tsan all-reduce local steps on threads" "$clang_tsan/tests/mpi/transport_tests" \
+  --gtest_brief=1 --gtest_filter=LocalSteps.CodecThreadsDoNotChangeTheResult
+
 [ "$failed" -eq 0 ] && echo "sanitize: passed" || echo "sanitize: FAILED"
 exit "$failed"

@@ -7,5 +7,6 @@ build=${BUILD_DIR:-$root/build}
 
 "$root/scripts/build.sh"
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900 "$@"
-# The same library and giftc built with Clang under ASan and UBSan, and their tests again.
+# The library and giftc built again under sanitizers (Clang and GCC with ASan and UBSan, Clang
+# with TSan), and their tests on them.
 "$root/scripts/sanitize.sh"

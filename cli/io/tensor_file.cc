@@ -24,6 +24,11 @@ namespace {
 // The safetensors format's own limit on its JSON header.
 constexpr uint64_t kMaxSafetensorsHeader = uint64_t(100) << 20;
 
+// JSON nesting: far more than a header needs, far less than would strain the stack.
+constexpr int kMaxSafetensorsDepth = 64;
+
+constexpr const char* kUnknownKind = "unknown file type (expected .safetensors, .npy or .npz)";
+
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
@@ -336,17 +341,30 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
   const uint64_t hlen = load_le(b, 8);
   if (hlen > kMaxSafetensorsHeader) bad(name, "safetensors header longer than 100 MiB");
   if (hlen > size - 8) bad(name, "truncated safetensors header");
-  // A name given twice would otherwise silently keep its last entry.
+  // A name given twice would otherwise silently keep its last entry. A header nests three
+  // levels (header, tensor, shape); parsing is iterative, but printing a value into a message
+  // recurses once per level, so a deeply nested one would overflow the stack.
   std::set<std::string> seen;
   std::string duplicate;
-  const nlohmann::json::parser_callback_t no_duplicates =
-      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        if (depth == 1 && event == nlohmann::json::parse_event_t::key &&
-            !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
-          duplicate = parsed.get<std::string>();
-        return true;
-      };
-  const nlohmann::json h = nlohmann::json::parse(b + 8, b + 8 + hlen, no_duplicates, false);
+  bool too_deep = false;
+  using event_t = nlohmann::json::parse_event_t;
+  const nlohmann::json::parser_callback_t check_keys = [&](int depth, event_t event,
+                                                           nlohmann::json& parsed) {
+    if ((event == event_t::object_start || event == event_t::array_start) &&
+        depth >= kMaxSafetensorsDepth) {
+      too_deep = true;
+      return false;
+    }
+    if (depth == 1 && event == event_t::key && !seen.insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  const nlohmann::json h = nlohmann::json::parse(b + 8, b + 8 + hlen, check_keys, false);
+  if (too_deep) {
+    bad(name, "safetensors header nests JSON deeper than " + std::to_string(kMaxSafetensorsDepth) +
+                  " levels");
+  }
   if (!duplicate.empty()) bad(name, "the header names '" + ascii_escaped(duplicate) + "' twice");
   if (h.is_discarded() || !h.is_object()) bad(name, "safetensors header is not a JSON object");
   const uint8_t* base = b + 8 + hlen;
@@ -453,10 +471,8 @@ FileKind sniff_kind(const uint8_t* b, uint64_t size) {
 
 void read_tensor_file(const std::string& path, TensorFile* out) {
   const bool from_stdin = path == "-";
-  const std::string name = from_stdin ? kStdinName : path;
   FileKind kind = kind_of_path(path);
-  if (kind == FileKind::kUnknown && !from_stdin)
-    bad(path, "unknown file type (expected .safetensors, .npy or .npz)");
+  if (kind == FileKind::kUnknown && !from_stdin) bad(path, kUnknownKind);
   const uint8_t* b = nullptr;
   uint64_t size = 0;
   if (from_stdin) {
@@ -468,6 +484,12 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
   } else {
     map_into(path, out, &b, &size);
   }
+  parse_tensor_file(kind, b, size, from_stdin ? kStdinName : path,
+                    from_stdin ? "tensor" : stem_of(path), out);
+}
+
+void parse_tensor_file(FileKind kind, const uint8_t* b, uint64_t size, const std::string& name,
+                       const std::string& npy_tensor, TensorFile* out) {
   // A frame under a tensor file's name would otherwise be read as a broken one; libgift
   // knows a frame by its magic.
   giftFrame* frame = nullptr;
@@ -480,9 +502,11 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
   if (kind == FileKind::kSafetensors) {
     parse_safetensors(b, size, name, out);
   } else if (kind == FileKind::kNpy) {
-    add_npy(b, size, name, from_stdin ? "tensor" : stem_of(path), out);
-  } else {
+    add_npy(b, size, name, npy_tensor, out);
+  } else if (kind == FileKind::kNpz) {
     parse_npz(b, size, name, out);
+  } else {
+    bad(name, kUnknownKind);
   }
   check_names(*out, name);
   align_data(out);

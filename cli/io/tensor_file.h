@@ -46,6 +46,12 @@ inline const char* const kStdinName = "standard input";
 // kIoError for files that cannot be read, kBadInput for malformed or unsupported ones.
 void read_tensor_file(const std::string& path, TensorFile* out);
 
+// What read_tensor_file does once it holds a file's bytes: the tensors point into `bytes` (or
+// into out->storage); `name` stands for the file in messages, and a .npy file's one tensor is
+// called `npy_tensor`.
+void parse_tensor_file(FileKind kind, const uint8_t* bytes, uint64_t size, const std::string& name,
+                       const std::string& npy_tensor, TensorFile* out);
+
 void parse_safetensors(const uint8_t* bytes, uint64_t size, const std::string& name,
                        TensorFile* out);
 

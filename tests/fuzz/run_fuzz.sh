@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Builds the frame-reader fuzzer with clang (ASan, UBSan, libFuzzer) in its own build folder,
-# replays the regression inputs, then fuzzes for a bounded time from freshly written seeds.
+# Builds the fuzzers with clang (ASan, UBSan, libFuzzer) in their own build folder, replays one
+# fuzzer's regression inputs, then fuzzes it for a bounded time from its seeds.
 #
-#   tests/fuzz/run_fuzz.sh [BUILD_DIR]      (default: build-fuzz at the repository's root)
+#   tests/fuzz/run_fuzz.sh [BUILD_DIR] [TARGET]   (default: build-fuzz at the repository's root)
 #
-# GIFT_FUZZ_SECONDS   fuzzing time in seconds (default 60; 0 only replays the regressions)
+# TARGET  frame (default): frame_fuzzer, the GIFT frame and basis readers, from seeds that
+#           make_seeds writes and the golden frames;
+#         tensor_file: tensor_file_fuzzer, giftc's safetensors, .npy and .npz readers, from the
+#           committed corpus in corpus/tensor_file.
+# GIFT_FUZZ_SECONDS   fuzzing time in seconds (default 60 for frame, 30 for tensor_file; 0 only
+#                     replays the regressions)
 # GIFT_FUZZ_CXX/CC    the compilers (default clang++ and clang)
 #
 # Exit status: 0 clean; 1 a regression input or a new input crashed (new ones are copied into
-# tests/fuzz/regressions/ to be committed), or the build failed; 77 clang or libFuzzer is
-# missing (ctest reports the test as skipped).
+# tests/fuzz/regressions/TARGET/ to be committed), or the build failed; 77 clang or libFuzzer
+# is missing (ctest reports the test as skipped).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build-fuzz}
-seconds=${GIFT_FUZZ_SECONDS:-60}
-regressions=$here/regressions
+target=${2:-frame}
+case "$target" in
+  frame) default_seconds=60 ;;
+  tensor_file) default_seconds=30 ;;
+  *)
+    echo "run_fuzz: unknown target '$target' (frame or tensor_file)" >&2
+    exit 1
+    ;;
+esac
+seconds=${GIFT_FUZZ_SECONDS:-$default_seconds}
+regressions=$here/regressions/$target
 cc=${GIFT_FUZZ_CC:-clang}
 cxx=${GIFT_FUZZ_CXX:-clang++}
 
@@ -56,7 +70,7 @@ cmake --build "$build" --parallel "$(nproc)" >"$tmp/build.log" 2>&1 || {
 }
 echo "run_fuzz: fuzz build ready in $(($(date +%s) - start)) s ($build)"
 
-fuzzer=$build/frame_fuzzer
+fuzzer=$build/${target}_fuzzer
 # Tiny tensors decode fastest on one thread. Any UBSan report stops the fuzzer (a crash to
 # libFuzzer): halt_on_error=1 comes last, so it wins over a caller's UBSAN_OPTIONS.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -84,28 +98,37 @@ fi
 echo "run_fuzz: replayed ${#replay[@]} regression inputs, all clean"
 [ "$seconds" -gt 0 ] || exit 0
 
-# (b) Seeds: valid frames of every kind, the golden frames when there are any, and the
-# regression inputs (read only: new corpus entries go to a temporary folder).
+# (b) Seeds, gathered in a temporary folder (new corpus entries go to another).
 mkdir -p "$tmp/seeds" "$tmp/corpus" "$tmp/artifacts"
-# The writer is not under test here: its UBSan reports are listed, not fatal (see README.md).
-if ! UBSAN_OPTIONS=print_stacktrace=0:halt_on_error=0 "$build/make_seeds" "$tmp/seeds" \
-  2>"$tmp/seeds.log"; then
-  cat "$tmp/seeds.log" >&2
-  echo "run_fuzz: FAILED: make_seeds" >&2
-  exit 1
+if [ "$target" = frame ]; then
+  # Valid frames of every kind, and the golden frames when there are any. The writer is not
+  # under test here: its UBSan reports are listed, not fatal (see README.md).
+  if ! UBSAN_OPTIONS=print_stacktrace=0:halt_on_error=0 "$build/make_seeds" "$tmp/seeds" \
+    2>"$tmp/seeds.log"; then
+    cat "$tmp/seeds.log" >&2
+    echo "run_fuzz: FAILED: make_seeds" >&2
+    exit 1
+  fi
+  grep -E 'runtime error' "$tmp/seeds.log" | sort -u | sed 's/^/run_fuzz: note: writer: /' || true
+  if [ -d "$root/format/testdata" ]; then
+    find "$root/format/testdata" -type f -name '*.gift' -size -65537c -print0 |
+      while IFS= read -r -d '' f; do cp "$f" "$tmp/seeds/golden_$(basename "$(dirname "$f")")_$(basename "$f")"; done
+  fi
+else
+  cp "$here/corpus/$target"/* "$tmp/seeds/"
 fi
-grep -E 'runtime error' "$tmp/seeds.log" | sort -u | sed 's/^/run_fuzz: note: writer: /' || true
-if [ -d "$root/format/testdata" ]; then
-  find "$root/format/testdata" -type f -name '*.gift' -size -65537c -print0 |
-    while IFS= read -r -d '' f; do cp "$f" "$tmp/seeds/golden_$(basename "$(dirname "$f")")_$(basename "$f")"; done
-fi
-echo "run_fuzz: $(find "$tmp/seeds" -type f | wc -l) seeds (and the regression inputs); fuzzing for $seconds s"
+# The regression inputs seed it too, except large ones (replayed above only): libFuzzer starts
+# mutating at the length of its largest seed, and 64 KiB inputs would slow every run.
+for f in "${replay[@]}"; do
+  [ "$(stat -c %s "$f")" -gt 16384 ] || cp "$f" "$tmp/seeds/regression_$(basename "$f")"
+done
+echo "run_fuzz: $(find "$tmp/seeds" -type f | wc -l) seeds; fuzzing for $seconds s"
 
 rc=0
 "$fuzzer" "${limits[@]}" -max_len=65536 -max_total_time="$seconds" -print_final_stats=1 \
-  -artifact_prefix="$tmp/artifacts/" "$tmp/corpus" "$tmp/seeds" "$regressions" >"$tmp/fuzz.log" 2>&1 ||
+  -artifact_prefix="$tmp/artifacts/" "$tmp/corpus" "$tmp/seeds" >"$tmp/fuzz.log" 2>&1 ||
   rc=$?
-cp "$tmp/fuzz.log" "$build/last-fuzz.log"
+cp "$tmp/fuzz.log" "$build/last-fuzz-$target.log"
 grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' \
   "$tmp/fuzz.log" | sed 's/^/run_fuzz:   /' || true
 
@@ -119,7 +142,7 @@ if [ ${#found[@]} -gt 0 ]; then
     cp "$f" "$regressions/"
     echo "run_fuzz: FAILED: new crashing input saved as $regressions/$(basename "$f")" >&2
   done
-  echo "run_fuzz: full log: $build/last-fuzz.log" >&2
+  echo "run_fuzz: full log: $build/last-fuzz-$target.log" >&2
   exit 1
 fi
 if [ "$rc" -ne 0 ]; then

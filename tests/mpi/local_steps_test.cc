@@ -195,6 +195,25 @@ TEST(LocalSteps, SavedStateResumesTheSameRun) {
             GIFT_ERROR_BUFFER_TOO_SMALL);
 }
 
+// The codec threads of each rank are a local choice: ranks configured differently must still
+// send and decode the same bytes. Each shard here spans several threads' chunks; the
+// ThreadSanitizer job runs this test too (scripts/sanitize.sh).
+TEST(LocalSteps, CodecThreadsDoNotChangeTheResult) {
+  std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  specs.push_back({"large", GIFT_DTYPE_F32, {1u << 20}});
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.rounding = GIFT_ROUND_STOCHASTIC;
+  c.threads = 1;
+  SimulatedWorld serial(c, 2, specs);
+  c.threads = 2;
+  SimulatedWorld threaded(c, 2, specs);
+  // Two calls: the second also carries the error-feedback residuals of the first.
+  for (uint64_t seed = 1; seed < 3; ++seed) {
+    EXPECT_EQ(threaded.allreduce(inputs_for(specs, 2, seed)),
+              serial.allreduce(inputs_for(specs, 2, seed)));
+  }
+}
+
 TEST(LocalSteps, CorruptedMessageIsCaughtAndNamesTheSender) {
   const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
   giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;

@@ -211,6 +211,54 @@ TEST(Frame, UncompressedCodesAreUsedInPlace) {
   giftFrameClose(f);
 }
 
+// One tensor per code path of the threaded codec (block runs, a tensor scale split across
+// threads, groups spread over threads, tiles), large enough that each path has work for
+// several threads; the ThreadSanitizer job runs this test too (scripts/sanitize.sh).
+std::vector<uint8_t> threaded_frame(int threads) {
+  giftFrameWriter* w = nullptr;
+  EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterSetThreads(w, threads), GIFT_OK);
+  const std::vector<float> a = values(512 * 1024, 5);
+  const uint64_t shape[] = {512, 1024};
+  int i = 0;
+  for (const giftScaleLayout_t layout :
+       {GIFT_SCALE_BLOCK, GIFT_SCALE_TENSOR, GIFT_SCALE_ROW, GIFT_SCALE_TILE}) {
+    giftQuantParams p = params(GIFT_FP8_E4M3, layout);
+    p.rounding = layout == GIFT_SCALE_ROW ? GIFT_ROUND_STOCHASTIC : GIFT_ROUND_NEAREST;
+    const std::string name = "t" + std::to_string(i++);
+    EXPECT_EQ(giftFrameWriterAddTensor(w, name.c_str(), shape, 2, GIFT_DTYPE_F32, a.data(), &p),
+              GIFT_OK)
+        << giftGetLastErrorMessage();
+  }
+  void* data = nullptr;
+  uint64_t size = 0;
+  EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK) << giftGetLastErrorMessage();
+  std::vector<uint8_t> out(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
+  giftFree(data);
+  giftFrameWriterFree(w);
+  return out;
+}
+
+TEST(Frame, ThreadsChangeNeitherTheBytesNorTheDecodedValues) {
+  const std::vector<uint8_t> one = threaded_frame(1);
+  EXPECT_EQ(threaded_frame(2), one);
+  EXPECT_EQ(threaded_frame(0), one);
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpen(one.data(), one.size(), &f), GIFT_OK) << giftGetLastErrorMessage();
+  ASSERT_EQ(giftFrameSetThreads(f, 1), GIFT_OK);
+  std::vector<std::vector<float>> serial;
+  for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) serial.push_back(decode(f, i));
+  for (const int threads : {2, 0}) {
+    ASSERT_EQ(giftFrameSetThreads(f, threads), GIFT_OK);
+    for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
+      EXPECT_EQ(0, std::memcmp(decode(f, i).data(), serial[i].data(), serial[i].size() * 4))
+          << "tensor " << i << " threads " << threads;
+    }
+    EXPECT_EQ(giftFrameVerify(f), GIFT_OK) << giftGetLastErrorMessage();
+  }
+  giftFrameClose(f);
+}
+
 TEST(Frame, EveryTruncationIsRejected) {
   const std::vector<uint8_t> bytes = sample_frame();
   for (size_t len = 0; len < bytes.size(); ++len) {

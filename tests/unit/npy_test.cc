@@ -1,4 +1,5 @@
-// .npy parsing from hand-built byte images (independent of NumPy), hostile ones included.
+// giftc's tensor-file readers (.npy, safetensors) on hand-built byte images (independent of
+// NumPy and the safetensors package), hostile ones included.
 #include "io/npy.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 
 #include "failure.h"
 #include "gift/gift.h"
+#include "io/tensor_file.h"
 
 namespace {
 
@@ -144,6 +146,30 @@ TEST(Npy, MissingFileIsAnIoError) {
   const Outcome o = outcome([&] { gift::io::read_npy("/nonexistent/x.npy", &a); });
   EXPECT_EQ(o.code, giftc::kIoError);
   EXPECT_EQ(o.message, "/nonexistent/x.npy: cannot open: No such file or directory");
+}
+
+// A header whose JSON nests deeper than any real one (three levels) is refused: printing such a
+// value into a message recursed once per level and overflowed the stack.
+TEST(Safetensors, DeeplyNestedHeaderIsRefused) {
+  auto parse_with_dtype_depth = [](size_t depth) {
+    const std::string h = R"({"a":{"dtype":)" + std::string(depth, '[') + std::string(depth, ']') +
+                          R"(,"shape":[],"data_offsets":[0,0]}})";
+    std::vector<uint8_t> b(8);
+    for (size_t i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
+    b.insert(b.end(), h.begin(), h.end());
+    gift::io::TensorFile f;
+    return outcome([&] {
+      gift::io::parse_tensor_file(gift::io::FileKind::kSafetensors, b.data(), b.size(),
+                                  "t.safetensors", "t", &f);
+    });
+  };
+  const Outcome deep = parse_with_dtype_depth(100000);
+  EXPECT_EQ(deep.code, giftc::kBadInput);
+  EXPECT_EQ(deep.message, "t.safetensors: safetensors header nests JSON deeper than 64 levels");
+  const Outcome shallow = parse_with_dtype_depth(3);
+  EXPECT_EQ(shallow.code, giftc::kBadInput);
+  EXPECT_EQ(shallow.message,
+            "t.safetensors: tensor 'a': unsupported dtype [[[]]] (supported: F32, BF16, F16)");
 }
 
 }  // namespace
