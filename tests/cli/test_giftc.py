@@ -457,6 +457,31 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"total\s+" + re.escape(f"{want:.4e}"))
 
+    def test_compare_in_bands_matches_numpy(self):
+        # Tensors of several bands (compare reads 2^21 elements at a time) with tiles of 3
+        # rows, compared as a frame and as its decoded file: the metrics NumPy computes over
+        # the whole tensors.
+        rng = np.random.default_rng(11)
+        ref = {"w": rng.standard_normal((1501, 2000)).astype(np.float32),
+               "v": rng.standard_normal((3000, 999)).astype(np.float32)}
+        src, frame, dec = self.path("r.safetensors"), self.path("r.gift"), self.path("d.safetensors")
+        save_file(ref, src)
+        self.assertEqual(run("encode", src, "-o", frame, "--scale", "tile:3x64", "-q").returncode, 0)
+        self.assertEqual(run("decode", frame, "-o", dec, "-q").returncode, 0)
+        back = load_file(dec)
+        for other in (frame, dec):
+            r = run("compare", src, other, "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            doc = json.loads(r.stdout)
+            for t in doc["tensors"]:
+                x = ref[t["name"]].astype(np.float64)
+                y = back[t["name"]].astype(np.float64)
+                self.assertEqual(t["elements"], x.size)
+                self.assertAlmostEqual(t["rel_l2"], np.linalg.norm(y - x) / np.linalg.norm(x),
+                                       delta=1e-9)
+                self.assertAlmostEqual(t["max_abs"], np.max(np.abs(y - x)), delta=1e-12)
+                self.assertAlmostEqual(t["bias"], np.mean(y - x), delta=1e-12)
+
     def test_compare_leaves_out_nonfinite_pairs_and_counts_them(self):
         # A reference with NaNs must not hide the error of every other element.
         a = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
