@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -223,6 +224,10 @@ void check_output(const std::string& path, bool force, const std::vector<std::st
       throw Failure(kUsage, path + ": is the input " + in + "; choose another output");
   }
   if (!force) throw Failure(kUsage, path + ": already exists (use -f to overwrite)");
+}
+
+uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget) {
+  return align * std::max<uint64_t>(1, budget / std::max<uint64_t>(1, align * row_size));
 }
 
 std::string scratch_dir(const std::string& output) {

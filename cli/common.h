@@ -71,6 +71,11 @@ bool file_exists(const std::string& path);
 // "-" (the commands that write standard output check for it first).
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs = {});
 
+// Rows per band when a tensor is worked through in pieces: a multiple of `align` (a band
+// must start where giftFrameDecodeRows allows) holding about `budget` units of `row_size`
+// each (bytes or elements of a row), at least `align` rows.
+uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget);
+
 // Where scratch data for `output` goes: its folder (so copying it in stays in one file
 // system); for "" (standard output), $TMPDIR or /tmp.
 std::string scratch_dir(const std::string& output);

@@ -125,9 +125,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
       }
     }
     giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
-    const uint64_t unit = lcm(r.row_align, d.row_align);
-    const uint64_t band =
-        unit * std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * r.cols));
+    const uint64_t band = band_rows(lcm(r.row_align, d.row_align), r.cols, kBandElems);
     for (uint64_t r0 = 0; r0 < r.rows; r0 += band) {
       const uint64_t n = std::min(band, r.rows - r0);
       ref_band.resize(n * r.cols);

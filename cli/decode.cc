@@ -125,21 +125,18 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   // One buffer for every band of every tensor, sized for the largest band needed (at least
   // a tile's height of rows).
   uint64_t buffer_bytes = 0;
-  std::vector<uint64_t> band_rows(n);
+  std::vector<uint64_t> bands(n);
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t row_bytes = infos[i].cols * giftDTypeSize(headers[i].dtype);
-    const uint64_t align = infos[i].row_align;
-    band_rows[i] =
-        std::max<uint64_t>(align, kBandBytes / std::max<uint64_t>(1, row_bytes * align) * align);
-    band_rows[i] = std::min(band_rows[i], infos[i].rows);
-    buffer_bytes = std::max(buffer_bytes, band_rows[i] * row_bytes);
+    bands[i] = std::min(band_rows(infos[i].row_align, row_bytes, kBandBytes), infos[i].rows);
+    buffer_bytes = std::max(buffer_bytes, bands[i] * row_bytes);
   }
   const std::unique_ptr<uint8_t[]> buffer(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
   Progress progress("decode", n, v);
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t row_bytes = infos[i].cols * giftDTypeSize(headers[i].dtype);
-    for (uint64_t r0 = 0; r0 < infos[i].rows; r0 += band_rows[i]) {
-      const uint64_t rows = std::min(band_rows[i], infos[i].rows - r0);
+    for (uint64_t r0 = 0; r0 < infos[i].rows; r0 += bands[i]) {
+      const uint64_t rows = std::min(bands[i], infos[i].rows - r0);
       check(giftFrameDecodeRowsWithBasis(f.get(), i, r0, rows, basis.get(), buffer.get(),
                                          rows * row_bytes, headers[i].dtype));
       check(giftOutputWrite(out.get(), buffer.get(), rows * row_bytes));

@@ -28,6 +28,21 @@ def check_replicas(model, world, what):
             raise AssertionError(f"{what}: rank {r}'s parameters differ from this rank's")
 
 
+def train_steps(ddp, model, opt, steps, batch_of, world, what):
+    """MSE training on batch_of(step) for each step, the replicas compared after every one;
+    returns the last loss averaged over all ranks."""
+    for step in steps:
+        x, y = batch_of(step)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        check_replicas(model, world, f"{what}step {step}")
+    loss = loss.detach().clone()
+    dist.all_reduce(loss)
+    return loss.item() / world
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

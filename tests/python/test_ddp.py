@@ -81,16 +81,9 @@ def train(kind, rank, world, state=None, steps=range(STEPS), model=None, opt=Non
     if state is not None:
         ddp.register_comm_hook(state, gift.ddp.gift_hook)
     opt = opt or torch.optim.Adam(model.parameters(), lr=3e-3)
-    for step in steps:
-        x, y = batch(kind, rank, step)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        check_replicas(model, world, f"{kind}, step {step}")
-    loss = loss.detach().clone()
-    dist.all_reduce(loss)
-    return loss.item() / world, model, opt
+    loss = ddp_harness.train_steps(ddp, model, opt, steps, lambda step: batch(kind, rank, step),
+                                   world, f"{kind}, ")
+    return loss, model, opt
 
 
 def test_convergence_and_bytes(rank, world, kind):

@@ -29,7 +29,7 @@ except ImportError as e:
 
 import ddp_harness
 import gift.ddp
-from ddp_harness import check_replicas, flat_params
+from ddp_harness import flat_params
 
 WORLD = 2
 STEPS = 30
@@ -79,16 +79,9 @@ def train(rank, state, steps, model=None, opt=None):
         state.attach(ddp)
         ddp.register_comm_hook(state, gift.ddp.gift_hook)
     opt = opt or torch.optim.Adam(model.parameters(), lr=3e-3)
-    for step in steps:
-        x, y = batch(rank, step, mix)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        check_replicas(model, WORLD, f"step {step}")
-    loss = loss.detach().clone()
-    dist.all_reduce(loss)
-    return loss.item() / WORLD, model, opt
+    loss = ddp_harness.train_steps(ddp, model, opt, steps, lambda step: batch(rank, step, mix),
+                                   WORLD, "")
+    return loss, model, opt
 
 
 def test_auto_coords(rank):

@@ -16,19 +16,12 @@
 #include "gift/gift.h"
 #include "gift_generated.h"
 #include "unit/edited.h"
+#include "unit/random_values.h"
 
 namespace {
 
 namespace fb = gift::fb;
 using gift::container::kPreambleBytes;
-
-std::vector<float> values(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& x : v) x = d(gen) * 0.01f;
-  return v;
-}
 
 giftQuantParams params(giftFp8Kind_t kind, giftScaleLayout_t layout) {
   giftQuantParams p;

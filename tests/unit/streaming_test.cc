@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gift/gift.h"
+#include "unit/random_values.h"
 
 namespace {
 
@@ -41,14 +42,6 @@ std::vector<std::string> entries(const std::string& dir) {
 std::vector<uint8_t> file_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-std::vector<float> values(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& x : v) x = d(gen) * 0.01f;
-  return v;
 }
 
 struct Case {

@@ -308,9 +308,8 @@ giftResult_t giftFrameVerify(giftFrame* frame) {
       const gift::fb::Stats* stats = e.fb->stats();
       if (stats && stats->nonfinite_count() > 0) continue;
       // In bands of rows, as decoding does, so memory stays bounded.
-      const uint64_t unit = gift::container::FrameReader::row_unit(e);
       const uint64_t band =
-          unit * std::max<uint64_t>(1, (uint64_t(1) << 22) / std::max<uint64_t>(1, unit * e.cols));
+          gift::band_rows(gift::container::FrameReader::row_unit(e), e.cols, uint64_t(1) << 22);
       gift::container::FrameReader::SectionCache cache;
       std::vector<float> v;
       for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {

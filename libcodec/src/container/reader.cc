@@ -538,10 +538,9 @@ giftResult_t FrameReader::verify_all() const {
     // Raw data is checked by its checksum; tensors in GIFT coordinates: their codes, as coded.
     if (e.raw || e.elements == 0) continue;
     const uint64_t unit = e.params.layout == GIFT_SCALE_TENSOR ? e.rows : row_unit(e);
-    const uint64_t band_rows =
-        unit * std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * e.cols));
-    for (uint64_t r0 = 0; r0 < e.rows; r0 += band_rows) {
-      const uint64_t rows = std::min(band_rows, e.rows - r0);
+    const uint64_t band = band_rows(unit, e.cols, kBandElems);
+    for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {
+      const uint64_t rows = std::min(band, e.rows - r0);
       out.resize(rows * e.cols);
       if (const giftResult_t r =
               decode_band(e, c, r0, rows, out.data(), GIFT_DTYPE_F32, &giftDecode))

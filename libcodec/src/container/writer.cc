@@ -35,56 +35,65 @@ giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
 namespace {
 
 // What a tensor's statistics say (FORMAT.md 2.2, Tensor.stats), over its values as given,
-// taken in pieces in element order (the sum of squares in the same order however cut).
+// taken in pieces in element order. The squares are summed in eight lanes (element i into
+// lane i mod 8) folded into the total at every multiple of 4096 elements: vector code, and
+// the same sum on every machine however the tensor is cut into pieces.
 struct Census {
+  static constexpr uint64_t kChunk = 4096;
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   double sum = 0;
   uint64_t finite = 0;
   giftEncodeStats stats{0.0f, 0, UINT64_MAX};
 
-  // Elements [base, base + n) of the tensor.
+  // Elements [base, base + n) of the tensor, after those before base.
   void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n) {
-    constexpr uint64_t kChunk = 4096;
     float chunk[kChunk];
     const uint8_t* bytes = static_cast<const uint8_t*>(data);
-    for (uint64_t i0 = 0; i0 < n; i0 += kChunk) {
-      const uint64_t m = std::min(kChunk, n - i0);
-      const uint8_t* at = bytes + i0 * dtype_size(dtype);
-      const uint32_t bits = simd::abs_max_bits(at, dtype, m);
-      convert_elements(at, dtype, chunk, GIFT_DTYPE_F32, m);
+    for (uint64_t i0 = 0; i0 < n;) {
+      const uint64_t at = base + i0, m = std::min(kChunk - at % kChunk, n - i0);
+      const uint8_t* src = bytes + i0 * dtype_size(dtype);
+      const uint32_t bits = simd::abs_max_bits(src, dtype, m);
+      convert_elements(src, dtype, chunk, GIFT_DTYPE_F32, m);
       if (bits < 0x7F800000u) {
-        add_finite(chunk, m);
+        add_finite(chunk, at, m);
         stats.amax = std::max(stats.amax, num::float_of(bits));
-        continue;
-      }
-      for (uint64_t k = 0; k < m; ++k) {  // rare: chunks holding NaN or Inf
-        const float v = chunk[k];
-        if (std::isfinite(v)) {
-          add_finite(&v, 1);
-          stats.amax = std::max(stats.amax, std::fabs(v));
-        } else if (stats.nonfinite_count++ == 0) {
-          stats.first_nonfinite = base + i0 + k;
+      } else {
+        for (uint64_t k = 0; k < m; ++k) {  // rare: chunks holding NaN or Inf
+          if (std::isfinite(chunk[k])) {
+            add_finite(chunk + k, at + k, 1);
+            stats.amax = std::max(stats.amax, std::fabs(chunk[k]));
+          } else if (stats.nonfinite_count++ == 0) {
+            stats.first_nonfinite = at + k;
+          }
         }
       }
+      if ((at + m) % kChunk == 0) {
+        sum += folded();
+        for (double& l : lanes) l = 0;
+      }
+      i0 += m;
     }
   }
-  // Squares summed in eight lanes, element k into lane k mod 8 of its chunk, then the lanes
-  // in a fixed order: vector code, and the same sum on every machine.
-  void add_finite(const float* v, uint64_t m) {
-    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  // v[k] is element at + k.
+  void add_finite(const float* v, uint64_t at, uint64_t m) {
     uint64_t k = 0;
+    for (; k < m && (at + k) % 8; ++k) lanes[(at + k) % 8] += double(v[k]) * double(v[k]);
     for (; k + 8 <= m; k += 8) {
       for (int j = 0; j < 8; ++j) lanes[j] += double(v[k + j]) * double(v[k + j]);
     }
-    for (; k < m; ++k) lanes[k % 8] += double(v[k]) * double(v[k]);
-    sum += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-           ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for (; k < m; ++k) lanes[(at + k) % 8] += double(v[k]) * double(v[k]);
     finite += m;
   }
-  float rms() const { return finite ? float(std::sqrt(sum / double(finite))) : 0.0f; }
+  double folded() const {
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+           ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  }
+  float rms() const { return finite ? float(std::sqrt((sum + folded()) / double(finite))) : 0.0f; }
 };
 
-// Bands of about this many elements: a few MiB of codes, enough work for every thread.
-constexpr uint64_t kBandElems = uint64_t(1) << 22;
+// Bands of about this many elements: input that stays in cache between its census and its
+// encode, and enough work for every thread.
+constexpr uint64_t kBandElems = uint64_t(1) << 20;
 
 void merge_stats(giftEncodeStats* total, const giftEncodeStats& band, uint64_t base) {
   total->amax = std::max(total->amax, band.amax);
@@ -146,12 +155,10 @@ giftResult_t FrameWriter::raw_to_scratch(Pending* t, const void* data, uint64_t 
 giftResult_t FrameWriter::encode_in_bands(Pending* t, const void* data, giftDType_t data_dtype) {
   const giftQuantParams& p = t->params;
   const uint64_t rows = t->shape.rows, cols = t->shape.cols;
-  const uint64_t unit = p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1;
-  const uint64_t band_rows =
-      unit * std::max<uint64_t>(1, kBandElems / std::max<uint64_t>(1, unit * cols));
+  const uint64_t band = band_rows(p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1, cols, kBandElems);
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
-  std::vector<uint8_t> codes(std::min(rows, band_rows) * cols), scales(scale_bytes);
+  std::vector<uint8_t> codes(std::min(rows, band) * cols), scales(scale_bytes);
   Checksum64 sum;
   StoredSection& c = t->codes;
   c.spilled = true;
@@ -159,17 +166,19 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const void* data, giftDTyp
   c.stored_length = c.raw_length = t->shape.elements;
   scratch_.reserve(t->shape.elements);
   // Non-finite input fails after the census of every band, so the message counts them all.
-  giftQuantParams band = p;
-  band.nonfinite = GIFT_NONFINITE_KEEP;
+  giftQuantParams kept = p;
+  kept.nonfinite = GIFT_NONFINITE_KEEP;
   t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
   uint64_t scales_at = 0;
-  for (uint64_t r0 = 0; r0 < rows; r0 += band_rows) {
-    const uint64_t n = std::min(band_rows, rows - r0);
+  Census census;  // each band read for its statistics just before it is encoded, while cached
+  for (uint64_t r0 = 0; r0 < rows; r0 += band) {
+    const uint64_t n = std::min(band, rows - r0);
     const uint8_t* src = static_cast<const uint8_t*>(data) + r0 * cols * dtype_size(data_dtype);
+    census.add(src, data_dtype, r0 * cols, n * cols);
     uint64_t band_scales = 0;
-    giftScaleBytes(&band, n, cols, &band_scales);
+    giftScaleBytes(&kept, n, cols, &band_scales);
     giftEncodeStats st;
-    if (const giftResult_t r = encoder_(&ctx_, &band, src, data_dtype, n, cols, codes.data(),
+    if (const giftResult_t r = encoder_(&ctx_, &kept, src, data_dtype, n, cols, codes.data(),
                                         scales.data() + scales_at, band_scales, &st)) {
       return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
     }
@@ -179,6 +188,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const void* data, giftDTyp
     if (const giftResult_t r = scratch_.write(codes.data(), n * cols)) return r;
   }
   c.checksum = sum.digest();
+  t->rms = census.rms();
   if (const giftResult_t r = nonfinite_result(p, t->stats, cols))
     return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
   t->scales = store_section(std::move(scales), 0);
@@ -219,11 +229,13 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
             {},    coords ? *coords : CoordsChoice{}};
   giftQuantParamsInit(&t.params);
   // The encoder reports FP8 tensors' statistics; lossless ones are counted here, so that a
-  // NaN stored as it is still shows in the frame.
-  Census c;
-  c.add(data, data_dtype, 0, shape.elements);
-  t.stats = c.stats;
-  t.rms = c.rms();
+  // NaN stored as it is still shows in the frame. Banded encodes count band by band.
+  if (params == nullptr || !bands_apply(*params)) {
+    Census c;
+    c.add(data, data_dtype, 0, shape.elements);
+    t.stats = c.stats;
+    t.rms = c.rms();
+  }
   const uint64_t in_bytes = shape.elements * dtype_size(data_dtype);
   if (t.raw) {
     if (scratch_.is_open() && zstd_level_ == 0) {
