@@ -152,6 +152,24 @@ class Giftc(unittest.TestCase):
         back = load_file(out)
         self.assertEqual(sorted(back), sorted(tensors))
         np.testing.assert_array_equal(back["layer2"][:64], model_block_e4m3(tensors["layer2"][:64]))
+        # In GIFT coordinates too (whitened band by band): a 128 MiB fp32 matrix, whose fp32
+        # copy alone would not fit, and the basis fitted on a slice of it.
+        w = rng.standard_normal((32768, 1024), np.float32) * 1e-3
+        src, part = self.path("wide.safetensors"), self.path("wide.part.safetensors")
+        save_file({"w": w}, src)
+        save_file({"w": w[:512]}, part)
+        basis, frame, out = self.path("wide.giftb"), self.path("wide.gift"), self.path("wide.out.npy")
+        self.assertEqual(run("fit", part, "-o", basis, "-q").returncode, 0)
+        r = run_capped("encode", src, "--basis", basis, "--coords", "gift", "-o", frame,
+                       "--threads", "1", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        info = json.loads(run("inspect", frame, "--json").stdout)
+        self.assertEqual([t["coords"] for t in info["tensors"]], ["gift"])
+        r = run_capped("decode", frame, "--basis", basis, "-o", out, "--threads", "1", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        back = np.load(out)
+        err = np.linalg.norm(back - w) / np.linalg.norm(w)
+        self.assertLess(err, 0.1)  # E4M3's relative step is 2^-4; a wrong band would be ~1
         # The cap is real: a buffer of the output's size does not fit under it.
         r = run_capped("bench", "--size", str(256 << 20), "--threads", "1", "-q")
         self.assertNotEqual(r.returncode, 0)

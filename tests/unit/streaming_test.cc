@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "gift/gift.h"
+#include "gift/gift_basis.h"
 #include "unit/random_values.h"
 
 namespace {
@@ -141,6 +143,118 @@ TEST(Streaming, BandedEncodeReportsNonFiniteInputOverTheWholeTensor) {
       << messages[1];
   EXPECT_EQ(messages[0], messages[1]);
   ::rmdir(dir.c_str());
+}
+
+// Activations along three strong directions u plus a little of every other: the basis for
+// "w" (dim columns) fitted to their second moment, and a rows x dim gradient whose rows are
+// mostly in the span of u (where GIFT coordinates pay off).
+giftBasis* basis_for(uint32_t dim, uint64_t rows, std::vector<float>* w) {
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> nd;
+  std::vector<double> u(3 * uint64_t(dim)), a(uint64_t(dim) * dim, 0.0);
+  for (double& x : u) x = nd(gen);
+  w->resize(rows * dim);
+  for (uint64_t r = 0; r < rows; ++r) {
+    const double s[3] = {1e-2 * nd(gen), 5e-3 * nd(gen), 2e-3 * nd(gen)};
+    for (uint32_t j = 0; j < dim; ++j) {
+      (*w)[r * dim + j] =
+          float(s[0] * u[j] + s[1] * u[dim + j] + s[2] * u[2 * dim + j] + 1e-4 * nd(gen));
+    }
+  }
+  for (uint32_t i = 0; i < dim; ++i) {
+    for (uint32_t j = 0; j < dim; ++j) {
+      double v = i == j ? 1.0 : 0.0;
+      for (int k = 0; k < 3; ++k) v += 20.0 * u[k * uint64_t(dim) + i] * u[k * uint64_t(dim) + j];
+      a[uint64_t(i) * dim + j] = v;
+    }
+  }
+  const giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  giftBasisBuilder* b = nullptr;
+  giftBasis* basis = nullptr;
+  EXPECT_EQ(giftBasisBuilderCreate(&fp, &b), GIFT_OK);
+  EXPECT_EQ(giftBasisBuilderAdd(b, "w", a.data(), dim, "activations", nullptr, 0, nullptr, 0,
+                                nullptr, nullptr),
+            GIFT_OK)
+      << giftGetLastErrorMessage();
+  EXPECT_EQ(giftBasisBuilderFinish(b, &basis), GIFT_OK);
+  giftBasisBuilderFree(b);
+  return basis;
+}
+
+// In GIFT coordinates too, the scratch writer (which whitens band by band, never holding the
+// tensor in fp32) writes the in-memory writer's bytes: fp32 and bf16 input, forced and
+// measured choices, and a tensor whose last band is too large to whiten safely, which falls
+// back to Euclidean coordinates after its first bands went to the scratch file.
+TEST(Streaming, GiftCoordinatesEncodeInBandsWithTheSameBytes) {
+  const uint32_t dim = 600;
+  const uint64_t rows = 4099;  // several bands of whole rows, the last one short
+  std::vector<float> w;
+  giftBasis* basis = basis_for(dim, rows, &w);
+  ASSERT_NE(basis, nullptr);
+  std::vector<float> huge = w;
+  for (uint64_t i = (rows - 3) * dim; i < rows * dim; ++i) huge[i] = 1e37f;
+  std::vector<uint16_t> half(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &w[i], 4);
+    half[i] = uint16_t(bits >> 16);
+  }
+  const uint64_t shape[] = {rows, dim};
+  const std::string dir = temp_dir();
+  std::string reasons[2][4];
+  std::vector<uint8_t> frames[2];
+  for (int scratch = 0; scratch < 2; ++scratch) {
+    giftQuantParams p;
+    giftQuantParamsInit(&p);
+    giftSelectParams gift = GIFT_SELECT_PARAMS_INIT, automatic = GIFT_SELECT_PARAMS_INIT;
+    gift.mode = GIFT_COORDS_MODE_GIFT;
+    struct Add {
+      const void* data;
+      giftDType_t dtype;
+      const giftSelectParams* select;
+    } adds[] = {{w.data(), GIFT_DTYPE_F32, &gift},
+                {half.data(), GIFT_DTYPE_BF16, &automatic},
+                {huge.data(), GIFT_DTYPE_F32, &gift},
+                {w.data(), GIFT_DTYPE_F32, &automatic}};
+    // The basis has one whitener, for "w": a frame per case, each with a vector after "w".
+    for (int i = 0; i < 4; ++i) {
+      giftFrameWriter* one = nullptr;
+      ASSERT_EQ(giftFrameWriterCreate(&one), GIFT_OK);
+      if (scratch) {
+        ASSERT_EQ(giftFrameWriterSetScratchDir(one, dir.c_str()), GIFT_OK);
+      }
+      ASSERT_EQ(giftFrameWriterEmbedBasis(one, basis), GIFT_OK);
+      giftSelection sel = GIFT_SELECTION_INIT;
+      ASSERT_EQ(giftFrameWriterAddTensorInBasis(one, "w", shape, 2, adds[i].dtype, adds[i].data, &p,
+                                                basis, adds[i].select, &sel),
+                GIFT_OK)
+          << giftGetLastErrorMessage();
+      reasons[scratch][i] = sel.reason;
+      // A tensor after a refused one lands where it belongs in the scratch file.
+      const uint64_t bias_shape[] = {dim};
+      ASSERT_EQ(giftFrameWriterAddTensor(one, "bias", bias_shape, 1, GIFT_DTYPE_F32, w.data(), &p),
+                GIFT_OK);
+      void* data = nullptr;
+      uint64_t size = 0;
+      ASSERT_EQ(giftFrameWriterFinish(one, &data, &size), GIFT_OK);
+      giftFrame* f = nullptr;
+      ASSERT_EQ(giftFrameOpen(data, size, &f), GIFT_OK);
+      EXPECT_EQ(giftFrameVerify(f), GIFT_OK) << giftGetLastErrorMessage();
+      giftFrameClose(f);
+      frames[scratch].insert(frames[scratch].end(), static_cast<uint8_t*>(data),
+                             static_cast<uint8_t*>(data) + size);
+      giftFree(data);
+      giftFrameWriterFree(one);
+    }
+  }
+  EXPECT_EQ(frames[1], frames[0]);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(reasons[1][i], reasons[0][i]);
+  EXPECT_EQ(reasons[1][0], "forced (--coords gift)");
+  EXPECT_EQ(reasons[1][2], "values too large: decoding in GIFT coordinates could overflow fp32");
+  EXPECT_EQ(reasons[1][3], "lower estimated error") << "the test data should favour GIFT";
+  EXPECT_TRUE(entries(dir).empty()) << "scratch files left behind";
+  ::rmdir(dir.c_str());
+  giftBasisFree(basis);
 }
 
 // Decoding a tensor in bands of rows gives the bytes of the whole decode, for every layout,

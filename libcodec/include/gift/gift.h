@@ -382,8 +382,9 @@ GIFT_API giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const ch
  * and encodes FP8 tensors in bands of rows: the writer then holds a band (a few MiB) plus
  * the scales of the tensor being added, whatever the frame's size. A tensor with one scale
  * (GIFT_SCALE_TENSOR), with stochastic rounding, or with zstd compression on is still
- * encoded whole (its codes in memory while it is added). The frame's bytes are the same
- * either way. The scratch file disappears with the writer or the process. */
+ * encoded whole (its codes in memory while it is added). Tensors added in GIFT coordinates
+ * (gift_basis.h) are whitened band by band too, never held in fp32. The frame's bytes are the
+ * same either way. The scratch file disappears with the writer or the process. */
 GIFT_API giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, const char* dir);
 
 /* Output written in order, as large as the disk allows: to a file through an unnamed (or,

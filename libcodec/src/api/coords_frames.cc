@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "gift_generated.h"
 #include "numerics/convert.h"
+#include "numerics/simd.h"
 
 namespace gift::coords {
 
@@ -225,20 +226,35 @@ giftResult_t add_tensor_in_basis(container::FrameWriter* w, const std::string& n
     *out = Selection{};
     return w->add_tensor(name, shape, dtype, data, &p);
   }
-  std::vector<float> values(shape.elements);
-  convert_elements(data, dtype, values.data(), GIFT_DTYPE_F32, shape.elements);
+  // Read for the choice: a scan for non-finite values and a sample of rows, never the whole
+  // tensor in fp32; then, in GIFT coordinates, whitened band by band as the writer encodes.
+  const uint64_t cols = shape.cols, row_bytes = cols * dtype_size(dtype);
+  const uint8_t* rows = static_cast<const uint8_t*>(data);
+  const bool all_finite = simd::abs_max_bits(data, dtype, shape.elements) < 0x7F800000u;
+  std::vector<float> sample(sample_rows(shape.rows, o) * cols);
+  for (uint64_t i = 0; i < sample.size() / std::max<uint64_t>(cols, 1); ++i) {
+    convert_elements(rows + sample_row(i, shape.rows, o) * row_bytes, dtype, &sample[i * cols],
+                     GIFT_DTYPE_F32, cols);
+  }
   const Whitener* t = basis->find(name);
-  *out = choose_coords(values.data(), shape.rows, shape.cols, t, p, o);
+  *out = choose_from_sample(sample.data(), all_finite, shape.rows, cols, t, p, o);
+  std::vector<float>().swap(sample);
   if (out->gift) {
-    whiten(*t, values.data(), shape.rows);
-    if (!inverse_stays_finite(*t, values.data(), shape.rows)) {
-      out->gift = false;
-      out->reason = "values too large: decoding in GIFT coordinates could overflow fp32";
-    }
+    const container::CoordsChoice c = record(*out, basis->id);
+    bool refused = false;
+    const auto whitened = [&](uint64_t r0, uint64_t n, float* dst) {
+      convert_elements(rows + r0 * row_bytes, dtype, dst, GIFT_DTYPE_F32, n * cols);
+      whiten(*t, dst, n);
+      return inverse_stays_finite(*t, dst, n);
+    };
+    if (const giftResult_t r = w->add_tensor_rows(name, shape, dtype, p, c, whitened, &refused))
+      return r;
+    if (!refused) return GIFT_OK;
+    out->gift = false;
+    out->reason = "values too large: decoding in GIFT coordinates could overflow fp32";
   }
   const container::CoordsChoice c = record(*out, basis->id);
-  if (!out->gift) return w->add_tensor(name, shape, dtype, data, &p, &c);
-  return w->add_tensor(name, shape, dtype, values.data(), &p, &c, GIFT_DTYPE_F32);
+  return w->add_tensor(name, shape, dtype, data, &p, &c);
 }
 
 }  // namespace gift::coords

@@ -224,6 +224,15 @@ giftResult_t ScratchFile::write(const void* data, uint64_t size) {
   return GIFT_OK;
 }
 
+giftResult_t ScratchFile::truncate(uint64_t size) {
+  if (::ftruncate(fd_, off_t(size)) != 0 || ::lseek(fd_, off_t(size), SEEK_SET) < 0) {
+    return fail(GIFT_ERROR_IO, "%s: cannot truncate scratch data: %s", dir_.c_str(),
+                std::strerror(errno));
+  }
+  size_ = size;
+  return GIFT_OK;
+}
+
 giftResult_t write_file_atomically(const std::string& path, const uint8_t* data, uint64_t size) {
   OutputFile out;
   if (const giftResult_t r = out.open(path)) return r;

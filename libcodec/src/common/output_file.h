@@ -60,6 +60,8 @@ class ScratchFile {
   // Room for `more` bytes past the end, allocated ahead (as OutputFile::reserve).
   void reserve(uint64_t more);
   giftResult_t write(const void* data, uint64_t size);
+  // Drops the bytes from `size` on; the next write goes there.
+  giftResult_t truncate(uint64_t size);
   bool is_open() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   uint64_t size() const { return size_; }

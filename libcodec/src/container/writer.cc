@@ -152,7 +152,8 @@ giftResult_t FrameWriter::raw_to_scratch(Pending* t, const void* data, uint64_t 
   return scratch_.write(data, bytes);
 }
 
-giftResult_t FrameWriter::encode_in_bands(Pending* t, const void* data, giftDType_t data_dtype) {
+giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, giftDType_t data_dtype,
+                                          bool* refused) {
   const giftQuantParams& p = t->params;
   const uint64_t rows = t->shape.rows, cols = t->shape.cols;
   const uint64_t band = band_rows(p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1, cols, kBandElems);
@@ -173,7 +174,11 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const void* data, giftDTyp
   Census census;  // each band read for its statistics just before it is encoded, while cached
   for (uint64_t r0 = 0; r0 < rows; r0 += band) {
     const uint64_t n = std::min(band, rows - r0);
-    const uint8_t* src = static_cast<const uint8_t*>(data) + r0 * cols * dtype_size(data_dtype);
+    const void* src = band_at(r0, n);
+    if (!src) {
+      *refused = true;
+      return scratch_.truncate(c.scratch_offset);
+    }
     census.add(src, data_dtype, r0 * cols, n * cols);
     uint64_t band_scales = 0;
     giftScaleBytes(&kept, n, cols, &band_scales);
@@ -195,12 +200,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const void* data, giftDTyp
   return keep(&t->scales);
 }
 
-giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
-                                     giftDType_t dtype, const void* data,
-                                     const giftQuantParams* params, const CoordsChoice* coords,
-                                     int data_dtype_arg) {
-  const giftDType_t data_dtype =
-      data_dtype_arg < 0 ? dtype : static_cast<giftDType_t>(data_dtype_arg);
+giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t dtype) const {
   if (name.empty()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name is empty");
   if (!valid_utf8_c_string(name)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name '%s' is not UTF-8 without NUL",
@@ -215,6 +215,16 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name.c_str(),
                 enum_int(dtype));
   }
+  return GIFT_OK;
+}
+
+giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape& shape,
+                                     giftDType_t dtype, const void* data,
+                                     const giftQuantParams* params, const CoordsChoice* coords,
+                                     int data_dtype_arg) {
+  const giftDType_t data_dtype =
+      data_dtype_arg < 0 ? dtype : static_cast<giftDType_t>(data_dtype_arg);
+  if (const giftResult_t r = check_new_tensor(name, dtype)) return r;
   if (shape.elements && !data) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': data is NULL", name.c_str());
   }
@@ -246,7 +256,12 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
       if (const giftResult_t r = keep(&t.codes)) return r;
     }
   } else if (t.params = *params; bands_apply(t.params)) {
-    if (const giftResult_t r = encode_in_bands(&t, data, data_dtype)) return r;
+    const uint64_t row_bytes = shape.cols * dtype_size(data_dtype);
+    bool refused = false;  // never: the data is all there
+    const BandAt at = [&](uint64_t r0, uint64_t) {
+      return static_cast<const uint8_t*>(data) + r0 * row_bytes;
+    };
+    if (const giftResult_t r = encode_in_bands(&t, at, data_dtype, &refused)) return r;
   } else {
     uint64_t scale_bytes = 0;
     if (const giftResult_t r = giftScaleBytes(params, shape.rows, shape.cols, &scale_bytes)) {
@@ -263,6 +278,31 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     if (const giftResult_t r = keep(&t.scales)) return r;
   }
   tensors_.push_back(std::move(t));
+  return GIFT_OK;
+}
+
+giftResult_t FrameWriter::add_tensor_rows(const std::string& name, const TensorShape& shape,
+                                          giftDType_t dtype, const giftQuantParams& params,
+                                          const CoordsChoice& coords, const RowSource& fill,
+                                          bool* refused) {
+  *refused = false;
+  if (!bands_apply(params)) {
+    std::vector<float> values(shape.elements);
+    if (!fill(0, shape.rows, values.data())) {
+      *refused = true;
+      return GIFT_OK;
+    }
+    return add_tensor(name, shape, dtype, values.data(), &params, &coords, GIFT_DTYPE_F32);
+  }
+  if (const giftResult_t r = check_new_tensor(name, dtype)) return r;
+  Pending t{name, shape, dtype, false, params, {}, 0.0f, {}, {}, coords};
+  std::vector<float> band;
+  const BandAt at = [&](uint64_t r0, uint64_t n) -> const void* {
+    band.resize(n * shape.cols);
+    return fill(r0, n, band.data()) ? band.data() : nullptr;
+  };
+  if (const giftResult_t r = encode_in_bands(&t, at, GIFT_DTYPE_F32, refused)) return r;
+  if (!*refused) tensors_.push_back(std::move(t));
   return GIFT_OK;
 }
 

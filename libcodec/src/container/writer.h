@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,15 @@ class FrameWriter {
   giftResult_t add_tensor(const std::string& name, const TensorShape& shape, giftDType_t dtype,
                           const void* data, const giftQuantParams* params,
                           const CoordsChoice* coords = nullptr, int data_dtype = -1);
+  // Writes rows [first_row, first_row + rows) of a tensor's fp32 values to dst, or refuses
+  // them (false).
+  using RowSource = std::function<bool(uint64_t first_row, uint64_t rows, float* dst)>;
+  // add_tensor of fp32 values that `fill` produces in bands: as many rows at a time as the
+  // writer encodes in bands (else all of them at once), so a writer with a scratch file never
+  // holds the tensor. If fill refuses a band, nothing is added and *refused is set.
+  giftResult_t add_tensor_rows(const std::string& name, const TensorShape& shape, giftDType_t dtype,
+                               const giftQuantParams& params, const CoordsChoice& coords,
+                               const RowSource& fill, bool* refused);
   giftResult_t finish(std::vector<uint8_t>* out) const;
   // The frame's bytes in order to `out` (not committed).
   giftResult_t write_to(OutputFile* out) const;
@@ -88,7 +98,11 @@ class FrameWriter {
   giftResult_t layout(Layout* out) const;
   giftResult_t keep(StoredSection* s);
   // FP8 codes and scales made band by band straight into the scratch file.
-  giftResult_t encode_in_bands(Pending* t, const void* data, giftDType_t data_dtype);
+  // A band's rows [first_row, first_row + rows) in data_dtype, or null to refuse the tensor.
+  using BandAt = std::function<const void*(uint64_t first_row, uint64_t rows)>;
+  giftResult_t encode_in_bands(Pending* t, const BandAt& band_at, giftDType_t data_dtype,
+                               bool* refused);
+  giftResult_t check_new_tensor(const std::string& name, giftDType_t dtype) const;
   giftResult_t raw_to_scratch(Pending* t, const void* data, uint64_t bytes);
   bool bands_apply(const giftQuantParams& p) const;
 

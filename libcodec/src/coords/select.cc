@@ -1,5 +1,6 @@
 #include "coords/select.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
@@ -12,9 +13,9 @@
 namespace gift::coords {
 namespace {
 
-double round_trip_error(const std::vector<float>& x, uint64_t rows, uint64_t cols,
-                        const giftQuantParams& p, const Whitener* t) {
-  std::vector<float> v = x;
+double round_trip_error(const float* x, uint64_t rows, uint64_t cols, const giftQuantParams& p,
+                        const Whitener* t) {
+  std::vector<float> v(x, x + rows * cols);
   if (t) whiten(*t, v.data(), rows);
   uint64_t sb = 0;
   giftScaleBytes(&p, rows, cols, &sb);
@@ -28,14 +29,30 @@ double round_trip_error(const std::vector<float>& x, uint64_t rows, uint64_t col
   decode_tensor(nullptr, q, codes.data(), scales.data(), rows, cols, v.data(), GIFT_DTYPE_F32);
   if (t) unwhiten(*t, v.data(), rows);
   giftErrorMetrics m;
-  if (compute_metrics(x.data(), v.data(), rows, cols, nullptr, &m)) return INFINITY;
+  if (compute_metrics(x, v.data(), rows, cols, nullptr, &m)) return INFINITY;
   return m.rel_l2;
 }
 
 }  // namespace
 
+uint64_t sample_rows(uint64_t rows, const SelectOptions& o) {
+  return std::min<uint64_t>(rows, o.sample_rows);
+}
+
 Selection choose_coords(const float* w, uint64_t rows, uint64_t cols, const Whitener* t,
                         const giftQuantParams& p, const SelectOptions& o) {
+  bool all_finite = true;
+  for (uint64_t i = 0; i < rows * cols && all_finite; ++i) all_finite = std::isfinite(w[i]);
+  // Deterministic, evenly spaced rows.
+  const uint64_t k = sample_rows(rows, o);
+  std::vector<float> sample(k * cols);
+  for (uint64_t i = 0; i < k; ++i)
+    std::memcpy(&sample[i * cols], w + sample_row(i, rows, o) * cols, cols * 4);
+  return choose_from_sample(sample.data(), all_finite, rows, cols, t, p, o);
+}
+
+Selection choose_from_sample(const float* sample, bool all_finite, uint64_t rows, uint64_t cols,
+                             const Whitener* t, const giftQuantParams& p, const SelectOptions& o) {
   Selection c;
   if (o.mode == CoordsMode::kEuclidean) return c;
   c.made = true;
@@ -49,19 +66,12 @@ Selection choose_coords(const float* w, uint64_t rows, uint64_t cols, const Whit
   }
   // Whitening mixes each row's values, so one NaN or Inf (kept by request) would spread
   // over its whole row; such tensors stay Euclidean, where it stays one element.
-  for (uint64_t i = 0; i < rows * cols; ++i) {
-    if (!std::isfinite(w[i])) {
-      c.reason = "non-finite values";
-      return c;
-    }
+  if (!all_finite) {
+    c.reason = "non-finite values";
+    return c;
   }
   c.transform_flops = 8.0 * double(rows) * double(cols) * double(t->rank);
-  // Deterministic, evenly spaced rows.
-  const uint64_t k = std::min<uint64_t>(rows, o.sample_rows);
-  std::vector<float> sample(k * cols);
-  for (uint64_t i = 0; i < k; ++i) {
-    std::memcpy(&sample[i * cols], w + (i * rows / k) * cols, cols * 4);
-  }
+  const uint64_t k = sample_rows(rows, o);
   c.euclidean_error = float(round_trip_error(sample, k, cols, p, nullptr));
   c.gift_error = float(round_trip_error(sample, k, cols, p, t));
   if (o.mode == CoordsMode::kGift) {

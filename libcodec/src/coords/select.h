@@ -36,4 +36,14 @@ struct Selection {
 Selection choose_coords(const float* w, uint64_t rows, uint64_t cols, const Whitener* t,
                         const giftQuantParams& p, const SelectOptions& o);
 
+// The same decision from what it reads of the tensor: whether every value is finite, and the
+// sample, sample_rows(rows, o) rows of cols values whose i-th is the tensor's row
+// sample_row(i, rows, o). For callers that do not hold the tensor as fp32.
+uint64_t sample_rows(uint64_t rows, const SelectOptions& o);
+inline uint64_t sample_row(uint64_t i, uint64_t rows, const SelectOptions& o) {
+  return i * rows / sample_rows(rows, o);
+}
+Selection choose_from_sample(const float* sample, bool all_finite, uint64_t rows, uint64_t cols,
+                             const Whitener* t, const giftQuantParams& p, const SelectOptions& o);
+
 }  // namespace gift::coords
