@@ -380,8 +380,9 @@ GIFT_API giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const ch
 /* Keeps the sections of tensors added from now on in an unnamed scratch file in folder `dir`
  * instead of memory (use the output's folder, so the final copy stays in one file system),
  * and encodes FP8 tensors in bands of rows: the writer then holds a band (a few MiB) plus
- * the scales of the tensor being added, whatever the frame's size. A tensor with one scale
- * (GIFT_SCALE_TENSOR), with stochastic rounding, or with zstd compression on is still
+ * the scales of the tensor being added, whatever the frame's size; under zstd, sections are
+ * compressed as they are made (and made again, stored raw, where zstd cannot make them
+ * smaller). A tensor with one scale (GIFT_SCALE_TENSOR) or with stochastic rounding is still
  * encoded whole (its codes in memory while it is added). Tensors added in GIFT coordinates
  * (gift_basis.h) are whitened band by band too, never held in fp32. The frame's bytes are the
  * same either way. The scratch file disappears with the writer or the process. */

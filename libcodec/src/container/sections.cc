@@ -32,14 +32,55 @@ void Checksum64::update(const void* data, uint64_t size) {
 
 uint64_t Checksum64::digest() const { return XXH3_64bits_digest(state_->s); }
 
+struct SectionCompressor::State {
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  std::vector<uint8_t> out = std::vector<uint8_t>(ZSTD_CStreamOutSize());
+  ~State() { ZSTD_freeCCtx(cctx); }
+};
+
+SectionCompressor::SectionCompressor(int level, uint64_t raw_length) : state_(new State) {
+  if (!state_->cctx) throw std::bad_alloc();
+  ZSTD_CCtx_setParameter(state_->cctx, ZSTD_c_compressionLevel, level);
+  ZSTD_CCtx_setPledgedSrcSize(state_->cctx, raw_length);
+}
+
+SectionCompressor::~SectionCompressor() = default;
+
+giftResult_t SectionCompressor::add(const void* data, uint64_t size, const Out& out) {
+  return run(data, size, false, out);
+}
+
+giftResult_t SectionCompressor::end(const Out& out) { return run(nullptr, 0, true, out); }
+
+giftResult_t SectionCompressor::run(const void* data, uint64_t size, bool last, const Out& out) {
+  ZSTD_inBuffer in{data, static_cast<size_t>(size), 0};
+  for (;;) {
+    ZSTD_outBuffer o{state_->out.data(), state_->out.size(), 0};
+    const size_t left =
+        ZSTD_compressStream2(state_->cctx, &o, &in, last ? ZSTD_e_end : ZSTD_e_continue);
+    if (ZSTD_isError(left)) {
+      return fail(GIFT_ERROR_INTERNAL, "zstd compression failed: %s", ZSTD_getErrorName(left));
+    }
+    if (o.pos) {
+      if (const giftResult_t r = out(state_->out.data(), o.pos)) return r;
+    }
+    if (last ? left == 0 : in.pos == in.size) return GIFT_OK;
+  }
+}
+
 StoredSection store_section(std::vector<uint8_t> raw, int level) {
   StoredSection s;
   s.raw_length = raw.size();
   if (level > 0 && !raw.empty()) {
-    std::vector<uint8_t> z(ZSTD_compressBound(raw.size()));
-    const size_t n = ZSTD_compress(z.data(), z.size(), raw.data(), raw.size(), level);
-    if (!ZSTD_isError(n) && n < raw.size()) {
-      z.resize(n);
+    std::vector<uint8_t> z;
+    z.reserve(raw.size());
+    const SectionCompressor::Out keep = [&](const uint8_t* p, uint64_t n) {
+      z.insert(z.end(), p, p + n);
+      return GIFT_OK;
+    };
+    SectionCompressor c(level, raw.size());
+    if (c.add(raw.data(), raw.size(), keep) == GIFT_OK && c.end(keep) == GIFT_OK &&
+        z.size() < raw.size()) {
       s.bytes = std::move(z);
       s.zstd = true;
     }

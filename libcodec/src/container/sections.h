@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -35,7 +36,28 @@ struct StoredSection {
   uint64_t checksum = 0;
 };
 
-// Compresses with zstd at `level` when level > 0 and that makes it smaller.
+// zstd's streaming compressor at `level`, told the section's raw length up front. Its output
+// does not depend on how the input is cut into pieces (zstd's one-shot compressor may differ
+// from it), so a section compressed whole and one compressed band by band are the same bytes.
+class SectionCompressor {
+ public:
+  using Out = std::function<giftResult_t(const uint8_t* data, uint64_t size)>;
+  SectionCompressor(int level, uint64_t raw_length);
+  ~SectionCompressor();
+  SectionCompressor(const SectionCompressor&) = delete;
+  SectionCompressor& operator=(const SectionCompressor&) = delete;
+  // Compresses the next piece, handing what output is ready to `out`.
+  giftResult_t add(const void* data, uint64_t size, const Out& out);
+  // After the last piece (raw_length bytes in all): the rest of the output.
+  giftResult_t end(const Out& out);
+
+ private:
+  giftResult_t run(const void* data, uint64_t size, bool last, const Out& out);
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Compresses with zstd at `level` (SectionCompressor) when level > 0 and that makes it smaller.
 StoredSection store_section(std::vector<uint8_t> raw, int level);
 
 // Decompresses exactly raw_length bytes into out; `what` names the section in messages.

@@ -135,21 +135,47 @@ giftResult_t FrameWriter::keep(StoredSection* s) {
 bool FrameWriter::bands_apply(const giftQuantParams& p) const {
   // A band is encoded as a tensor of its own, which gives the same bytes only where groups
   // do not span bands (one scale for the whole tensor does) and the random words do not
-  // depend on the element's place in the whole tensor (stochastic rounding's do); zstd
-  // compresses a section whole.
-  return scratch_.is_open() && zstd_level_ == 0 && p.layout != GIFT_SCALE_TENSOR &&
-         p.rounding == GIFT_ROUND_NEAREST;
+  // depend on the element's place in the whole tensor (stochastic rounding's do).
+  return scratch_.is_open() && p.layout != GIFT_SCALE_TENSOR && p.rounding == GIFT_ROUND_NEAREST;
 }
 
-giftResult_t FrameWriter::raw_to_scratch(Pending* t, const void* data, uint64_t bytes) {
-  // Stored as given: straight from the caller's buffer, no copy.
-  StoredSection& s = t->codes;
-  s.spilled = true;
-  s.scratch_offset = scratch_.size();
-  s.stored_length = s.raw_length = bytes;
-  s.checksum = checksum64(data, bytes);
-  scratch_.reserve(bytes);
-  return scratch_.write(data, bytes);
+giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
+                                        const Pieces& pieces) {
+  s->spilled = true;
+  s->scratch_offset = scratch_.size();
+  s->raw_length = raw_length;
+  if (zstd_level_ > 0 && raw_length) {
+    // Compressed as it comes; kept only if smaller, as store_section decides.
+    SectionCompressor z(zstd_level_, raw_length);
+    Checksum64 sum;
+    uint64_t stored = 0;
+    const SectionCompressor::Out out = [&](const uint8_t* p, uint64_t n) {
+      sum.update(p, n);
+      stored += n;
+      return scratch_.write(p, n);
+    };
+    if (const giftResult_t r = pieces([&](const void* p, uint64_t n) { return z.add(p, n, out); }))
+      return r;
+    if (const giftResult_t r = z.end(out)) return r;
+    if (stored < raw_length) {
+      s->zstd = true;
+      s->stored_length = stored;
+      s->checksum = sum.digest();
+      return GIFT_OK;
+    }
+    if (const giftResult_t r = scratch_.truncate(s->scratch_offset)) return r;
+  }
+  Checksum64 sum;
+  scratch_.reserve(raw_length);
+  s->zstd = false;
+  s->stored_length = raw_length;
+  if (const giftResult_t r = pieces([&](const void* p, uint64_t n) {
+        sum.update(p, n);
+        return scratch_.write(p, n);
+      }))
+    return r;
+  s->checksum = sum.digest();
+  return GIFT_OK;
 }
 
 giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, giftDType_t data_dtype,
@@ -160,43 +186,43 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
   std::vector<uint8_t> codes(std::min(rows, band) * cols), scales(scale_bytes);
-  Checksum64 sum;
-  StoredSection& c = t->codes;
-  c.spilled = true;
-  c.scratch_offset = scratch_.size();
-  c.stored_length = c.raw_length = t->shape.elements;
-  scratch_.reserve(t->shape.elements);
   // Non-finite input fails after the census of every band, so the message counts them all.
   giftQuantParams kept = p;
   kept.nonfinite = GIFT_NONFINITE_KEEP;
-  t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
-  uint64_t scales_at = 0;
   Census census;  // each band read for its statistics just before it is encoded, while cached
-  for (uint64_t r0 = 0; r0 < rows; r0 += band) {
-    const uint64_t n = std::min(band, rows - r0);
-    const void* src = band_at(r0, n);
-    if (!src) {
-      *refused = true;
-      return scratch_.truncate(c.scratch_offset);
+  // The codes as pieces, one band at a time (twice where zstd does not make them smaller).
+  const Pieces encoded = [&](const Put& put) {
+    census = Census{};
+    t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
+    uint64_t scales_at = 0;
+    for (uint64_t r0 = 0; r0 < rows; r0 += band) {
+      const uint64_t n = std::min(band, rows - r0);
+      const void* src = band_at(r0, n);
+      if (!src) {
+        *refused = true;
+        return GIFT_OK;
+      }
+      census.add(src, data_dtype, r0 * cols, n * cols);
+      uint64_t band_scales = 0;
+      giftScaleBytes(&kept, n, cols, &band_scales);
+      giftEncodeStats st;
+      if (const giftResult_t r = encoder_(&ctx_, &kept, src, data_dtype, n, cols, codes.data(),
+                                          scales.data() + scales_at, band_scales, &st)) {
+        return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
+      }
+      merge_stats(&t->stats, st, r0 * cols);
+      scales_at += band_scales;
+      if (const giftResult_t r = put(codes.data(), n * cols)) return r;
     }
-    census.add(src, data_dtype, r0 * cols, n * cols);
-    uint64_t band_scales = 0;
-    giftScaleBytes(&kept, n, cols, &band_scales);
-    giftEncodeStats st;
-    if (const giftResult_t r = encoder_(&ctx_, &kept, src, data_dtype, n, cols, codes.data(),
-                                        scales.data() + scales_at, band_scales, &st)) {
-      return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
-    }
-    merge_stats(&t->stats, st, r0 * cols);
-    scales_at += band_scales;
-    sum.update(codes.data(), n * cols);
-    if (const giftResult_t r = scratch_.write(codes.data(), n * cols)) return r;
-  }
-  c.checksum = sum.digest();
+    return GIFT_OK;
+  };
+  const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);
+  if (*refused) return scratch_.truncate(t->codes.scratch_offset);
+  if (spilled) return spilled;
   t->rms = census.rms();
   if (const giftResult_t r = nonfinite_result(p, t->stats, cols))
     return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
-  t->scales = store_section(std::move(scales), 0);
+  t->scales = store_section(std::move(scales), zstd_level_);
   return keep(&t->scales);
 }
 
@@ -248,8 +274,10 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   }
   const uint64_t in_bytes = shape.elements * dtype_size(data_dtype);
   if (t.raw) {
-    if (scratch_.is_open() && zstd_level_ == 0) {
-      if (const giftResult_t r = raw_to_scratch(&t, data, in_bytes)) return r;
+    if (scratch_.is_open()) {
+      // Stored as given: straight from the caller's buffer, no copy.
+      const Pieces whole = [&](const Put& put) { return put(data, in_bytes); };
+      if (const giftResult_t r = spill_section(&t.codes, in_bytes, whole)) return r;
     } else {
       const uint8_t* p = static_cast<const uint8_t*>(data);
       t.codes = store_section(std::vector<uint8_t>(p, p + in_bytes), zstd_level_);

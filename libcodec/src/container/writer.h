@@ -103,7 +103,12 @@ class FrameWriter {
   giftResult_t encode_in_bands(Pending* t, const BandAt& band_at, giftDType_t data_dtype,
                                bool* refused);
   giftResult_t check_new_tensor(const std::string& name, giftDType_t dtype) const;
-  giftResult_t raw_to_scratch(Pending* t, const void* data, uint64_t bytes);
+  // A section's raw bytes, handed in order to `put`.
+  using Put = std::function<giftResult_t(const void* data, uint64_t size)>;
+  using Pieces = std::function<giftResult_t(const Put& put)>;
+  // Stores a section of raw_length bytes in the scratch file as `pieces` produces them,
+  // compressed under zstd if that makes it smaller (else produced again, stored raw).
+  giftResult_t spill_section(StoredSection* s, uint64_t raw_length, const Pieces& pieces);
   bool bands_apply(const giftQuantParams& p) const;
 
   bool basis_kind_ = false, has_embedded_ = false;
