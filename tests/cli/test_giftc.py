@@ -130,12 +130,15 @@ class Giftc(unittest.TestCase):
         def capped():
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
+        def tightly_capped():
+            resource.setrlimit(resource.RLIMIT_DATA, (24 << 20, 24 << 20))
+
         # OpenBLAS's worker threads retry a failed buffer allocation forever: one thread.
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
-        def run_capped(*args):
+        def run_capped(*args, cap=capped):
             return subprocess.run([GIFTC, *map(str, args)], capture_output=True, text=True,
-                                  preexec_fn=capped, env=env, timeout=600)
+                                  preexec_fn=cap, env=env, timeout=600)
 
         if run_capped("--version").returncode != 0:
             self.skipTest("giftc cannot start under RLIMIT_DATA (a sanitizer build)")
@@ -152,6 +155,19 @@ class Giftc(unittest.TestCase):
         back = load_file(out)
         self.assertEqual(sorted(back), sorted(tensors))
         np.testing.assert_array_equal(back["layer2"][:64], model_block_e4m3(tensors["layer2"][:64]))
+        # Under zstd too: sections compressed as they are made, read back through a window.
+        # A cap of 24 MiB, which a tensor's codes (16 MiB) plus their compressed copy or their
+        # 8 MiB decode buffer would not fit under (giftc needs about 16 MiB here).
+        zframe, zout = self.path("big.zst.gift"), self.path("big.zst.safetensors")
+        r = run_capped("encode", src, "-o", zframe, "--zstd", "--threads", "1", "-q",
+                       cap=tightly_capped)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        info = json.loads(run("inspect", zframe, "--json").stdout)
+        self.assertTrue(all(t["stored_bytes"] < t["decompressed_bytes"] for t in info["tensors"]), info)
+        r = run_capped("decode", zframe, "-o", zout, "--threads", "1", "-q", cap=tightly_capped)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(open(zout, "rb").read(), open(out, "rb").read())
+        os.unlink(zout)
         # In GIFT coordinates too (whitened band by band): a 128 MiB fp32 matrix, whose fp32
         # copy alone would not fit, and the basis fitted on a slice of it.
         w = rng.standard_normal((32768, 1024), np.float32) * 1e-3

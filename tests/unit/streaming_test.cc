@@ -304,8 +304,11 @@ TEST(Streaming, BandsDecodeAsTheWholeTensor) {
         const size_t w = giftDTypeSize(dt);
         std::vector<uint8_t> whole(info.elements * w), bands(whole.size());
         ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
-        const uint64_t step = info.row_align * 337;
-        for (uint64_t r0 = 0; r0 < info.rows; r0 += step) {
+        // In order, then (bf16) from the last band back to the first: a compressed section
+        // read backwards starts again from its beginning for each band.
+        const uint64_t step = info.row_align * 337, count = (info.rows + step - 1) / step;
+        for (uint64_t k = 0; k < count; ++k) {
+          const uint64_t r0 = (dt == GIFT_DTYPE_F32 ? k : count - 1 - k) * step;
           const uint64_t n = std::min(step, info.rows - r0);
           ASSERT_EQ(giftFrameDecodeRows(f, i, r0, n, bands.data() + r0 * info.cols * w,
                                         n * info.cols * w, dt),

@@ -337,8 +337,10 @@ GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, vo
  * into dst (rows * cols * size of dst_dtype bytes): the values giftFrameDecodeTensor gives
  * for them, so a large tensor decodes in bands through a small buffer. first_row must be a
  * multiple of giftTensorInfo.row_align (the tile height; 1 for other layouts). The first
- * call for a tensor checks its sections and the frame keeps them (a compressed section
- * expanded) while later calls read the same tensor. Not for several threads on one frame. */
+ * call for a tensor checks its sections, which the frame keeps while later calls read the
+ * same tensor; compressed codes are decompressed forward, keeping only the rows asked for
+ * (bands in order decompress them once; an earlier band starts again from the beginning).
+ * Not for several threads on one frame. */
 GIFT_API giftResult_t giftFrameDecodeRows(giftFrame* frame, uint64_t index, uint64_t first_row,
                                           uint64_t rows, void* dst, uint64_t dst_bytes,
                                           giftDType_t dst_dtype);

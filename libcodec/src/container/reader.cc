@@ -354,6 +354,14 @@ giftResult_t FrameReader::verify_structure() {
   return GIFT_OK;
 }
 
+giftResult_t FrameReader::checksum_ok(const fb::Section* s, const std::string& what) const {
+  if (checksum64(bytes_->data() + s->offset(), s->stored_length()) != s->checksum()) {
+    return fail(GIFT_ERROR_SECTION_CHECKSUM, "%s: %s: checksum mismatch (the data is damaged)",
+                name_.c_str(), what.c_str());
+  }
+  return GIFT_OK;
+}
+
 giftResult_t FrameReader::section_bytes(const fb::Section* s, const std::string& what,
                                         std::vector<uint8_t>* scratch,
                                         const uint8_t** bytes) const {
@@ -361,11 +369,8 @@ giftResult_t FrameReader::section_bytes(const fb::Section* s, const std::string&
     *bytes = nullptr;
     return GIFT_OK;
   }
+  if (const giftResult_t r = checksum_ok(s, what)) return r;
   const uint8_t* stored = bytes_->data() + s->offset();
-  if (checksum64(stored, s->stored_length()) != s->checksum()) {
-    return fail(GIFT_ERROR_SECTION_CHECKSUM, "%s: %s: checksum mismatch (the data is damaged)",
-                name_.c_str(), what.c_str());
-  }
   if (s->compression() == fb::Compression::None) {
     *bytes = stored;
     return GIFT_OK;
@@ -448,9 +453,17 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
   if (cache->index == index) return GIFT_OK;
   const TensorEntry& e = tensors_[index];
   cache->index = SIZE_MAX;
-  if (const giftResult_t r =
-          section_bytes(e.fb->codes(), section_name(e.name, e.raw ? "raw data" : "codes"),
-                        &cache->codes_scratch, &cache->codes)) {
+  const fb::Section* codes = e.fb->codes();
+  const std::string what = section_name(e.name, e.raw ? "raw data" : "codes");
+  if (codes && codes->compression() != fb::Compression::None) {
+    cache->codes = nullptr;
+    if (const giftResult_t r = checksum_ok(codes, what)) return r;
+    if (const giftResult_t r =
+            cache->codes_window.open(bytes_->data() + codes->offset(), codes->stored_length(),
+                                     codes->raw_length(), name_ + ": " + what)) {
+      return r;
+    }
+  } else if (const giftResult_t r = section_bytes(codes, what, nullptr, &cache->codes)) {
     return r;
   }
   cache->scales = nullptr;
@@ -466,12 +479,15 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
   return GIFT_OK;
 }
 
-giftResult_t FrameReader::decode_band(const TensorEntry& e, const SectionCache& c, uint64_t r0,
+giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0,
                                       uint64_t n, void* dst, giftDType_t dst_dtype,
                                       decltype(&giftDecode) decoder) const {
   if (n == 0 || e.cols == 0) return GIFT_OK;
+  const uint64_t width = e.raw ? dtype_size(e.dtype) : 1;
+  const uint8_t* codes = nullptr;
+  if (const giftResult_t r = c.codes_at(r0 * e.cols * width, n * e.cols * width, &codes)) return r;
   if (e.raw) {
-    const uint8_t* src = c.codes + r0 * e.cols * dtype_size(e.dtype);
+    const uint8_t* src = codes;
     if (dst_dtype == e.dtype) {
       std::memcpy(dst, src, n * e.cols * dtype_size(e.dtype));
     } else {
@@ -486,9 +502,8 @@ giftResult_t FrameReader::decode_band(const TensorEntry& e, const SectionCache& 
       e.params.layout == GIFT_SCALE_TENSOR ? 0 : (r0 / grid.height) * grid.grid_cols;
   uint64_t band_scale_bytes = 0;
   giftScaleBytes(&e.params, n, e.cols, &band_scale_bytes);
-  return decoder(&ctx_, &e.params, c.codes + r0 * e.cols,
-                 c.scales + first_group * scale_size(e.params.scale_dtype), band_scale_bytes, n,
-                 e.cols, dst, dst_dtype);
+  return decoder(&ctx_, &e.params, codes, c.scales + first_group * scale_size(e.params.scale_dtype),
+                 band_scale_bytes, n, e.cols, dst, dst_dtype);
 }
 
 giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t rows, void* dst,
@@ -535,8 +550,18 @@ giftResult_t FrameReader::verify_all() const {
     const TensorEntry& e = tensors_[i];
     SectionCache c;
     if (const giftResult_t r = fetch(i, &c)) return r;
-    // Raw data is checked by its checksum; tensors in GIFT coordinates: their codes, as coded.
-    if (e.raw || e.elements == 0) continue;
+    // Raw data is checked by its checksum and, compressed, read through once; tensors in GIFT
+    // coordinates: their codes, as coded.
+    if (e.raw || e.elements == 0) {
+      const uint64_t raw_length = e.fb->codes() ? e.fb->codes()->raw_length() : 0;
+      for (uint64_t at = 0; !c.codes && e.fb->codes(); at += kBandElems) {
+        const uint8_t* bytes;
+        const uint64_t n = std::min(kBandElems, raw_length - at);
+        if (const giftResult_t r = c.codes_at(at, n, &bytes)) return r;
+        if (at + n == raw_length) break;
+      }
+      continue;
+    }
     const uint64_t unit = e.params.layout == GIFT_SCALE_TENSOR ? e.rows : row_unit(e);
     const uint64_t band = band_rows(unit, e.cols, kBandElems);
     for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/ctx.h"
+#include "container/sections.h"
 #include "gift/gift.h"
 
 namespace gift::fb {
@@ -69,11 +70,19 @@ class FrameReader {
   giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
                       bool coded_values = false) const;
 
-  // A tensor's sections, checked and expanded once for a run of decode_rows calls.
+  // A tensor's sections, checked once for a run of decode_rows calls: compressed codes are
+  // read forward through a window (bands in order decompress the section once), compressed
+  // scales expanded.
   struct SectionCache {
     size_t index = SIZE_MAX;
-    const uint8_t *codes = nullptr, *scales = nullptr;
-    std::vector<uint8_t> codes_scratch, scales_scratch;
+    const uint8_t *codes = nullptr, *scales = nullptr;  // codes: null when windowed
+    SectionWindow codes_window;
+    std::vector<uint8_t> scales_scratch;
+    // Bytes [at, at + n) of the codes (or raw data).
+    giftResult_t codes_at(uint64_t at, uint64_t n, const uint8_t** bytes) {
+      if (codes) return *bytes = codes + at, GIFT_OK;
+      return codes_window.get(at, n, bytes);
+    }
   };
   // Rows [first_row, first_row + rows) of the rows x cols view, as decode() gives them.
   // first_row must be a multiple of row_unit(). The tensor's sections are checked when
@@ -98,7 +107,8 @@ class FrameReader {
   giftResult_t verify_structure();
   giftResult_t verify_strings() const;
   giftResult_t fetch(size_t index, SectionCache* cache) const;
-  giftResult_t decode_band(const TensorEntry& e, const SectionCache& c, uint64_t r0, uint64_t n,
+  giftResult_t checksum_ok(const fb::Section* s, const std::string& what) const;
+  giftResult_t decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0, uint64_t n,
                            void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
   static const uint8_t* aligned_scales(const TensorEntry& e, const uint8_t* scales,
                                        std::vector<uint8_t>* scratch);

@@ -3,7 +3,9 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cinttypes>
+#include <cstddef>
 #include <new>
 
 #include "common/error.h"
@@ -91,8 +93,11 @@ StoredSection store_section(std::vector<uint8_t> raw, int level) {
   return s;
 }
 
-giftResult_t decompress_section(const uint8_t* stored, uint64_t stored_length, uint64_t raw_length,
-                                std::vector<uint8_t>* out, const char* what) {
+namespace {
+
+// That the section is one zstd stream declaring raw_length bytes.
+giftResult_t check_zstd_stream(const uint8_t* stored, uint64_t stored_length, uint64_t raw_length,
+                               const char* what) {
   // Exactly one zstd stream, filling the section: nothing appended, skippable or not.
   const size_t frame_size = ZSTD_findFrameCompressedSize(stored, stored_length);
   if (ZSTD_isError(frame_size) || frame_size != stored_length) {
@@ -106,11 +111,121 @@ giftResult_t decompress_section(const uint8_t* stored, uint64_t stored_length, u
                                                                                    : declared,
         raw_length);
   }
+  return GIFT_OK;
+}
+
+}  // namespace
+
+giftResult_t decompress_section(const uint8_t* stored, uint64_t stored_length, uint64_t raw_length,
+                                std::vector<uint8_t>* out, const char* what) {
+  if (const giftResult_t r = check_zstd_stream(stored, stored_length, raw_length, what)) return r;
   out->resize(raw_length);
   const size_t n = ZSTD_decompress(out->data(), out->size(), stored, stored_length);
   if (ZSTD_isError(n) || n != raw_length) {
     return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: %s", what,
                 ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short output");
+  }
+  return GIFT_OK;
+}
+
+struct SectionWindow::State {
+  ZSTD_DCtx* dctx = ZSTD_createDCtx();
+  ~State() { ZSTD_freeDCtx(dctx); }
+  const uint8_t* stored = nullptr;
+  uint64_t stored_length = 0, raw_length = 0;
+  std::string what;
+  size_t in_pos = 0;             // stored bytes consumed
+  bool ended = false;            // zstd saw the stream end
+  uint64_t start = 0;            // raw offset of window[0]
+  std::vector<uint8_t> window;   // raw bytes [start, start + window.size())
+  std::vector<uint8_t> skipped;  // output before a window, thrown away
+};
+
+SectionWindow::SectionWindow() = default;
+SectionWindow::~SectionWindow() = default;
+SectionWindow::SectionWindow(SectionWindow&&) noexcept = default;
+SectionWindow& SectionWindow::operator=(SectionWindow&&) noexcept = default;
+
+giftResult_t SectionWindow::open(const uint8_t* stored, uint64_t stored_length, uint64_t raw_length,
+                                 std::string what) {
+  if (const giftResult_t r = check_zstd_stream(stored, stored_length, raw_length, what.c_str()))
+    return r;
+  if (!state_) state_.reset(new State);
+  if (!state_->dctx) return fail(GIFT_ERROR_OUT_OF_MEMORY, "%s: no memory for zstd", what.c_str());
+  state_->stored = stored;
+  state_->stored_length = stored_length;
+  state_->raw_length = raw_length;
+  state_->what = std::move(what);
+  return restart();
+}
+
+giftResult_t SectionWindow::restart() {
+  State& s = *state_;
+  ZSTD_DCtx_reset(s.dctx, ZSTD_reset_session_only);
+  s.in_pos = 0;
+  s.ended = false;
+  s.start = 0;
+  s.window.clear();
+  return GIFT_OK;
+}
+
+giftResult_t SectionWindow::get(uint64_t at, uint64_t n, const uint8_t** bytes) {
+  State& s = *state_;
+  if (at > s.raw_length || n > s.raw_length - at) {
+    return fail(GIFT_ERROR_INTERNAL, "%s: bytes past the section asked", s.what.c_str());
+  }
+  if (at < s.start) restart();
+  // Keep what the window already holds from `at` on; decompress the rest, up to at + n.
+  const uint64_t have_end = s.start + s.window.size();
+  if (at >= have_end) {
+    s.window.clear();
+  } else {
+    s.window.erase(s.window.begin(), s.window.begin() + static_cast<ptrdiff_t>(at - s.start));
+  }
+  uint64_t produced = std::max(have_end, s.start);
+  s.start = at;
+  if (s.skipped.empty()) s.skipped.resize(ZSTD_DStreamOutSize());
+  while (produced < at + n) {
+    // Output before `at` goes to the throwaway buffer; from `at` on, into the window.
+    const bool skipping = produced < at;
+    const uint64_t want =
+        skipping ? std::min<uint64_t>(s.skipped.size(), at - produced) : at + n - produced;
+    uint8_t* dst = skipping ? s.skipped.data() : nullptr;
+    if (!skipping) {
+      s.window.resize(produced - at + want);
+      dst = s.window.data() + (produced - at);
+    }
+    ZSTD_outBuffer out{dst, static_cast<size_t>(want), 0};
+    ZSTD_inBuffer in{s.stored, static_cast<size_t>(s.stored_length), s.in_pos};
+    const size_t r = ZSTD_decompressStream(s.dctx, &out, &in);
+    s.in_pos = in.pos;
+    s.ended = r == 0;
+    if (ZSTD_isError(r)) {
+      restart();
+      return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: %s", s.what.c_str(), ZSTD_getErrorName(r));
+    }
+    produced += out.pos;
+    if (out.pos == 0 && (r == 0 || in.pos == in.size)) {
+      restart();
+      return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: short output", s.what.c_str());
+    }
+  }
+  s.window.resize(n);
+  *bytes = s.window.data();
+  // The last bytes: the stream must end there, as zstd's one-shot decoder checks.
+  while (at + n == s.raw_length && !s.ended) {
+    ZSTD_outBuffer out{s.skipped.data(), s.skipped.size(), 0};
+    ZSTD_inBuffer in{s.stored, static_cast<size_t>(s.stored_length), s.in_pos};
+    const size_t r = ZSTD_decompressStream(s.dctx, &out, &in);
+    s.in_pos = in.pos;
+    if (ZSTD_isError(r) || out.pos || (r != 0 && in.pos == in.size)) {
+      restart();
+      return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: %s", s.what.c_str(),
+                  ZSTD_isError(r) ? ZSTD_getErrorName(r)
+                  : out.pos       ? "more data than declared"
+                                  : "truncated stream");
+    }
+    s.ended = r == 0;
   }
   return GIFT_OK;
 }

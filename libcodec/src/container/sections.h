@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gift/gift.h"
@@ -59,6 +60,26 @@ class SectionCompressor {
 
 // Compresses with zstd at `level` (SectionCompressor) when level > 0 and that makes it smaller.
 StoredSection store_section(std::vector<uint8_t> raw, int level);
+
+// A compressed section's raw bytes read forward, a window at a time: holds what the last
+// get() asked for, and decompresses from the start again only for bytes before that.
+class SectionWindow {
+ public:
+  SectionWindow();
+  ~SectionWindow();
+  SectionWindow(SectionWindow&&) noexcept;
+  SectionWindow& operator=(SectionWindow&&) noexcept;
+  // The checks of decompress_section that need no decompression; `what` names the section.
+  giftResult_t open(const uint8_t* stored, uint64_t stored_length, uint64_t raw_length,
+                    std::string what);
+  // Raw bytes [at, at + n), valid until the next call.
+  giftResult_t get(uint64_t at, uint64_t n, const uint8_t** bytes);
+
+ private:
+  giftResult_t restart();
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Decompresses exactly raw_length bytes into out; `what` names the section in messages.
 giftResult_t decompress_section(const uint8_t* stored, uint64_t stored_length, uint64_t raw_length,
