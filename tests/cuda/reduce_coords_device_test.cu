@@ -1,20 +1,25 @@
-// Device reduce plans in GIFT coordinates and their saved states, against the CPU plans: every
-// message, reduced shard, result, choice of coordinates and saved state byte for byte (GIFT
-// and AUTO, with and without error feedback), states carried CPU -> GPU -> CPU in the middle
-// of a run, and a rank in another basis named by the receiver's status.
+// The exact device whitener against the CPU's, bit for bit; and device reduce plans in GIFT
+// coordinates and their saved states against the CPU plans: every message, reduced shard,
+// result, choice of coordinates and saved state byte for byte (GIFT and AUTO, with and
+// without error feedback), states carried CPU -> GPU -> CPU in the middle of a run, and a
+// rank in another basis named by the receiver's status.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "coords/whitener.h"
 #include "coords_reference.h"
 #include "cuda/device_test_util.h"
 #include "cuda/reduce_reference.h"
 #include "gift/gift_transport_cuda.h"
+#include "kernels/whitener.h"
 
 namespace {
 
@@ -23,6 +28,57 @@ using gift::test::BasisPtr;
 using gift::test::coords_input;
 using gift::test::fit_basis;
 using gift::test::kCoordsBucket;
+
+class ExactDeviceWhitener : public WithCudaDevice<::testing::Test> {};
+
+// The device plan's whitener against the CPU's, bit for bit, in both directions, on sizes
+// with leftover rows and columns (the CPU side fuses its multiply-adds only with FMA).
+TEST_F(ExactDeviceWhitener, GivesTheCpuWhitenersBits) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("fma")) GTEST_SKIP() << "the CPU whitener fuses only with FMA";
+#endif
+  std::mt19937_64 gen(5);
+  std::normal_distribution<double> nd;
+  struct Size {
+    uint32_t dim, rank;
+    uint64_t rows;
+  };
+  for (const Size z : {Size{64, 8, 37}, Size{37, 5, 9}, Size{256, 16, 64}, Size{16, 0, 3}}) {
+    std::vector<double> u(uint64_t(z.dim) * z.rank), l(z.rank), diag(z.dim);
+    for (double& x : u) x = nd(gen);
+    for (uint32_t j = 0; j < z.rank; ++j) l[j] = 50.0 / (1.0 + j);
+    for (double& x : diag) x = 0.5 + std::abs(nd(gen));
+    gift::coords::Whitener t;
+    ASSERT_EQ(gift::coords::make_whitener(u, l, diag, z.dim, &t), GIFT_OK)
+        << giftGetLastErrorMessage();
+    gift::kernels::DeviceWhitener d;
+    ASSERT_EQ(d.upload(t), GIFT_OK) << giftGetLastErrorMessage();
+    std::vector<float> w(z.rows * z.dim);
+    for (float& x : w) x = float(nd(gen));
+    DeviceBuffer<float> dw;
+    CUDA_CHECK(dw.Alloc(w.size()));
+    for (const bool inverse : {false, true}) {
+      std::vector<float> want = w, got;
+      inverse ? gift::coords::unwhiten(t, want.data(), z.rows)
+              : gift::coords::whiten(t, want.data(), z.rows);
+      CUDA_CHECK(dw.Upload(w));
+      ASSERT_EQ(inverse ? d.unwhiten_exact(dw.get(), z.rows, nullptr)
+                        : d.whiten_exact(dw.get(), z.rows, nullptr),
+                GIFT_OK)
+          << giftGetLastErrorMessage();
+      CUDA_CHECK_LAUNCH();
+      CUDA_CHECK(dw.Download(&got));
+      for (size_t k = 0; k < w.size(); ++k) {
+        uint32_t a, b;
+        memcpy(&a, &want[k], 4);
+        memcpy(&b, &got[k], 4);
+        ASSERT_EQ(a, b) << "dim " << z.dim << " rank " << z.rank
+                        << (inverse ? " unwhiten" : " whiten") << " element " << k << ": "
+                        << want[k] << " on the CPU, " << got[k] << " on the GPU";
+      }
+    }
+  }
+}
 
 // `world` device plans on one GPU; messages move with cudaMemcpy as a backend would.
 class DeviceWorld {
