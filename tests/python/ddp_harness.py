@@ -95,7 +95,8 @@ def check_against_host_plans(recorder, state, world, what):
                           for r in range(world)]
             held[key] = None
         ranks = plans[key]
-        if (basis and basis.id) != (held[key] and held[key].id):
+        # The same object as long as the hook's state held it (one pickle keeps identities).
+        if basis is not held[key]:
             for p in ranks:
                 p.set_basis(basis)
             held[key] = basis
