@@ -11,6 +11,10 @@
 #include <random>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
 #include "api/coords_frames.h"
 #include "container/reader.h"
 #include "container/writer.h"
@@ -142,6 +146,30 @@ TEST(Whitener, PerElementOrderGivesTheBandedBits) {
     }
   }
 }
+
+#if defined(__SSE2__)
+// The caller's flush-to-zero and denormals-are-zero modes (torch.set_flush_denormal) do not
+// reach the whitener: subnormal inputs and products keep the IEEE bits.
+TEST(Whitener, KeepsSubnormalsUnderTheCallersFlushToZero) {
+  const Model m = random_model(40, 4, 9);
+  Whitener t;
+  ASSERT_EQ(make_whitener(m.u, m.l, m.diag, 40, &t), GIFT_OK);
+  std::mt19937 gen(4);
+  std::normal_distribution<float> nd;
+  std::vector<float> w(7 * 40);
+  for (float& x : w) x = nd(gen) * 1e-39f;  // subnormal
+  std::vector<float> want = w, got = w;
+  whiten(t, want.data(), 7);
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ and DAZ
+  whiten(t, got.data(), 7);
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(csr);
+  EXPECT_EQ(after, csr | 0x8040u) << "the caller's mode is restored";
+  EXPECT_EQ(0, memcmp(want.data(), got.data(), w.size() * sizeof(float)));
+  EXPECT_NE(want[0], 0.0f);
+}
+#endif
 
 TEST(Whitener, IsLinearAcrossRanks) {
   const uint32_t dim = 128, rows = 48;
