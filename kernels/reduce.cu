@@ -125,7 +125,8 @@ __global__ void write_headers_kernel(uint8_t* msgs, uint64_t message_bytes, int 
 
 __global__ void check_headers_kernel(const uint8_t* msgs, uint64_t message_bytes, int world,
                                      int rank, uint32_t step, uint64_t call,
-                                     const uint64_t* shard_begin, ReduceRecord* record) {
+                                     const uint64_t* shard_begin, MessageHeader mine,
+                                     ReduceRecord* record) {
   for (int s = threadIdx.x; s < world; s += blockDim.x) {
     const MessageHeader& h =
         *reinterpret_cast<const MessageHeader*>(msgs + uint64_t(s) * message_bytes);
@@ -133,11 +134,21 @@ __global__ void check_headers_kernel(const uint8_t* msgs, uint64_t message_bytes
     bool ok = h.magic == transport::kMessageMagic && h.step == step && h.sender == uint32_t(s) &&
               h.shard == uint32_t(shard) && h.call == call &&
               h.count == shard_begin[shard + 1] - shard_begin[shard];
-    for (int b = 0; b < 16; ++b) ok = ok && h.basis_id[b] == 0;
-    if (!ok && atomicAdd(&record->bad_messages, 1ull) == 0) {
-      record->bad_call = call;
-      record->bad_step = step;
-      record->bad_sender = uint32_t(s);
+    if (!ok) {
+      if (atomicAdd(&record->bad_messages, 1ull) == 0) {
+        record->bad_call = call;
+        record->bad_step = step;
+        record->bad_sender = uint32_t(s);
+      }
+      continue;
+    }
+    bool same = h.coords_hash == mine.coords_hash;
+    for (int b = 0; b < 16; ++b) same = same && h.basis_id[b] == mine.basis_id[b];
+    if (!same && atomicAdd(&record->bad_basis, 1ull) == 0) {
+      record->bad_basis_call = call;
+      record->bad_basis_step = step;
+      record->bad_basis_sender = uint32_t(s);
+      record->bad_basis_header = h;
     }
   }
 }
@@ -237,9 +248,9 @@ giftResult_t write_headers(uint8_t* msgs, uint64_t message_bytes, int n, const M
 
 giftResult_t check_headers(const uint8_t* msgs, uint64_t message_bytes, int world, int rank,
                            uint32_t step, uint64_t call, const uint64_t* shard_begin,
-                           ReduceRecord* record, cudaStream_t stream) {
+                           const MessageHeader& mine, ReduceRecord* record, cudaStream_t stream) {
   check_headers_kernel<<<1, kThreads, 0, stream>>>(msgs, message_bytes, world, rank, step, call,
-                                                   shard_begin, record);
+                                                   shard_begin, mine, record);
   GIFT_CUDA_LAUNCHED(check_headers_kernel);
   return GIFT_OK;
 }

@@ -23,6 +23,13 @@ struct ReduceRecord {
   unsigned long long bad_messages;  // received messages that were not this call's shard
   unsigned long long bad_call;
   unsigned int bad_step;
+  // Received messages of this call's shard in another basis or choice of coordinates, and
+  // the first one's header (the plan reports it as the CPU plan does).
+  unsigned int bad_basis_sender;
+  unsigned long long bad_basis;
+  unsigned long long bad_basis_call;
+  unsigned int bad_basis_step;
+  transport::MessageHeader bad_basis_header;
 };
 
 // The messages of one exchange: message i at msgs + i * message_bytes (16-byte aligned), its
@@ -71,10 +78,12 @@ giftResult_t write_headers(uint8_t* msgs, uint64_t message_bytes, int n,
 
 // Checks the headers of the `world` messages received at `step` of call `call` by `rank`:
 // message s must come from s and hold shard `rank` (all-to-all) or s (all-gather) of this
-// call, in identity coordinates. Mismatches are counted in the record.
+// call (else counted in bad_messages), in the basis and coordinates of `mine` (its basis_id
+// and coords_hash; else counted in bad_basis).
 giftResult_t check_headers(const uint8_t* msgs, uint64_t message_bytes, int world, int rank,
                            uint32_t step, uint64_t call, const uint64_t* shard_begin,
-                           ReduceRecord* record, cudaStream_t stream);
+                           const transport::MessageHeader& mine, ReduceRecord* record,
+                           cudaStream_t stream);
 
 // Adds the non-finite counts of n encodes' statistics to the record.
 giftResult_t record_nonfinite(const giftEncodeStats* stats, int n, uint64_t call, uint32_t step,

@@ -3,6 +3,7 @@
 #include <climits>
 #include <vector>
 
+#include "coords/low_rank_element.h"
 #include "kernels/cuda_check.h"
 #include "kernels/whitener.h"
 
@@ -15,6 +16,36 @@ __global__ void scale_columns_kernel(float* w, uint64_t rows, uint32_t dim, cons
   for (uint64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     for (uint32_t j = threadIdx.x; j < dim; j += blockDim.x) w[r * dim + j] *= d[j];
   }
+}
+
+// p[r * rank + j] for every row r and column j of V (coords/low_rank_element.h).
+__global__ void exact_projection_kernel(const float* w, uint64_t rows, uint32_t dim, uint32_t rank,
+                                        const float* v, const float* c, const float* pre,
+                                        float* p) {
+  const uint64_t n = rows * rank;
+  for (uint64_t k = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += uint64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = k / rank;
+    const uint32_t j = uint32_t(k % rank);
+    p[k] = coords::low_rank_projection(w + r * dim, v, c, pre, dim, rank, j);
+  }
+}
+
+// Every element of w from itself and its row's projections, in place.
+__global__ void exact_output_kernel(float* w, uint64_t rows, uint32_t dim, uint32_t rank,
+                                    const float* v, const float* p, const float* pre,
+                                    const float* post) {
+  const uint64_t n = rows * dim;
+  for (uint64_t k = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += uint64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = k / dim;
+    const uint32_t i = uint32_t(k % dim);
+    w[k] = coords::low_rank_output(w[k], p + r * rank, v, pre, post, rank, i);
+  }
+}
+
+unsigned grid_for(uint64_t n) {
+  return unsigned(std::max<uint64_t>(1, std::min<uint64_t>((n + kThreads - 1) / kThreads, 65535)));
 }
 
 giftResult_t upload_floats(const std::vector<float>& h, float** d) {
@@ -34,11 +65,11 @@ std::vector<float> scaled_columns(const std::vector<float>& v, const std::vector
 }  // namespace
 
 DeviceWhitener::~DeviceWhitener() {
-  for (float* p : {v_, v_c_, v_c_inv_, d_rsqrt_, d_sqrt_}) cudaFree(p);
+  for (float* p : {v_, v_c_, v_c_inv_, d_rsqrt_, d_sqrt_, c_, c_inv_}) cudaFree(p);
 }
 
 giftResult_t DeviceWhitener::upload(const coords::Whitener& t) {
-  for (float** p : {&v_, &v_c_, &v_c_inv_, &d_rsqrt_, &d_sqrt_}) {
+  for (float** p : {&v_, &v_c_, &v_c_inv_, &d_rsqrt_, &d_sqrt_, &c_, &c_inv_}) {
     cudaFree(*p);
     *p = nullptr;
   }
@@ -53,6 +84,8 @@ giftResult_t DeviceWhitener::upload(const coords::Whitener& t) {
     return r;
   if (const giftResult_t r = upload_floats(t.d_rsqrt, &d_rsqrt_)) return r;
   if (const giftResult_t r = upload_floats(t.d_sqrt, &d_sqrt_)) return r;
+  if (const giftResult_t r = upload_floats(t.c, &c_)) return r;
+  if (const giftResult_t r = upload_floats(t.c_inv, &c_inv_)) return r;
   dim_ = t.dim;
   rank_ = t.rank;
   ready_ = true;
@@ -115,6 +148,40 @@ giftResult_t DeviceWhitener::unwhiten(float* w, uint64_t rows, cublasHandle_t h)
   GIFT_CUBLAS_TRY(cublasGetStream(h, &s));
   if (const giftResult_t r = low_rank_update(w, rows, v_c_inv_, h)) return r;
   return scale_columns(w, rows, d_sqrt_, s);
+}
+
+giftResult_t DeviceWhitener::exact_update(float* w, uint64_t rows, const float* c, const float* pre,
+                                          const float* post, cudaStream_t s) const {
+  if (!rows || !dim_) return GIFT_OK;
+  float* p = nullptr;
+  // One float even for rank 0, so that the kernels always get a valid pointer.
+  GIFT_CUDA_TRY(cudaMallocAsync(&p, std::max<uint64_t>(1, rows * rank_) * sizeof(float), s));
+  if (rank_) {
+    exact_projection_kernel<<<grid_for(rows * rank_), kThreads, 0, s>>>(w, rows, dim_, rank_, v_, c,
+                                                                        pre, p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      cudaFreeAsync(p, s);
+      return cuda_failed(e, "exact_projection_kernel launch");
+    }
+  }
+  exact_output_kernel<<<grid_for(rows * dim_), kThreads, 0, s>>>(w, rows, dim_, rank_, v_, p, pre,
+                                                                 post);
+  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t freed = cudaFreeAsync(p, s);
+  if (launched != cudaSuccess) return cuda_failed(launched, "exact_output_kernel launch");
+  if (freed != cudaSuccess) return cuda_failed(freed, "cudaFreeAsync (whitener scratch)");
+  return GIFT_OK;
+}
+
+giftResult_t DeviceWhitener::whiten_exact(float* w, uint64_t rows, cudaStream_t s) const {
+  if (const giftResult_t r = check_size(rows)) return r;
+  return exact_update(w, rows, c_, d_rsqrt_, nullptr, s);
+}
+
+giftResult_t DeviceWhitener::unwhiten_exact(float* w, uint64_t rows, cudaStream_t s) const {
+  if (const giftResult_t r = check_size(rows)) return r;
+  return exact_update(w, rows, c_inv_, nullptr, d_sqrt_, s);
 }
 
 giftResult_t accumulate_second_moment(const float* w, uint64_t rows, uint32_t dim, float decay,

@@ -13,7 +13,8 @@
 namespace gift::kernels {
 
 // A whitener's factors in device memory: V with C and with C' folded in (V diag(c) and
-// V diag(c_inv), computed once on the host), and both diagonals.
+// V diag(c_inv), computed once on the host), both diagonals, and C and C' (for the exact
+// transforms).
 class DeviceWhitener {
  public:
   DeviceWhitener() = default;
@@ -30,6 +31,14 @@ class DeviceWhitener {
   giftResult_t whiten(float* w, uint64_t rows, cublasHandle_t h) const;
   giftResult_t unwhiten(float* w, uint64_t rows, cublasHandle_t h) const;
 
+  // The same transforms with the CPU's bits (coords::whiten and unwhiten on machines with
+  // fused multiply-add): the per-element order of coords/low_rank_element.h, one output per
+  // thread, no cuBLAS. For the reduce plan, whose messages must equal the CPU plan's; slower
+  // than the cuBLAS form (each projection reads its row once per rank column). Uses
+  // rows x rank floats of scratch, allocated on `s`.
+  giftResult_t whiten_exact(float* w, uint64_t rows, cudaStream_t s) const;
+  giftResult_t unwhiten_exact(float* w, uint64_t rows, cudaStream_t s) const;
+
   uint32_t dim() const { return dim_; }
   uint32_t rank() const { return rank_; }
 
@@ -38,11 +47,13 @@ class DeviceWhitener {
   giftResult_t low_rank_update(float* w, uint64_t rows, const float* v_scaled,
                                cublasHandle_t h) const;
   giftResult_t scale_columns(float* w, uint64_t rows, const float* d, cudaStream_t s) const;
+  giftResult_t exact_update(float* w, uint64_t rows, const float* c, const float* pre,
+                            const float* post, cudaStream_t s) const;
 
   bool ready_ = false;
   uint32_t dim_ = 0, rank_ = 0;
   float *v_ = nullptr, *v_c_ = nullptr, *v_c_inv_ = nullptr, *d_rsqrt_ = nullptr,
-        *d_sqrt_ = nullptr;
+        *d_sqrt_ = nullptr, *c_ = nullptr, *c_inv_ = nullptr;
 };
 
 // A <- decay A + (1 - decay) W^T W / rows for rows x dim fp32 W (device pointers; A is

@@ -1,10 +1,13 @@
 // The local steps of the compressed all-reduce on a CUDA device (gift_transport_cuda.h): the
 // CPU plan's steps (reduce_plan.cc) over the same layout (transport/message.h), with the
 // device codec (gift_cuda.h) for every encode and decode and kernels/reduce.h for the rest,
-// all enqueued on the caller's stream.
+// all enqueued on the caller's stream. GIFT coordinates and saved states follow the CPU
+// plan's rules (transport/plan_coords.h); the whitener runs on the device in the CPU's
+// per-element order (kernels/whitener.h, whiten_exact), so the messages stay the CPU plan's.
 #include <cuda_runtime_api.h>
 
 #include <cinttypes>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <vector>
@@ -14,8 +17,10 @@
 #include "gift/gift_transport_cuda.h"
 #include "kernels/cuda_check.h"
 #include "kernels/reduce.h"
+#include "kernels/whitener.h"
 #include "transport/config.h"
 #include "transport/message.h"
+#include "transport/plan_coords.h"
 
 using gift::fail;
 namespace tr = gift::transport;
@@ -29,6 +34,14 @@ struct giftReduceDevicePlan {
   uint64_t call = 0;
   tr::BucketShape bucket;
   tr::Layout layout;
+
+  // GIFT coordinates: the rules and the host's record of the choice (plan_coords.h), the
+  // device copies of the whiteners, and whether the current call measures (AUTO).
+  tr::PlanCoords coords;
+  std::vector<std::unique_ptr<kn::DeviceWhitener>> whitener;
+  bool measuring = false;
+  std::vector<float> host_flat;     // a measuring call's input, for the estimates
+  std::vector<uint8_t> host_extra;  // the estimates or the decision read back from messages
 
   std::vector<void*> allocations;
   float* flat = nullptr;             // the bucket in fp32 plus the residual (see encode_source)
@@ -66,9 +79,13 @@ struct giftReduceDevicePlan {
   uint64_t count(int shard) const { return layout.shard_count(shard); }
   uint64_t scale_capacity() const { return layout.codes_at - layout.scales_at; }
   bool e8m0() const { return params.scale_dtype == GIFT_SCALE_DTYPE_E8M0; }
-  // One tensor without error feedback is encoded straight from the caller's buffer: the
-  // encoder widens bf16 and fp16 exactly as the fp32 copy would.
-  bool direct() const { return bucket.dtypes.size() == 1 && !config.error_feedback; }
+  uint64_t extra_bytes() const { return layout.message_bytes - layout.extra_at; }
+  uint64_t elements(size_t i) const { return bucket.offset[i + 1] - bucket.offset[i]; }
+  // One tensor without error feedback or basis is encoded straight from the caller's buffer:
+  // the encoder widens bf16 and fp16 exactly as the fp32 copy would.
+  bool direct() const {
+    return bucket.dtypes.size() == 1 && !config.error_feedback && !coords.has_basis;
+  }
 };
 
 namespace {
@@ -89,13 +106,64 @@ giftResult_t check_messages(const void* msgs, const char* what) {
   return GIFT_OK;
 }
 
-tr::MessageHeader header(const giftReduceDevicePlan& p, uint32_t step) {
+tr::MessageHeader header(const giftReduceDevicePlan& p, uint32_t step, uint32_t flags = 0) {
   tr::MessageHeader h{};
   h.magic = tr::kMessageMagic;
   h.step = step;
   h.sender = uint32_t(p.rank);
   h.call = p.call;
+  p.coords.fill_header(&h);
+  h.flags = flags;
   return h;
+}
+
+// Whitens (or unwhitens) the tensors in GIFT coordinates in the fp32 bucket `flat`.
+giftResult_t apply_coords(const giftReduceDevicePlan& p, float* flat, bool inverse,
+                          cudaStream_t stream) {
+  for (size_t i = 0; i < p.coords.in_gift.size(); ++i) {
+    if (!p.coords.in_gift[i]) continue;
+    const kn::DeviceWhitener& t = *p.whitener[i];
+    float* w = flat + p.bucket.offset[i];
+    const uint64_t rows = p.elements(i) / t.dim();
+    if (const giftResult_t rc =
+            inverse ? t.unwhiten_exact(w, rows, stream) : t.whiten_exact(w, rows, stream)) {
+      return rc;
+    }
+  }
+  return GIFT_OK;
+}
+
+// Zeroes the extra space (estimates, decision) of n messages, which the CPU plan writes as
+// zeros on every call that does not carry them.
+giftResult_t clear_extra(const giftReduceDevicePlan& p, uint8_t* msgs, int n, cudaStream_t stream) {
+  if (p.extra_bytes() == 0 || n == 0) return GIFT_OK;
+  GIFT_CUDA_TRY(cudaMemset2DAsync(msgs + p.layout.extra_at, p.layout.message_bytes, 0,
+                                  p.extra_bytes(), size_t(n), stream));
+  return GIFT_OK;
+}
+
+// Applies a new choice of coordinates, dropping the reduced residual of the tensors whose
+// coordinates change (enqueued on `stream`).
+giftResult_t set_coords(giftReduceDevicePlan& p, const std::vector<uint8_t>& in_gift,
+                        cudaStream_t stream) {
+  if (p.shard_residual) {
+    for (const auto& [b, e] : p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift)) {
+      GIFT_CUDA_TRY(cudaMemsetAsync(p.shard_residual + b, 0, (e - b) * sizeof(float), stream));
+    }
+  }
+  p.coords.choose(in_gift);
+  return GIFT_OK;
+}
+
+// Waits for the plan's enqueued steps (before host calls that change or read its state).
+giftResult_t wait(const giftReduceDevicePlan& p) {
+  GIFT_CUDA_TRY(cudaEventSynchronize(p.done));
+  return GIFT_OK;
+}
+
+tr::StateLayout state_layout(const giftReduceDevicePlan& p) {
+  const uint64_t ef = p.config.error_feedback ? 1 : 0;
+  return {ef * p.bucket.offset.back(), ef * p.layout.max_shard, p.bucket.dtypes.size()};
 }
 
 // Encodes `count` values at `values` (dtype) as shard `shard` into the message at `msg` and,
@@ -153,6 +221,9 @@ giftResult_t create(const giftAllReduceConfig* config, int world, int rank,
   GIFT_CUDA_TRY(cudaMemcpy(p.shard_begin, p.layout.shard_begin.data(),
                            p.layout.shard_begin.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
   GIFT_CUDA_TRY(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
+  GIFT_CUDA_TRY(cudaEventRecord(p.done, nullptr));
+  p.coords = tr::PlanCoords(n);
+  p.whitener.resize(n);
   return GIFT_OK;
 }
 
@@ -185,6 +256,104 @@ uint64_t giftReduceDevicePlanMessageBytes(const giftReduceDevicePlan* plan) {
   return plan ? plan->layout.message_bytes : 0;
 }
 
+giftResult_t giftReduceDevicePlanSetBasis(giftReduceDevicePlan* plan, const giftBasis* basis) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  try {
+    if (const giftResult_t rc = wait(p)) return rc;
+    tr::PlanCoords next(p.coords.in_gift.size());
+    next.in_gift = p.coords.in_gift;
+    next.hash = p.coords.hash;
+    std::vector<uint8_t> in_gift;
+    next.set_basis(p.bucket, p.config, basis, &in_gift);
+    std::vector<std::unique_ptr<kn::DeviceWhitener>> w(next.whitener.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (!next.whitener[i]) continue;
+      w[i] = std::make_unique<kn::DeviceWhitener>();
+      if (const giftResult_t rc = w[i]->upload(*next.whitener[i])) return rc;
+    }
+    if (basis && !p.flat) {
+      if (const giftResult_t rc = p.alloc(p.bucket.offset.back(), &p.flat)) return rc;
+    }
+    // Nothing of the plan changed before this point: a failure leaves the old basis in place.
+    p.coords = std::move(next);
+    p.whitener = std::move(w);
+    p.measuring = false;
+    if (const giftResult_t rc = set_coords(p, in_gift, nullptr)) return rc;
+    // The uploads and the residual's reset complete before any stream's next step.
+    GIFT_CUDA_TRY(cudaDeviceSynchronize());
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for the plan's copy of the basis");
+  }
+}
+
+giftResult_t giftReduceDevicePlanCoords(const giftReduceDevicePlan* plan, giftCoords_t* coords,
+                                        size_t n) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  const std::vector<uint8_t>& in_gift = plan->coords.in_gift;
+  if (n != in_gift.size() || (n && !coords)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "the plan has %zu tensors, %zu asked for",
+                in_gift.size(), n);
+  }
+  for (size_t i = 0; i < n; ++i) coords[i] = in_gift[i] ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
+  return GIFT_OK;
+}
+
+uint64_t giftReduceDevicePlanStateBytes(const giftReduceDevicePlan* plan) {
+  return plan ? state_layout(*plan).bytes() : 0;
+}
+
+giftResult_t giftReduceDevicePlanSaveState(const giftReduceDevicePlan* plan, void* state,
+                                           uint64_t bytes) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  const giftReduceDevicePlan& p = *plan;
+  const tr::StateLayout l = state_layout(p);
+  const uint64_t fingerprint = tr::state_fingerprint(p.world, p.rank, p.config, p.bucket);
+  if (const giftResult_t rc = tr::save_state(l, fingerprint, p.call, p.coords, state, bytes)) {
+    return rc;
+  }
+  if (const giftResult_t rc = wait(p)) return rc;
+  uint8_t* out = static_cast<uint8_t*>(state);
+  if (l.residual_count) {
+    GIFT_CUDA_TRY(cudaMemcpy(out + l.residual_at(), p.residual, l.residual_count * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+  }
+  if (l.shard_residual_count) {
+    GIFT_CUDA_TRY(cudaMemcpy(out + l.shard_residual_at(), p.shard_residual,
+                             l.shard_residual_count * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+  return GIFT_OK;
+}
+
+giftResult_t giftReduceDevicePlanLoadState(giftReduceDevicePlan* plan, const void* state,
+                                           uint64_t bytes) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  const tr::StateLayout l = state_layout(p);
+  const uint64_t fingerprint = tr::state_fingerprint(p.world, p.rank, p.config, p.bucket);
+  uint64_t call = 0;
+  if (const giftResult_t rc = tr::check_state(l, fingerprint, p.coords, state, bytes, &call)) {
+    return rc;
+  }
+  if (const giftResult_t rc = wait(p)) return rc;
+  const uint8_t* in = static_cast<const uint8_t*>(state);
+  if (l.residual_count) {
+    GIFT_CUDA_TRY(cudaMemcpy(p.residual, in + l.residual_at(), l.residual_count * sizeof(float),
+                             cudaMemcpyHostToDevice));
+  }
+  if (l.shard_residual_count) {
+    GIFT_CUDA_TRY(cudaMemcpy(p.shard_residual, in + l.shard_residual_at(),
+                             l.shard_residual_count * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  // A pageable upload may still be in flight when cudaMemcpy returns.
+  GIFT_CUDA_TRY(cudaDeviceSynchronize());
+  p.call = call;
+  p.measuring = false;
+  tr::load_state_coords(l, state, &p.coords);
+  return GIFT_OK;
+}
+
 giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void* const* tensors,
                                           uint8_t* send, cudaStream_t stream) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
@@ -208,10 +377,38 @@ giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void
       }
     }
   }
+  // As on the CPU: a measuring call estimates on the input in original coordinates (read
+  // back to the host, where the CPU plan's estimator runs), then whitens.
+  p.measuring = p.coords.measuring(p.config);
+  if (p.measuring) {
+    p.host_flat.resize(p.bucket.offset.back());
+    GIFT_CUDA_TRY(cudaMemcpyAsync(p.host_flat.data(), p.flat, p.host_flat.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
+    p.coords.measure(p.bucket, p.params, p.host_flat.data());
+  }
+  if (p.coords.has_basis) ++p.coords.calls_with_basis;
+  if (!p.direct()) {
+    if (const giftResult_t rc = apply_coords(p, p.flat, false, stream)) return rc;
+  }
   const uint64_t m = p.layout.message_bytes;
-  if (const giftResult_t rc = kn::write_headers(send, m, p.world, header(p, tr::kScatter), 0, 1,
+  // Message 0 (to rank 0) carries this rank's estimates on a measuring call.
+  const uint32_t flags0 = p.measuring ? tr::kCarriesEstimates : 0;
+  if (const giftResult_t rc = kn::write_headers(send, m, 1, header(p, tr::kScatter, flags0), 0, 1,
                                                 p.shard_begin, stream)) {
     return rc;
+  }
+  if (p.world > 1) {
+    if (const giftResult_t rc = kn::write_headers(send + m, m, p.world - 1, header(p, tr::kScatter),
+                                                  1, 1, p.shard_begin, stream)) {
+      return rc;
+    }
+  }
+  if (const giftResult_t rc = clear_extra(p, send, p.world, stream)) return rc;
+  if (p.measuring) {
+    GIFT_CUDA_TRY(cudaMemcpyAsync(send + p.layout.extra_at, p.coords.estimates.data(),
+                                  p.coords.estimates.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                  stream));
   }
   for (int r = 0; r < p.world; ++r) {
     const uint64_t begin = p.layout.shard_begin[r];
@@ -221,6 +418,10 @@ giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void
                                                p.stats + r, send + uint64_t(r) * m, stream)) {
       return rc;
     }
+  }
+  // The residual goes back to original coordinates, as on the CPU.
+  if (p.residual) {
+    if (const giftResult_t rc = apply_coords(p, p.residual, true, stream)) return rc;
   }
   if (const giftResult_t rc =
           kn::record_nonfinite(p.stats, p.world, p.call, tr::kScatter, p.record, stream)) {
@@ -236,8 +437,9 @@ giftResult_t giftReduceSumShardDevice(giftReduceDevicePlan* plan, const uint8_t*
   if (const giftResult_t rc = check_messages(recv, "recv")) return rc;
   if (const giftResult_t rc = check_messages(out_msg, "out_msg")) return rc;
   const uint64_t m = p.layout.message_bytes;
-  if (const giftResult_t rc = kn::check_headers(recv, m, p.world, p.rank, tr::kScatter, p.call,
-                                                p.shard_begin, p.record, stream)) {
+  if (const giftResult_t rc =
+          kn::check_headers(recv, m, p.world, p.rank, tr::kScatter, p.call, p.shard_begin,
+                            header(p, tr::kScatter), p.record, stream)) {
     return rc;
   }
   const uint64_t count = p.count(p.rank);
@@ -252,9 +454,32 @@ giftResult_t giftReduceSumShardDevice(giftReduceDevicePlan* plan, const uint8_t*
   a.residual = p.shard_residual;
   a.sum = p.sum;
   if (const giftResult_t rc = kn::sum_shard(a, stream)) return rc;
-  if (const giftResult_t rc = kn::write_headers(out_msg, m, 1, header(p, tr::kGather), p.rank, 0,
-                                                p.shard_begin, stream)) {
+  // Rank 0 of a measuring call reads every rank's estimates back (message 0, its own, says
+  // whether they came), decides as the CPU plan does, and sends the decision to all.
+  uint32_t flags = 0;
+  std::vector<uint8_t> decision;
+  if (p.measuring && p.rank == 0) {
+    tr::MessageHeader first;
+    p.host_extra.resize(p.extra_bytes() * uint64_t(p.world));
+    GIFT_CUDA_TRY(cudaMemcpyAsync(&first, recv, sizeof first, cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaMemcpy2DAsync(p.host_extra.data(), p.extra_bytes(), recv + p.layout.extra_at,
+                                    m, p.extra_bytes(), size_t(p.world), cudaMemcpyDeviceToHost,
+                                    stream));
+    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
+    if (first.flags & tr::kCarriesEstimates) {
+      decision = p.coords.decide(p.host_extra.data(), p.extra_bytes(), 0, p.world);
+      flags = tr::kCarriesDecision;
+    }
+  }
+  if (const giftResult_t rc = kn::write_headers(out_msg, m, 1, header(p, tr::kGather, flags),
+                                                p.rank, 0, p.shard_begin, stream)) {
     return rc;
+  }
+  if (const giftResult_t rc = clear_extra(p, out_msg, 1, stream)) return rc;
+  if (!decision.empty()) {
+    // Pageable memory: the copy is staged before cudaMemcpyAsync returns.
+    GIFT_CUDA_TRY(cudaMemcpyAsync(out_msg + p.layout.extra_at, decision.data(), decision.size(),
+                                  cudaMemcpyHostToDevice, stream));
   }
   if (const giftResult_t rc =
           encode_message(p, tr::kGather, p.rank, p.sum, GIFT_DTYPE_F32, count, p.shard_residual,
@@ -275,13 +500,14 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
   if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, out_tensors)) return rc;
   if (const giftResult_t rc = check_messages(gathered, "gathered")) return rc;
   const uint64_t m = p.layout.message_bytes;
-  if (const giftResult_t rc = kn::check_headers(gathered, m, p.world, p.rank, tr::kGather, p.call,
-                                                p.shard_begin, p.record, stream)) {
+  if (const giftResult_t rc =
+          kn::check_headers(gathered, m, p.world, p.rank, tr::kGather, p.call, p.shard_begin,
+                            header(p, tr::kGather), p.record, stream)) {
     return rc;
   }
-  // One tensor is decoded straight into its dtype: the decoder rounds each fp32 value as the
-  // conversion from the fp32 buffer would.
-  const bool direct = p.bucket.dtypes.size() == 1;
+  // One tensor in original coordinates is decoded straight into its dtype: the decoder rounds
+  // each fp32 value as the conversion from the fp32 buffer would.
+  const bool direct = p.bucket.dtypes.size() == 1 && !p.coords.in_gift[0];
   void* dst = direct ? out_tensors[0] : p.flat;
   const giftDType_t dtype = direct ? p.bucket.dtypes[0] : GIFT_DTYPE_F32;
   for (int s = 0; s < p.world; ++s) {
@@ -295,6 +521,7 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
     }
   }
   if (!direct) {
+    if (const giftResult_t rc = apply_coords(p, p.flat, true, stream)) return rc;
     for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
       const uint64_t at = p.bucket.offset[i];
       if (const giftResult_t rc = kn::from_fp32(p.flat + at, p.bucket.offset[i + 1] - at,
@@ -303,13 +530,28 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
       }
     }
   }
+  // Every rank reads rank 0's decision from the same gathered bytes, so all switch together
+  // (read back only on measuring calls: only those carry one).
+  if (p.measuring) {
+    p.measuring = false;
+    tr::MessageHeader zero;
+    const size_t n = p.coords.in_gift.size();
+    p.host_extra.resize(n);
+    GIFT_CUDA_TRY(cudaMemcpyAsync(&zero, gathered, sizeof zero, cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaMemcpyAsync(p.host_extra.data(), gathered + p.layout.extra_at, n,
+                                  cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
+    if (zero.flags & tr::kCarriesDecision) {
+      if (const giftResult_t rc = set_coords(p, p.host_extra, stream)) return rc;
+    }
+  }
   return finish_step(p, stream);
 }
 
 giftResult_t giftReduceDevicePlanStatus(giftReduceDevicePlan* plan) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReduceDevicePlan& p = *plan;
-  GIFT_CUDA_TRY(cudaEventSynchronize(p.done));
+  if (const giftResult_t rc = wait(p)) return rc;
   kn::ReduceRecord r;
   GIFT_CUDA_TRY(cudaMemcpy(&r, p.record, sizeof r, cudaMemcpyDeviceToHost));
   GIFT_CUDA_TRY(cudaMemset(p.record, 0, sizeof r));
@@ -321,6 +563,16 @@ giftResult_t giftReduceDevicePlanStatus(giftReduceDevicePlan* plan) {
                 r.bad_step == tr::kScatter ? "the all-to-all of shards"
                                            : "the all-gather of reduced shards",
                 r.bad_call);
+  }
+  if (r.bad_basis) {
+    if (const giftResult_t rc =
+            p.coords.check_header(r.bad_basis_header, int(r.bad_basis_sender), r.bad_basis_step)) {
+      return rc;
+    }
+    return fail(GIFT_ERROR_BASIS_MISSING,
+                "%llu received message(s) were in another basis or coordinates than this rank's "
+                "at the time; the first came from rank %u in %s of call %llu",
+                r.bad_basis, r.bad_basis_sender, tr::step_name(r.bad_basis_step), r.bad_basis_call);
   }
   if (r.nonfinite) {
     return fail(GIFT_ERROR_NONFINITE_INPUT,

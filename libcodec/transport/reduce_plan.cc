@@ -17,13 +17,13 @@
 #include "api/handles.h"
 #include "common/ctx.h"
 #include "common/error.h"
-#include "coords/select.h"
 #include "coords/whitener.h"
 #include "gift/gift_transport.h"
 #include "numerics/convert.h"
 #include "transport/config.h"
 #include "transport/dump.h"
 #include "transport/message.h"
+#include "transport/plan_coords.h"
 
 using gift::fail;
 
@@ -35,10 +35,7 @@ using gift::transport::kGather;
 using gift::transport::kMessageMagic;
 using gift::transport::kScatter;
 using gift::transport::MessageHeader;
-
-const char* step_name(uint32_t step) {
-  return step == kScatter ? "the all-to-all of shards" : "the all-gather of reduced shards";
-}
+using gift::transport::step_name;
 
 }  // namespace
 
@@ -54,21 +51,13 @@ struct giftReducePlan {
   gift::transport::BucketShape bucket;
   gift::transport::Layout layout;
 
-  // GIFT coordinates: the plan's copy of the basis's whiteners for its tensors (null where a
-  // tensor is not eligible), which tensors are whitened now, and calls since the basis came.
-  bool has_basis = false;
-  gift::coords::BasisId basis_id;
-  std::vector<std::unique_ptr<gift::coords::Whitener>> whitener;
-  std::vector<uint8_t> in_gift;
-  uint32_t coords_hash = 0;
-  uint64_t calls_with_basis = 0;
+  gift::transport::PlanCoords coords;  // GIFT coordinates (transport/plan_coords.h)
 
   std::vector<float> flat;            // the bucket in fp32 (input, then result)
   std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
   std::vector<float> sum;             // this rank's shard: the sum being reduced
   std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
   std::vector<float> scratch;         // one decoded shard
-  std::vector<float> estimates;       // 2 per tensor: this rank's, or the sum over ranks
 
   uint64_t shard_count(int r) const { return layout.shard_count(r); }
 };
@@ -85,74 +74,27 @@ uint64_t tensor_elements(const giftReducePlan& p, size_t i) {
 
 // A tensor's slice of the flat bucket as the whitener sees it: rows x (last dimension).
 void apply_whitener(const giftReducePlan& p, size_t i, float* flat, bool inverse) {
-  const gift::coords::Whitener& t = *p.whitener[i];
+  const gift::coords::Whitener& t = *p.coords.whitener[i];
   const uint64_t rows = tensor_elements(p, i) / t.dim;
   float* w = flat + p.bucket.offset[i];
   inverse ? gift::coords::unwhiten(t, w, rows) : gift::coords::whiten(t, w, rows);
 }
 
 void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {
-  for (size_t i = 0; i < p.in_gift.size(); ++i) {
-    if (p.in_gift[i]) apply_whitener(p, i, flat, inverse);
+  for (size_t i = 0; i < p.coords.in_gift.size(); ++i) {
+    if (p.coords.in_gift[i]) apply_whitener(p, i, flat, inverse);
   }
-}
-
-// Identifies the set of tensors in GIFT coordinates, so that a rank whose choice differs is
-// caught at the first exchange instead of summing values in different coordinates.
-uint32_t coords_hash(const std::vector<uint8_t>& in_gift) {
-  if (std::find(in_gift.begin(), in_gift.end(), 1) == in_gift.end()) return 0;
-  const uint32_t h = uint32_t(XXH3_64bits(in_gift.data(), in_gift.size()));
-  return h ? h : 1;
 }
 
 // Applies a new choice of coordinates; the reduced shard's residual of a tensor that changes
 // coordinates no longer means anything and is dropped.
 void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift) {
-  const uint64_t sb = p.layout.shard_begin[p.rank], se = p.layout.shard_begin[p.rank + 1];
-  for (size_t i = 0; i < in_gift.size(); ++i) {
-    if (in_gift[i] == p.in_gift[i] || p.shard_residual.empty()) continue;
-    const uint64_t b = std::max(sb, p.bucket.offset[i]), e = std::min(se, p.bucket.offset[i + 1]);
-    for (uint64_t k = b; k < e; ++k) p.shard_residual[k - sb] = 0.0f;
-  }
-  p.in_gift = in_gift;
-  p.coords_hash = coords_hash(p.in_gift);
-}
-
-bool measuring(const giftReducePlan& p) {
-  if (!p.has_basis || p.config.coords != GIFT_COORDS_MODE_AUTO) return false;
-  const uint64_t n = p.calls_with_basis;
-  return n == 0 || (p.config.reselect_every > 0 && n % p.config.reselect_every == 0);
-}
-
-// This rank's estimates of each eligible tensor's round-trip error in both coordinates, on
-// its values in original coordinates (NaN where not eligible).
-void measure(giftReducePlan& p) {
-  gift::coords::SelectOptions o;
-  o.mode = gift::coords::CoordsMode::kAuto;
-  for (size_t i = 0; i + 1 < p.bucket.offset.size(); ++i) {
-    float e = NAN, g = NAN;
-    if (p.whitener[i]) {
-      const uint64_t cols = p.whitener[i]->dim, rows = tensor_elements(p, i) / cols;
-      const gift::coords::Selection c = gift::coords::choose_coords(
-          p.flat.data() + p.bucket.offset[i], rows, cols, p.whitener[i].get(), p.params, o);
-      e = c.euclidean_error;
-      g = c.gift_error;
+  if (!p.shard_residual.empty()) {
+    for (const auto& [b, e] : p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift)) {
+      std::fill(p.shard_residual.begin() + b, p.shard_residual.begin() + e, 0.0f);
     }
-    p.estimates[2 * i] = e;
-    p.estimates[2 * i + 1] = g;
   }
-}
-
-// Rank 0's decision from the estimates summed over the ranks: GIFT where it lowers the sum
-// of the ranks' estimated errors by the selection margin.
-std::vector<uint8_t> decide(const giftReducePlan& p) {
-  const double margin = gift::coords::SelectOptions{}.margin;
-  std::vector<uint8_t> d(p.in_gift.size(), 0);
-  for (size_t i = 0; i < d.size(); ++i) {
-    const double e = p.estimates[2 * i], g = p.estimates[2 * i + 1];
-    d[i] = p.whitener[i] && std::isfinite(e) && std::isfinite(g) && g < (1.0 - margin) * e;
-  }
-  return d;
+  p.coords.choose(in_gift);
 }
 
 // The tensor holding flat element `index`, for messages about non-finite inputs.
@@ -168,11 +110,7 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const f
                             const void* extra = nullptr, uint64_t extra_bytes = 0) {
   memset(msg, 0, p.layout.message_bytes);
   MessageHeader h{};
-  if (p.has_basis) {
-    memcpy(h.basis_id, &p.basis_id.lo, 8);
-    memcpy(h.basis_id + 8, &p.basis_id.hi, 8);
-  }
-  h.coords_hash = p.coords_hash;
+  p.coords.fill_header(&h);
   h.flags = flags;
   if (extra_bytes) memcpy(msg + p.layout.extra_at, extra, extra_bytes);
   h.magic = kMessageMagic;
@@ -229,27 +167,7 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
                 ", %" PRIu64 " elements)",
                 sender, step_name(step), shard, p.call, h.step, h.sender, h.shard, h.call, h.count);
   }
-  uint8_t mine[16] = {};
-  if (p.has_basis) {
-    memcpy(mine, &p.basis_id.lo, 8);
-    memcpy(mine + 8, &p.basis_id.hi, 8);
-  }
-  if (memcmp(h.basis_id, mine, sizeof mine) != 0) {
-    uint64_t lo, hi;
-    memcpy(&lo, h.basis_id, 8);
-    memcpy(&hi, h.basis_id + 8, 8);
-    return fail(GIFT_ERROR_BASIS_MISSING,
-                "the message from rank %d in %s is in basis %s, this rank holds %s", sender,
-                step_name(step), lo || hi ? gift::coords::BasisId{lo, hi}.hex().c_str() : "none",
-                p.has_basis ? p.basis_id.hex().c_str() : "none");
-  }
-  if (h.coords_hash != p.coords_hash) {
-    return fail(GIFT_ERROR_BASIS_MISSING,
-                "the message from rank %d in %s chose other tensors for GIFT coordinates than "
-                "this rank",
-                sender, step_name(step));
-  }
-  return GIFT_OK;
+  return p.coords.check_header(h, sender, step);
 }
 
 void decode_message(const giftReducePlan& p, const uint8_t* msg, uint64_t count, float* dst) {
@@ -263,36 +181,12 @@ giftResult_t check_plan(const giftReducePlan* p) {
   return p ? GIFT_OK : fail(GIFT_ERROR_INVALID_ARGUMENT, "plan is NULL");
 }
 
-// A saved state starts with this header; the fingerprint covers what decides the meaning of
-// the residuals (layout and numerics), so a state never loads into a plan it does not fit.
-// The choice of coordinates follows the residuals (the reduced shard's is in the flat
-// bucket's coordinates), and only into a plan holding the same basis.
-struct StateHeader {
-  uint32_t magic;
-  uint32_t version;
-  uint64_t fingerprint;
-  uint64_t call;
-  uint64_t residual_count;
-  uint64_t shard_residual_count;
-  uint64_t calls_with_basis;
-  uint64_t basis_lo, basis_hi;  // zero: none
-};
-constexpr uint32_t kStateMagic = 0x53544647u;  // "GFTS"
-constexpr uint32_t kStateVersion = 1;
-
-uint64_t state_fingerprint(const giftReducePlan& p) {
-  std::vector<uint64_t> words = {uint64_t(p.world),          uint64_t(p.rank),
-                                 uint64_t(p.config.kind),    p.config.block,
-                                 uint64_t(p.config.op),      uint64_t(p.config.scale_dtype),
-                                 uint64_t(p.config.rounding)};
-  words.insert(words.end(), p.bucket.offset.begin(), p.bucket.offset.end());
-  for (giftDType_t d : p.bucket.dtypes) words.push_back(uint64_t(d));
-  return XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+gift::transport::StateLayout state_layout(const giftReducePlan& p) {
+  return {p.residual.size(), p.shard_residual.size(), p.coords.in_gift.size()};
 }
 
-uint64_t state_bytes(const giftReducePlan& p) {
-  return sizeof(StateHeader) + (p.residual.size() + p.shard_residual.size()) * sizeof(float) +
-         p.in_gift.size();
+uint64_t state_fingerprint(const giftReducePlan& p) {
+  return gift::transport::state_fingerprint(p.world, p.rank, p.config, p.bucket);
 }
 
 }  // namespace
@@ -329,10 +223,7 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
       p->residual.assign(total, 0.0f);
       p->shard_residual.assign(p->layout.max_shard, 0.0f);
     }
-    p->whitener.resize(n);
-    p->in_gift.assign(n, 0);
-    p->coords_hash = coords_hash(p->in_gift);
-    p->estimates.assign(2 * n, 0.0f);
+    p->coords = gift::transport::PlanCoords(n);
     *plan = p.release();
     return GIFT_OK;
   } catch (const std::bad_alloc&) {
@@ -346,21 +237,8 @@ giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
   try {
-    std::vector<std::unique_ptr<gift::coords::Whitener>> w(p.whitener.size());
-    std::vector<uint8_t> in_gift(p.whitener.size(), 0);
-    const bool use = basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN;
-    for (size_t i = 0; use && i < w.size(); ++i) {
-      const gift::coords::Whitener* t = basis->basis.find(p.bucket.names[i]);
-      const bool eligible = t && p.bucket.shapes[i].size() >= 2 &&
-                            p.bucket.shapes[i].back() == t->dim && tensor_elements(p, i) > 0;
-      if (!eligible) continue;
-      w[i] = std::make_unique<gift::coords::Whitener>(*t);
-      in_gift[i] = p.config.coords == GIFT_COORDS_MODE_GIFT;
-    }
-    p.whitener = std::move(w);
-    p.has_basis = basis != nullptr;
-    p.basis_id = basis ? basis->basis.id : gift::coords::BasisId{};
-    p.calls_with_basis = 0;
+    std::vector<uint8_t> in_gift;
+    p.coords.set_basis(p.bucket, p.config, basis, &in_gift);
     set_coords(p, in_gift);
     return GIFT_OK;
   } catch (const std::bad_alloc&) {
@@ -370,12 +248,12 @@ giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis
 
 giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoords_t* coords, size_t n) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
-  if (n != plan->in_gift.size() || (n && !coords)) {
+  const std::vector<uint8_t>& in_gift = plan->coords.in_gift;
+  if (n != in_gift.size() || (n && !coords)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "the plan has %zu tensors, %zu asked for",
-                plan->in_gift.size(), n);
+                in_gift.size(), n);
   }
-  for (size_t i = 0; i < n; ++i)
-    coords[i] = plan->in_gift[i] ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
+  for (size_t i = 0; i < n; ++i) coords[i] = in_gift[i] ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
   return GIFT_OK;
 }
 
@@ -384,68 +262,47 @@ uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan) {
 }
 
 uint64_t giftReducePlanStateBytes(const giftReducePlan* plan) {
-  return plan ? state_bytes(*plan) : 0;
+  return plan ? state_layout(*plan).bytes() : 0;
 }
 
 giftResult_t giftReducePlanSaveState(const giftReducePlan* plan, void* state, uint64_t bytes) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   const giftReducePlan& p = *plan;
-  if (!state) return fail(GIFT_ERROR_INVALID_ARGUMENT, "state is NULL");
-  if (bytes < state_bytes(p)) {
-    return fail(GIFT_ERROR_BUFFER_TOO_SMALL, "the state takes %" PRIu64 " bytes, not %" PRIu64,
-                state_bytes(p), bytes);
+  const gift::transport::StateLayout l = state_layout(p);
+  if (const giftResult_t rc =
+          gift::transport::save_state(l, state_fingerprint(p), p.call, p.coords, state, bytes)) {
+    return rc;
   }
-  const StateHeader h{
-      kStateMagic,       kStateVersion,           state_fingerprint(p), p.call,
-      p.residual.size(), p.shard_residual.size(), p.calls_with_basis,   p.basis_id.lo,
-      p.basis_id.hi};
   uint8_t* out = static_cast<uint8_t*>(state);
-  memcpy(out, &h, sizeof h);
-  out += sizeof h;
-  if (!p.residual.empty()) memcpy(out, p.residual.data(), p.residual.size() * sizeof(float));
-  out += p.residual.size() * sizeof(float);
-  if (!p.shard_residual.empty()) {
-    memcpy(out, p.shard_residual.data(), p.shard_residual.size() * sizeof(float));
+  if (!p.residual.empty()) {
+    memcpy(out + l.residual_at(), p.residual.data(), p.residual.size() * sizeof(float));
   }
-  out += p.shard_residual.size() * sizeof(float);
-  if (!p.in_gift.empty()) memcpy(out, p.in_gift.data(), p.in_gift.size());
+  if (!p.shard_residual.empty()) {
+    memcpy(out + l.shard_residual_at(), p.shard_residual.data(),
+           p.shard_residual.size() * sizeof(float));
+  }
   return GIFT_OK;
 }
 
 giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* state, uint64_t bytes) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
-  if (!state) return fail(GIFT_ERROR_INVALID_ARGUMENT, "state is NULL");
-  StateHeader h{};
-  if (bytes >= sizeof h) memcpy(&h, state, sizeof h);
-  if (bytes != state_bytes(p) || h.magic != kStateMagic || h.version != kStateVersion ||
-      h.fingerprint != state_fingerprint(p) || h.residual_count != p.residual.size() ||
-      h.shard_residual_count != p.shard_residual.size()) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "the state (%" PRIu64
-                " bytes) was not saved from a plan of this config, world, "
-                "rank and tensors",
-                bytes);
+  const gift::transport::StateLayout l = state_layout(p);
+  uint64_t call = 0;
+  if (const giftResult_t rc =
+          gift::transport::check_state(l, state_fingerprint(p), p.coords, state, bytes, &call)) {
+    return rc;
   }
-  if (h.basis_lo != p.basis_id.lo || h.basis_hi != p.basis_id.hi) {
-    return fail(GIFT_ERROR_BASIS_MISSING,
-                "the state was saved in basis %s, this plan holds %s: set that basis first",
-                h.basis_lo || h.basis_hi
-                    ? gift::coords::BasisId{h.basis_lo, h.basis_hi}.hex().c_str()
-                    : "none",
-                p.has_basis ? p.basis_id.hex().c_str() : "none");
+  const uint8_t* in = static_cast<const uint8_t*>(state);
+  p.call = call;
+  if (!p.residual.empty()) {
+    memcpy(p.residual.data(), in + l.residual_at(), p.residual.size() * sizeof(float));
   }
-  const uint8_t* in = static_cast<const uint8_t*>(state) + sizeof h;
-  p.call = h.call;
-  if (!p.residual.empty()) memcpy(p.residual.data(), in, p.residual.size() * sizeof(float));
-  in += p.residual.size() * sizeof(float);
   if (!p.shard_residual.empty()) {
-    memcpy(p.shard_residual.data(), in, p.shard_residual.size() * sizeof(float));
+    memcpy(p.shard_residual.data(), in + l.shard_residual_at(),
+           p.shard_residual.size() * sizeof(float));
   }
-  in += p.shard_residual.size() * sizeof(float);
-  for (size_t i = 0; i < p.in_gift.size(); ++i) p.in_gift[i] = in[i] && p.whitener[i];
-  p.coords_hash = coords_hash(p.in_gift);
-  p.calls_with_basis = h.calls_with_basis;
+  gift::transport::load_state_coords(l, state, &p.coords);
   return GIFT_OK;
 }
 
@@ -465,9 +322,9 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // The residual is added in original coordinates, before whitening, and mapped back to them
   // after encoding, so a change of basis or coordinates between calls does not strand it.
   for (size_t i = 0; i < p.residual.size(); ++i) p.flat[i] += p.residual[i];
-  const bool measure_now = measuring(p);
-  if (measure_now) measure(p);
-  if (p.has_basis) ++p.calls_with_basis;
+  const bool measure_now = p.coords.measuring(p.config);
+  if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
+  if (p.coords.has_basis) ++p.coords.calls_with_basis;
   apply_coords(p, p.flat.data(), false);
   for (int r = 0; r < p.world; ++r) {
     const uint64_t begin = p.layout.shard_begin[r];
@@ -476,7 +333,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
     if (const giftResult_t rc = encode_message(
             p, kScatter, r, p.flat.data() + begin, p.shard_count(r), residual,
             send + uint64_t(r) * p.layout.message_bytes, carry ? kCarriesEstimates : 0,
-            p.estimates.data(), carry ? p.estimates.size() * sizeof(float) : 0)) {
+            p.coords.estimates.data(), carry ? p.coords.estimates.size() * sizeof(float) : 0)) {
       return rc;
     }
   }
@@ -515,14 +372,8 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   if (!(first.flags & kCarriesEstimates)) {
     return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg);
   }
-  std::fill(p.estimates.begin(), p.estimates.end(), 0.0f);
-  std::vector<float> theirs(p.estimates.size());
-  for (int s = 0; s < p.world; ++s) {
-    memcpy(theirs.data(), recv + uint64_t(s) * p.layout.message_bytes + p.layout.extra_at,
-           theirs.size() * sizeof(float));
-    for (size_t k = 0; k < theirs.size(); ++k) p.estimates[k] += theirs[k];
-  }
-  const std::vector<uint8_t> d = decide(p);
+  const std::vector<uint8_t> d =
+      p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);
   return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg,
                         kCarriesDecision, d.data(), d.size());
 }
@@ -554,7 +405,7 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   memcpy(&zero, gathered, sizeof zero);
   if (zero.flags & kCarriesDecision) {
     set_coords(p, std::vector<uint8_t>(gathered + p.layout.extra_at,
-                                       gathered + p.layout.extra_at + p.in_gift.size()));
+                                       gathered + p.layout.extra_at + p.coords.in_gift.size()));
   }
   if (p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     std::vector<gift::transport::DumpTensor> tensors;

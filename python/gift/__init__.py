@@ -498,9 +498,11 @@ class ReducePlan:
     on it, whose buffers are CUDA tensors there and whose steps are enqueued on the current
     torch stream, writing the host plan's message bytes (without integrity checksums, which
     device plans do not have: integrity defaults to False there and True on the host). What
-    a device plan's data held (non-finite values, messages of another call) is reported by
-    status(), which waits for its steps. Device plans travel in Euclidean coordinates only
-    and cannot save their state yet. Buffers are used in place.
+    a device plan's data held (non-finite values, messages of another call or basis) is
+    reported by status(), which waits for its steps. Device plans take a basis and save and
+    load their state as host plans do, with the same bytes: a state saved from a host plan
+    loads into a device plan of the same bucket, and back (set_basis, save_state and
+    load_state wait for a device plan's enqueued steps). Buffers are used in place.
 
     coords (auto, gift or euclidean) and reselect_every take effect once a basis is set
     (set_basis): a matrix the basis covers by name, whose last dimension is its whitener's
@@ -548,7 +550,8 @@ class ReducePlan:
         """Sends the matrices `basis` (a gift.Basis, or None for none) covers in its
         coordinates from the next call on; load_state after it, since a state loads only
         into a plan holding the basis it was saved with."""
-        self._plan.set_basis(_handle(basis))
+        with _on(self.device):
+            self._plan.set_basis(_handle(basis))
 
     @property
     def coords(self):
@@ -634,8 +637,13 @@ class ReducePlan:
             self._plan.status()
 
     def save_state(self):
-        """The call counter and error-feedback residuals, for checkpoints (host plans)."""
-        return self._plan.save_state()
+        """The call counter, error-feedback residuals and choice of coordinates, for
+        checkpoints: bytes, the same from host and device plans."""
+        with _on(self.device):
+            return self._plan.save_state()
 
     def load_state(self, state):
-        self._plan.load_state(bytes(state))
+        """Restores what save_state returned, from a plan of the same config, world, rank and
+        tensors (host or device), into a plan holding the same basis (set_basis first)."""
+        with _on(self.device):
+            self._plan.load_state(bytes(state))

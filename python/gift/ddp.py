@@ -30,8 +30,10 @@ fits a basis (a whitener per Linear weight, named as the bucket's parameter) and
 it, and every bucket's plan takes it from the next step; with "auto" each weight then travels
 whitened where the transport's measurement says it helps, decided for all ranks at once.
 Until the first basis, and for coords="euclidean", buckets travel in Euclidean coordinates.
-Device plans have no GIFT coordinates yet, nor a state to pickle: a model on CUDA takes
-coords="euclidean" for attach(), and its GiftState does not pickle.
+CUDA buckets do the same through device plans, with the host plans' bytes: the moments are
+collected on the model's device and cross the process group where its backend wants them
+(on the current CUDA device for NCCL, on the host otherwise), and the GiftState pickles
+with the device plans' states, which load into host or device plans alike.
 """
 import torch
 import torch.distributed as dist
@@ -56,7 +58,8 @@ class GiftState:
     reselect_every: calls between the transport's measurements under "auto";
     basis_rank, damping: how each whitener is fitted (gift.Basis.fit).
     integrity: checksums over every message; None (the default) has them on CPU buckets,
-    and not on CUDA buckets, whose device plans have none.
+    and not on CUDA buckets, whose device plans have none. (Integrity is not part of a
+    saved state's fingerprint, so a checkpoint of a CPU run resumes on CUDA and back.)
     bytes_sent / fp32_bytes: what this rank sent through the hook (the basis refreshes
     included), and what a ring fp32 all-reduce of the same buckets sends (2 (N-1)/N x 4
     bytes per element).
@@ -121,10 +124,6 @@ class GiftState:
         names the basis uses. Call it on every rank, before the first step; with
         coords="euclidean" it only learns the names."""
         model = getattr(model, "module", model)
-        if self.coords != "euclidean" and any(p.is_cuda for p in model.parameters()):
-            raise ValueError("GIFT coordinates are not available for CUDA buckets yet (device "
-                             "plans are Euclidean): GiftState(coords=\"euclidean\") for a model "
-                             "on a GPU")
         for h in self._hooks:
             h.remove()
         self._unpicklable()
@@ -136,7 +135,8 @@ class GiftState:
                 # The parameter's name, so that Linears sharing a weight share its moment.
                 name = self._names[id(module.weight)]
                 d = module.in_features
-                self._moments[name] = [torch.zeros(d, d), 0]
+                # Where the layer's inputs are, so that collecting them copies nothing.
+                self._moments[name] = [torch.zeros(d, d, device=module.weight.device), 0]
                 self._hooks.append(module.register_forward_pre_hook(
                     lambda module, inputs, name=name: self._collect(name, inputs)))
 
@@ -158,15 +158,17 @@ class GiftState:
         that saw inputs, the basis fitted on rank 0 and broadcast, its id checked on every
         rank, and set on every plan."""
         group = self.process_group
+        comm = self._comm_device()
         names = sorted(self._moments)
         # Each rank's moments, then a 1 per layer that saw inputs: one fp32 all-reduce.
         flat = []
         for name in names:
             a, rows = self._moments[name]
-            flat.append((a / max(rows, 1)).reshape(-1))
-        flat.append(torch.tensor([float(self._moments[n][1] > 0) for n in names]))
+            flat.append((a / max(rows, 1)).reshape(-1).to(comm))
+        flat.append(torch.tensor([float(self._moments[n][1] > 0) for n in names], device=comm))
         flat = torch.cat(flat)
         dist.all_reduce(flat, group=group)
+        flat = flat.cpu()
         self.bytes_sent += 2 * (world - 1) * flat.numel() * 4 // world
         counts = flat[-len(names):]
         moments, at = {}, 0
@@ -175,22 +177,23 @@ class GiftState:
             if ranks > 0:
                 moments[name] = (flat[at:at + d * d].reshape(d, d) / ranks).double().numpy()
             at += d * d
-            self._moments[name] = [torch.zeros(d, d), 0]
+            self._moments[name] = [torch.zeros_like(self._moments[name][0]), 0]
         if not moments:
             return
-        size = torch.zeros(1, dtype=torch.int64)
+        size = torch.zeros(1, dtype=torch.int64, device=comm)
         if dist.get_rank(group) == 0:
             data = Basis.fit(moments, rank=self.basis_rank, damping=self.damping).to_bytes()
             size[0] = len(data)
         dist.broadcast(size, src=self._global_rank(0), group=group)
+        size = int(size.cpu())
         if dist.get_rank(group) == 0:
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(comm)
         else:
-            buf = torch.empty(int(size), dtype=torch.uint8)
+            buf = torch.empty(size, dtype=torch.uint8, device=comm)
         dist.broadcast(buf, src=self._global_rank(0), group=group)
         # As a pipelined broadcast: every rank but the last forwards the bytes once.
-        self.bytes_sent += int(size)
-        basis = self._load_basis(buf.numpy().tobytes())
+        self.bytes_sent += size
+        basis = self._load_basis(buf.cpu().numpy().tobytes())
         self._check_same_basis(basis, world)
         self.basis = basis
         for plan in self._plans.values():
@@ -200,6 +203,13 @@ class GiftState:
         group = self.process_group
         return rank if group is None else dist.distributed_c10d._get_global_rank(group, rank)
 
+    def _comm_device(self):
+        """Where the process group takes the tensors of its collectives: NCCL on the current
+        CUDA device, other backends (gloo) on the host."""
+        if dist.get_backend(self.process_group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def _load_basis(self, data):
         return Basis.from_bytes(data)
 
@@ -208,8 +218,10 @@ class GiftState:
         fail only where the messages meet; checking the ids here fails every rank at once,
         with the ids named."""
         mine = torch.frombuffer(bytearray(basis.id_bytes), dtype=torch.uint8)
+        mine = mine.to(self._comm_device())
         ids = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(ids, mine, group=self.process_group)
+        ids = [i.cpu() for i in ids]
         odd = [r for r, i in enumerate(ids) if not torch.equal(i, ids[0])]
         if odd:
             hexes = ", ".join(f"rank {r}: {bytes(ids[r].tolist())[::-1].hex()}"

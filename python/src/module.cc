@@ -404,10 +404,27 @@ class Frame {
   std::unique_ptr<giftFrame, decltype(&giftFrameClose)> f_{nullptr, giftFrameClose};
 };
 
+#ifdef GIFT_HAVE_CUDA
+// Makes `device` current for a scope (the device plans' host calls run on their device).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  ~DeviceScope() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+#endif
+
 // One bucket shape's plan on the host (giftReducePlan) or on the CUDA device current at its
-// creation (giftReduceDevicePlan): the same steps and message bytes, so each step is one
-// method taking its buffers where the plan lives. Device plans travel in Euclidean
-// coordinates only and have no state to save (gift_transport_cuda.h has neither yet).
+// creation (giftReduceDevicePlan): the same steps, message bytes, GIFT coordinates and saved
+// states, so each step is one method taking its buffers where the plan lives, and a state
+// saved by either kind loads into the other.
 class ReducePlan {
  public:
   // tensors: (name, dtype, shape) per tensor of the bucket, in bucket order.
@@ -439,6 +456,7 @@ class ReducePlan {
     }
     require_cuda();
 #ifdef GIFT_HAVE_CUDA
+    check_cuda(cudaGetDevice(&device_id_), "cudaGetDevice");
     giftReduceDevicePlan* p = nullptr;
     check(giftReduceDevicePlanCreate(&c, world, rank, d.data(), d.size(), &p));
     device_.reset(p);
@@ -451,15 +469,30 @@ class ReducePlan {
 #endif
     return giftReducePlanMessageBytes(host_.get());
   }
-  // The plan copies the whiteners it needs, so the basis need not outlive the call.
+  // The plan copies the whiteners it needs, so the basis need not outlive the call. A device
+  // plan waits for its enqueued work first.
   void set_basis(const std::shared_ptr<Basis>& basis) {
-    if (device() && !basis) return;
-    check(giftReducePlanSetBasis(host("GIFT coordinates"), basis_of(basis)));
+#ifdef GIFT_HAVE_CUDA
+    if (device()) {
+      py::gil_scoped_release nogil;
+      DeviceScope on(device_id_);
+      check(giftReduceDevicePlanSetBasis(device_.get(), basis_of(basis)));
+      return;
+    }
+#endif
+    check(giftReducePlanSetBasis(host_.get(), basis_of(basis)));
   }
   std::vector<std::string> coords() const {
-    if (device()) return std::vector<std::string>(tensors_.size(), "euclidean");
     std::vector<giftCoords_t> c(tensors_.size());
+#ifdef GIFT_HAVE_CUDA
+    if (device()) {
+      check(giftReduceDevicePlanCoords(device_.get(), c.data(), c.size()));
+    } else {
+      check(giftReducePlanCoords(host_.get(), c.data(), c.size()));
+    }
+#else
     check(giftReducePlanCoords(host_.get(), c.data(), c.size()));
+#endif
     std::vector<std::string> out;
     for (giftCoords_t x : c) out.push_back(x == GIFT_COORDS_GIFT ? "gift" : "euclidean");
     return out;
@@ -516,27 +549,38 @@ class ReducePlan {
     }
 #endif
   }
+  // The same bytes from host and device plans; a device plan waits for its enqueued work and
+  // copies its residuals from or to device memory.
   py::bytes save_state() {
-    giftReducePlan* p = host("saving the state");
-    std::string s(giftReducePlanStateBytes(p), '\0');
-    check(giftReducePlanSaveState(p, s.data(), s.size()));
+    std::string s;
+#ifdef GIFT_HAVE_CUDA
+    if (device()) {
+      py::gil_scoped_release nogil;
+      DeviceScope on(device_id_);
+      s.resize(giftReduceDevicePlanStateBytes(device_.get()));
+      check(giftReduceDevicePlanSaveState(device_.get(), s.data(), s.size()));
+    }
+#endif
+    if (!device()) {
+      s.resize(giftReducePlanStateBytes(host_.get()));
+      check(giftReducePlanSaveState(host_.get(), s.data(), s.size()));
+    }
     return py::bytes(s);
   }
   void load_state(const py::bytes& state) {
     const std::string_view v = state;
-    check(giftReducePlanLoadState(host("loading a state"), v.data(), v.size()));
+#ifdef GIFT_HAVE_CUDA
+    if (device()) {
+      py::gil_scoped_release nogil;
+      DeviceScope on(device_id_);
+      check(giftReduceDevicePlanLoadState(device_.get(), v.data(), v.size()));
+      return;
+    }
+#endif
+    check(giftReducePlanLoadState(host_.get(), v.data(), v.size()));
   }
 
  private:
-  giftReducePlan* host(const char* what) {
-    if (device()) {
-      throw Failure{GIFT_ERROR_INVALID_ARGUMENT,
-                    std::string(what) +
-                        " is not available on device plans yet (the CUDA "
-                        "transport has no such step)"};
-    }
-    return host_.get();
-  }
   Where on(const py::object& stream) const {
     const Where w = where(stream);
     if (w.device != device()) {
@@ -566,6 +610,7 @@ class ReducePlan {
 #ifdef GIFT_HAVE_CUDA
   std::unique_ptr<giftReduceDevicePlan, decltype(&giftReduceDevicePlanDestroy)> device_{
       nullptr, giftReduceDevicePlanDestroy};
+  int device_id_ = 0;  // the CUDA device the plan lives on
 #endif
 };
 

@@ -19,11 +19,14 @@ using gift::test::Bucket;
 using gift::test::TensorSpec;
 
 // What one call of a simulated world produced: every rank's outgoing messages of the
-// all-to-all, its reduced message and its result.
+// all-to-all, its reduced message and its result; with a basis, each rank's coordinates and
+// saved state after the call.
 struct CallRecord {
   std::vector<std::vector<uint8_t>> send;  // send[r]: world messages
   std::vector<std::vector<uint8_t>> reduced;
   std::vector<Bucket> out;
+  std::vector<std::vector<giftCoords_t>> coords;
+  std::vector<std::vector<uint8_t>> state;
 };
 
 inline Bucket empty_like(const std::vector<TensorSpec>& specs) {
@@ -32,10 +35,12 @@ inline Bucket empty_like(const std::vector<TensorSpec>& specs) {
   return b;
 }
 
-// `calls` calls of the CPU plans on inputs[call][rank].
-inline std::vector<CallRecord> cpu_world(const giftAllReduceConfig& c,
-                                         const std::vector<TensorSpec>& specs,
-                                         const std::vector<std::vector<Bucket>>& inputs) {
+// `calls` calls of the CPU plans on inputs[call][rank]; with `basis`, set on every plan first
+// (coordinates and states are then recorded), and with `states`, loaded after it.
+inline std::vector<CallRecord> cpu_world(
+    const giftAllReduceConfig& c, const std::vector<TensorSpec>& specs,
+    const std::vector<std::vector<Bucket>>& inputs, const giftBasis* basis = nullptr,
+    const std::vector<std::vector<uint8_t>>* states = nullptr) {
   using PlanPtr = std::unique_ptr<giftReducePlan, decltype(&giftReducePlanDestroy)>;
   const int world = int(inputs[0].size());
   const std::vector<giftBucketTensor> d = gift::test::describe(specs);
@@ -45,6 +50,13 @@ inline std::vector<CallRecord> cpu_world(const giftAllReduceConfig& c,
     EXPECT_EQ(giftReducePlanCreate(&c, world, r, d.data(), d.size(), &p), GIFT_OK)
         << giftGetLastErrorMessage();
     plans.emplace_back(p, giftReducePlanDestroy);
+    if (basis) {
+      EXPECT_EQ(giftReducePlanSetBasis(p, basis), GIFT_OK) << giftGetLastErrorMessage();
+    }
+    if (states) {
+      EXPECT_EQ(giftReducePlanLoadState(p, (*states)[r].data(), (*states)[r].size()), GIFT_OK)
+          << giftGetLastErrorMessage();
+    }
   }
   const uint64_t m = giftReducePlanMessageBytes(plans[0].get()), w = uint64_t(world);
   std::vector<CallRecord> calls;
@@ -71,6 +83,15 @@ inline std::vector<CallRecord> cpu_world(const giftAllReduceConfig& c,
       for (auto& x : rec.out.back()) o.push_back(x.data());
       EXPECT_EQ(giftReduceDecodeResult(plans[r].get(), gathered.data(), o.data()), GIFT_OK)
           << giftGetLastErrorMessage();
+      if (basis) {
+        rec.coords.emplace_back(specs.size());
+        EXPECT_EQ(giftReducePlanCoords(plans[r].get(), rec.coords.back().data(), specs.size()),
+                  GIFT_OK);
+        rec.state.emplace_back(giftReducePlanStateBytes(plans[r].get()));
+        EXPECT_EQ(giftReducePlanSaveState(plans[r].get(), rec.state.back().data(),
+                                          rec.state.back().size()),
+                  GIFT_OK);
+      }
     }
     calls.push_back(std::move(rec));
   }

@@ -51,22 +51,25 @@ def _free_port():
 
 class Recorder:
     """Its hook is gift_hook, keeping each compressed call's bucket before and after it (on the host,
-    as the plan's tensors), for check_against_host_plans."""
+    as the plan's tensors) and the basis the plans held, for check_against_host_plans."""
 
     def __init__(self):
-        self.calls = []  # (plan key, plan specs, inputs, outputs)
+        self.calls = []  # (plan key, plan specs, inputs, outputs, basis)
 
     def hook(self, state, bucket):
         buf = bucket.buffer()
         compressed = state.iter >= state.start_iter
         before = buf.detach().to("cpu", copy=True)
+        # The plans take a refreshed basis at the end of a step, with state.basis: what the
+        # state holds before the call is what the call's plan holds.
+        basis = state.basis
         fut = gift.ddp.gift_hook(state, bucket)
         if compressed:
             layout = state._layout(bucket, buf)
             plan = state._plans[layout.key]
             specs = [(n, buf.dtype, shape) for n, shape in zip(plan.names, layout.shapes)]
             self.calls.append((layout.key, specs, _pieces(before, layout),
-                               _pieces(buf.detach().to("cpu", copy=True), layout)))
+                               _pieces(buf.detach().to("cpu", copy=True), layout), basis))
         return fut
 
 
@@ -78,18 +81,25 @@ def _pieces(flat, layout):
 
 def check_against_host_plans(recorder, state, world, what):
     """Replays every rank's recorded calls through host plans (integrity off: device plans
-    have none, and it does not change values), all ranks in this process, and asserts the
-    hook gave every rank the replay's tensors bit for bit."""
+    have none, and it does not change values), all ranks in this process, each plan taking
+    the basis the hook's plan held when it changes, and asserts the hook gave every rank the
+    replay's tensors bit for bit."""
     everyone = [None] * world
     dist.all_gather_object(everyone, recorder.calls)
     config = {k: v for k, v in state.config.items() if k != "integrity"}
-    plans = {}
+    plans, held = {}, {}
     for i, calls in enumerate(zip(*everyone)):
-        key, specs = calls[0][0], calls[0][1]
+        key, specs, basis = calls[0][0], calls[0][1], calls[0][4]
         if key not in plans:
             plans[key] = [gift.ReducePlan(world, r, specs, integrity=False, **config)
                           for r in range(world)]
+            held[key] = None
         ranks = plans[key]
+        # The same object as long as the hook's state held it (one pickle keeps identities).
+        if basis is not held[key]:
+            for p in ranks:
+                p.set_basis(basis)
+            held[key] = basis
         values = [[t.clone() for t in call[2]] for call in calls]
         m = ranks[0].message_bytes
         sends = [p.encode_shards(x) for p, x in zip(ranks, values)]

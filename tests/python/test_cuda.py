@@ -7,7 +7,10 @@ input dtype); non-finite input fails on the device as on the host; gift.encode o
 tensors gives the host frame's bytes and gift.decode(..., device="cuda") its values (FP8,
 raw and compressed tensors); and a device ReducePlan writes the host plan's message bytes at
 every step (world 3 in one process, error feedback, stochastic rounding, mixed dtypes), with
-status() reporting non-finite input.
+status() reporting non-finite input; in GIFT coordinates too (coords "gift" and "auto"),
+with the host plans' choice of coordinates and saved state after every call, a state carried
+host -> device -> host in the middle of a run, and a rank in another basis reported by
+status().
 
 Usage: test_cuda.py (with PYTHONPATH=<build>/python). Exits 77 (skipped) without torch, a
 CUDA device, or a libgift built with CUDA; GIFT_REQUIRE_CUDA_DEVICE=1 makes that a failure.
@@ -138,10 +141,125 @@ class Cuda(unittest.TestCase):
         with self.assertRaises(gift.GiftError) as e:
             bad.status()
         self.assertEqual(e.exception.name, "GIFT_ERROR_NONFINITE_INPUT")
-        with self.assertRaises(gift.GiftError):
-            bad.save_state()
+        self.assertEqual(len(bad.save_state()), len(gift.ReducePlan(1, 0, specs[:1]).save_state()))
         with self.assertRaises(ValueError):
             bad.encode_shards([torch.zeros(40, 50)])  # a host tensor for a device plan
+
+
+# A matrix whose rows share four directions (whitening pays), an isotropic one and a vector.
+COORDS_SPECS = [("w", "float32", (48, 64)), ("iso", "float32", (16, 64)), ("b", "float32", (64,))]
+
+
+def coords_inputs(rank, call):
+    g = torch.Generator().manual_seed(1000 * call + rank)
+    mix = torch.randn(4, 64, generator=torch.Generator().manual_seed(3)) / 8
+    w = (torch.randn(48, 4, generator=g) * torch.tensor([10.0, 5, 2, 1])) @ mix
+    w += 0.01 * torch.randn(48, 64, generator=g)
+    return [w, torch.randn(16, 64, generator=g), torch.randn(64, generator=g)]
+
+
+def coords_basis(seed=3, rank=8):
+    mix = torch.randn(4, 64, generator=torch.Generator().manual_seed(seed)) / 8
+    w = (torch.randn(512, 4, generator=torch.Generator().manual_seed(9)) *
+         torch.tensor([10.0, 5, 2, 1])) @ mix + 0.01 * torch.randn(
+        512, 64, generator=torch.Generator().manual_seed(10))
+    a = (w.T @ w / 512).double().numpy()
+    return gift.Basis.fit({"w": a, "iso": torch.eye(64).double().numpy()}, rank=rank,
+                          source="gradients")
+
+
+def run_call(plans, values, m):
+    """One call of `plans` (one per rank) on values[rank], in place; the messages."""
+    world = len(plans)
+    sends = [p.encode_shards(x) for p, x in zip(plans, values)]
+    recv = [torch.cat([s[r * m:(r + 1) * m] for s in sends]) for r in range(world)]
+    reduced = [p.sum_shard(x) for p, x in zip(plans, recv)]
+    for p, x in zip(plans, values):
+        p.decode_result(torch.cat(reduced), x)
+        p.status()
+    return sends, reduced
+
+
+class DevicePlansInGiftCoordinates(unittest.TestCase):
+    def make(self, world, where, basis, **config):
+        device = "cuda" if where == "cuda" else None
+        plans = [gift.ReducePlan(world, r, COORDS_SPECS, device=device, **config)
+                 for r in range(world)]
+        for p in plans:
+            p.set_basis(basis)
+        return plans
+
+    def test_device_plans_give_the_host_plans_bytes_coordinates_and_states(self):
+        world = 2
+        basis = coords_basis()
+        for coords in ("gift", "auto"):
+            config = dict(coords=coords, reselect_every=2, integrity=False, op="avg",
+                          rounding="stochastic", seed=3)
+            hosts = self.make(world, "cpu", basis, **config)
+            devices = self.make(world, "cuda", basis, **config)
+            m = hosts[0].message_bytes
+            for call in range(5):
+                where = f"{coords}, call {call}"
+                inputs = [coords_inputs(r, call) for r in range(world)]
+                h_values = [[t.clone() for t in x] for x in inputs]
+                d_values = [[t.cuda() for t in x] for x in inputs]
+                h_sends, h_reduced = run_call(hosts, h_values, m)
+                d_sends, d_reduced = run_call(devices, d_values, m)
+                for r in range(world):
+                    self.assertTrue(torch.equal(d_sends[r].cpu(), h_sends[r]), f"{where}: messages")
+                    self.assertTrue(torch.equal(d_reduced[r].cpu(), h_reduced[r]),
+                                    f"{where}: reduced shard")
+                    for (name, _, _), want, got in zip(COORDS_SPECS, h_values[r], d_values[r]):
+                        self.assertTrue(torch.equal(got.cpu(), want), f"{where}: {name}")
+                    self.assertEqual(devices[r].coords, hosts[r].coords, f"{where}: coords")
+                    self.assertEqual(devices[r].save_state(), hosts[r].save_state(),
+                                     f"{where}: saved state")
+            self.assertEqual(hosts[0].coords[0], "gift", coords)
+
+    def test_state_travels_host_to_device_to_host(self):
+        world = 2
+        basis = coords_basis()
+        config = dict(coords="auto", reselect_every=2, integrity=False, op="avg")
+        ref = self.make(world, "cpu", basis, **config)
+        m = ref[0].message_bytes
+        want = []
+        for call in range(4):
+            values = [coords_inputs(r, call) for r in range(world)]
+            want.append(run_call(ref, values, m) + (values,))
+            if call == 1:
+                states = [p.save_state() for p in ref]
+        devices = self.make(world, "cuda", basis, **config)
+        for p, s in zip(devices, states):
+            p.load_state(s)
+        values = [[t.cuda() for t in coords_inputs(r, 2)] for r in range(world)]
+        sends, reduced = run_call(devices, values, m)
+        for r in range(world):
+            self.assertTrue(torch.equal(sends[r].cpu(), want[2][0][r]), "call 3 on the device")
+            for got, expect in zip(values[r], want[2][2][r]):
+                self.assertTrue(torch.equal(got.cpu(), expect), "call 3's result")
+        hosts = self.make(world, "cpu", basis, **config)
+        for p, d in zip(hosts, devices):
+            p.load_state(d.save_state())
+        values = [coords_inputs(r, 3) for r in range(world)]
+        sends, reduced = run_call(hosts, values, m)
+        for r in range(world):
+            self.assertTrue(torch.equal(sends[r], want[3][0][r]), "call 4 back on the host")
+            for got, expect in zip(values[r], want[3][2][r]):
+                self.assertTrue(torch.equal(got, expect), "call 4's result")
+
+    def test_a_rank_in_another_basis_is_reported_by_status(self):
+        config = dict(coords="gift", integrity=False)
+        a = self.make(2, "cuda", coords_basis(), **config)
+        b = self.make(2, "cuda", coords_basis(seed=4), **config)
+        m = a[0].message_bytes
+        values = [[t.cuda() for t in coords_inputs(r, 0)] for r in range(2)]
+        s0 = a[0].encode_shards(values[0])
+        s1 = b[1].encode_shards(values[1])
+        a[0].sum_shard(torch.cat([s0[:m], s1[:m]]))
+        with self.assertRaises(gift.GiftError) as e:
+            a[0].status()
+        self.assertEqual(e.exception.name, "GIFT_ERROR_BASIS_MISSING")
+        self.assertIn("from rank 1", str(e.exception))
 
 
 if __name__ == "__main__":

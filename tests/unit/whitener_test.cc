@@ -3,17 +3,24 @@
 #include "coords/whitener.h"
 
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 #include <lapacke.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include "api/coords_frames.h"
 #include "container/reader.h"
 #include "container/writer.h"
 #include "coords/basis.h"
 #include "coords/fit.h"
+#include "coords/low_rank_element.h"
 #include "coords/select.h"
 #include "gift/gift.h"
 #include "unit/edited.h"
@@ -91,6 +98,78 @@ TEST(Whitener, WhitensAHatAndInvertsExactly) {
     EXPECT_LT(worst_inv, 2e-5) << "T^-1 T = I, dim " << dim << " rank " << rank;
   }
 }
+
+// The per-element order that the device reduce plan's exact whitener runs (one output per
+// CUDA thread) gives whiten()'s and unwhiten()'s bits, on sizes that exercise the bands of 8
+// rows, the leftover rows, vector tails of the columns and ranks that are not whole vectors.
+// Both sides fuse their multiply-adds only where the CPU target has FMA.
+TEST(Whitener, PerElementOrderGivesTheBandedBits) {
+#if HWY_ARCH_X86
+  if (!(hwy::SupportedTargets() & (HWY_AVX2 | HWY_AVX3))) {
+    GTEST_SKIP() << "no FMA target: the banded whitener rounds its products first";
+  }
+#endif
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd;
+  struct Size {
+    uint32_t dim, rank;
+    uint64_t rows;
+  };
+  for (const Size z : {Size{48, 5, 19}, Size{37, 3, 8}, Size{130, 17, 3}, Size{16, 0, 9}}) {
+    const Model m = random_model(z.dim, z.rank, 100 + z.dim);
+    Whitener t;
+    ASSERT_EQ(make_whitener(m.u, m.l, m.diag, z.dim, &t), GIFT_OK);
+    std::vector<float> w(z.rows * z.dim);
+    for (float& x : w) x = nd(gen);
+    for (const bool inverse : {false, true}) {
+      std::vector<float> banded = w, element = w;
+      inverse ? unwhiten(t, banded.data(), z.rows) : whiten(t, banded.data(), z.rows);
+      const float* c = inverse ? t.c_inv.data() : t.c.data();
+      const float* pre = inverse ? nullptr : t.d_rsqrt.data();
+      const float* post = inverse ? t.d_sqrt.data() : nullptr;
+      std::vector<float> p(t.rank);
+      for (uint64_t r = 0; r < z.rows; ++r) {
+        float* x = element.data() + r * z.dim;
+        for (uint32_t j = 0; j < t.rank; ++j)
+          p[j] = low_rank_projection(x, t.v.data(), c, pre, t.dim, t.rank, j);
+        for (uint32_t i = 0; i < t.dim; ++i)
+          x[i] = low_rank_output(x[i], p.data(), t.v.data(), pre, post, t.rank, i);
+      }
+      for (size_t k = 0; k < w.size(); ++k) {
+        uint32_t a, b;
+        memcpy(&a, &banded[k], 4);
+        memcpy(&b, &element[k], 4);
+        ASSERT_EQ(a, b) << "dim " << z.dim << " rank " << z.rank
+                        << (inverse ? " unwhiten" : " whiten") << " element " << k << ": "
+                        << banded[k] << " vs " << element[k];
+      }
+    }
+  }
+}
+
+#if defined(__SSE2__)
+// The caller's flush-to-zero and denormals-are-zero modes (torch.set_flush_denormal) do not
+// reach the whitener: subnormal inputs and products keep the IEEE bits.
+TEST(Whitener, KeepsSubnormalsUnderTheCallersFlushToZero) {
+  const Model m = random_model(40, 4, 9);
+  Whitener t;
+  ASSERT_EQ(make_whitener(m.u, m.l, m.diag, 40, &t), GIFT_OK);
+  std::mt19937 gen(4);
+  std::normal_distribution<float> nd;
+  std::vector<float> w(7 * 40);
+  for (float& x : w) x = nd(gen) * 1e-39f;  // subnormal
+  std::vector<float> want = w, got = w;
+  whiten(t, want.data(), 7);
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ and DAZ
+  whiten(t, got.data(), 7);
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(csr);
+  EXPECT_EQ(after, csr | 0x8040u) << "the caller's mode is restored";
+  EXPECT_EQ(0, memcmp(want.data(), got.data(), w.size() * sizeof(float)));
+  EXPECT_NE(want[0], 0.0f);
+}
+#endif
 
 TEST(Whitener, IsLinearAcrossRanks) {
   const uint32_t dim = 128, rows = 48;

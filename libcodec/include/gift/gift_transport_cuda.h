@@ -8,13 +8,27 @@
  * So a device rank and a CPU rank exchange messages freely, and a GPU run can be checked
  * against the CPU steps. Backends (gift_nccl.h) only move the messages.
  *
+ * GIFT coordinates (giftReduceDevicePlanSetBasis) follow the CPU plan's rules and give its
+ * bytes: the whitener runs on the device in the CPU whitener's per-element order (fused
+ * multiply-adds; the CPU side matches on every target with FMA, AVX2 and newer on x86), and
+ * AUTO's measurement runs the CPU plan's estimator on the host. Saved states
+ * (giftReduceDevicePlanSaveState) have the CPU plan's bytes: a state saved by either loads
+ * into the other.
+ *
  * Like gift_cuda.h, each step enqueues work on `stream` and returns once it is enqueued:
  * argument and launch errors come back at once; what the data holds (non-finite values,
- * messages that are not this call's shard) is recorded on the device and reported by
- * giftReduceDevicePlanStatus, which waits for the plan's work. Nothing else synchronizes.
+ * messages that are not this call's shard or are in another basis) is recorded on the device
+ * and reported by giftReduceDevicePlanStatus, which waits for the plan's work. Nothing else
+ * synchronizes, except: with GIFT_COORDS_MODE_AUTO, a measuring call (the first with a basis
+ * and every reselect_every-th) waits for `stream` three times (the input read back for the
+ * estimates; rank 0's read of every rank's estimates; every rank's read of the decision);
+ * and the basis and state functions below wait for the plan's work.
  * Differences from the CPU plan: no integrity checksums (config->integrity must be 0; a NULL
  * config gives the defaults with integrity 0) and no dumps (config->dump_every must be 0;
- * GIFT_DUMP_EVERY is ignored).
+ * GIFT_DUMP_EVERY is ignored); a received message in another basis is not refused by the
+ * step but reported by giftReduceDevicePlanStatus (GIFT_ERROR_BASIS_MISSING naming the
+ * sender, as the CPU step says it), and the step's result is then meaningless; rank 0 looks
+ * for estimates only on its own measuring calls.
  *
  * Only present in builds with CUDA (GIFT_HAVE_CUDA defined by the build). */
 #ifndef GIFT_GIFT_TRANSPORT_CUDA_H
@@ -56,10 +70,34 @@ GIFT_API giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan,
                                                    void* const* out_tensors, cudaStream_t stream);
 
 /* Waits for the plan's enqueued steps, then reports what the device saw since the last
- * status: GIFT_ERROR_NONFINITE_INPUT (NaN or Inf in an input or a reduced sum) or
- * GIFT_ERROR_CORRUPT_INPUT (a received message was not this call's shard), naming the first
- * call, step and rank; GIFT_OK otherwise. The record is cleared. */
+ * status: GIFT_ERROR_CORRUPT_INPUT (a received message was not this call's shard),
+ * GIFT_ERROR_BASIS_MISSING (a received message was in another basis or chose other tensors
+ * for GIFT coordinates) or GIFT_ERROR_NONFINITE_INPUT (NaN or Inf in an input or a reduced
+ * sum), in that order, naming the first call, step and rank; GIFT_OK otherwise. The record is
+ * cleared. */
 GIFT_API giftResult_t giftReduceDevicePlanStatus(giftReduceDevicePlan* plan);
+
+/* giftReducePlanSetBasis for a device plan: the same eligibility, modes and residual rules;
+ * the plan keeps host and device copies of the whiteners it needs. Waits for the plan's
+ * enqueued work first and for its own uploads before returning (the device current at the
+ * call must be the plan's). On failure the plan keeps its previous basis. */
+GIFT_API giftResult_t giftReduceDevicePlanSetBasis(giftReduceDevicePlan* plan,
+                                                   const giftBasis* basis);
+
+/* giftReducePlanCoords for a device plan (what the host knows: a decision of an AUTO
+ * measurement takes effect in the giftReduceDecodeResultDevice of its call). */
+GIFT_API giftResult_t giftReduceDevicePlanCoords(const giftReduceDevicePlan* plan,
+                                                 giftCoords_t* coords, size_t n);
+
+/* giftReducePlanStateBytes/SaveState/LoadState for a device plan, in host buffers, with the
+ * CPU plan's bytes (a state saved from a CPU plan of the same config, world, rank, tensors and
+ * basis loads here, and back). Both wait for the plan's enqueued work; the residuals are
+ * copied from or to device memory. */
+GIFT_API uint64_t giftReduceDevicePlanStateBytes(const giftReduceDevicePlan* plan);
+GIFT_API giftResult_t giftReduceDevicePlanSaveState(const giftReduceDevicePlan* plan, void* state,
+                                                    uint64_t bytes);
+GIFT_API giftResult_t giftReduceDevicePlanLoadState(giftReduceDevicePlan* plan, const void* state,
+                                                    uint64_t bytes);
 
 /* ---- Device communicators ------------------------------------------------------------- */
 

@@ -19,6 +19,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "numerics/fp_env.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace gift::coords {
 namespace HWY_NAMESPACE {
@@ -107,6 +109,9 @@ void LowRankUpdate(const float* v, const float* c, uint32_t dim, uint32_t rank, 
   const int64_t bands = int64_t(rows / kBand), total = int64_t(rows);
 #pragma omp parallel if (rows * dim >= (uint64_t(1) << 16))
   {
+    // Whitened values reach FP8 codes, and the device plan's whitener must give these bits:
+    // IEEE arithmetic (subnormals kept) whatever the caller's environment, on every thread.
+    const num::FpEnvGuard fp_env;
     std::vector<float> p(kBand * rp);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < bands; ++b) Rows<kBand>(o, x + uint64_t(b) * kBand * dim, p.data());

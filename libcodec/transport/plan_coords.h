@@ -1,0 +1,113 @@
+// What the CPU plan (reduce_plan.cc) and the device plan (device_plan.cc) share beyond the
+// message layout: the rules of GIFT coordinates (which tensors are eligible, when to measure,
+// how rank 0 decides, what a message's basis fields say and how a mismatch is reported) and
+// the bytes of a saved state. Each rule is written here once, so that the two plans send the
+// same messages and save states that load into either.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "coords/basis.h"
+#include "coords/whitener.h"
+#include "gift/gift_transport.h"
+#include "transport/config.h"
+#include "transport/message.h"
+
+namespace gift::transport {
+
+inline const char* step_name(uint32_t step) {
+  return step == kScatter ? "the all-to-all of shards" : "the all-gather of reduced shards";
+}
+
+// A plan's GIFT coordinates: its copy of the basis's whiteners for its tensors (null where a
+// tensor is not eligible), which tensors are whitened now, and calls since the basis came.
+struct PlanCoords {
+  bool has_basis = false;
+  coords::BasisId basis_id;
+  std::vector<std::unique_ptr<coords::Whitener>> whitener;
+  std::vector<uint8_t> in_gift;
+  uint32_t hash = 0;
+  uint64_t calls_with_basis = 0;
+  std::vector<float> estimates;  // 2 per tensor: this rank's, or the sum over ranks
+
+  explicit PlanCoords(size_t tensors = 0);
+
+  // Takes `basis` (NULL: none): copies the whiteners of the eligible tensors (2-D or more, the
+  // last dimension the whitener's width, not empty) and returns in *in_gift the coordinates
+  // the tensors start in (GIFT for eligible ones in GIFT mode, Euclidean until measured in
+  // AUTO mode). The caller applies the choice with choose() after dropping what changes.
+  void set_basis(const BucketShape& bucket, const giftAllReduceConfig& config,
+                 const giftBasis* basis, std::vector<uint8_t>* in_gift);
+
+  // The ranges [begin, end) of this rank's reduced shard (relative to the shard's start)
+  // that belong to tensors whose coordinates `in_gift` changes: their reduced residual no
+  // longer means anything and is dropped.
+  std::vector<std::pair<uint64_t, uint64_t>> changed_ranges(
+      const BucketShape& bucket, const Layout& layout, int rank,
+      const std::vector<uint8_t>& in_gift) const;
+  // Applies a choice of coordinates (after changed_ranges).
+  void choose(const std::vector<uint8_t>& in_gift);
+
+  // Whether this call measures (AUTO: the first call with a basis and every reselect_every).
+  bool measuring(const giftAllReduceConfig& config) const;
+  // This rank's estimates of each eligible tensor's round-trip error in both coordinates, on
+  // the bucket's fp32 values `flat` in original coordinates (NaN where not eligible).
+  void measure(const BucketShape& bucket, const giftQuantParams& params, const float* flat);
+  // Rank 0: the estimates of the `world` messages at msgs (stride message_bytes, estimates at
+  // extra_at) summed in rank order, then the decision: GIFT where it lowers the sum of the
+  // ranks' estimated errors by the selection margin (one byte per tensor).
+  std::vector<uint8_t> decide(const uint8_t* msgs, uint64_t message_bytes, uint64_t extra_at,
+                              int world);
+
+  // The basis id and coordinates hash every message of the plan carries.
+  void fill_header(MessageHeader* h) const;
+  // GIFT_ERROR_BASIS_MISSING naming the sender when a received header is in another basis or
+  // chose other tensors for GIFT coordinates; GIFT_OK otherwise.
+  giftResult_t check_header(const MessageHeader& h, int sender, uint32_t step) const;
+};
+
+// A saved state: this header, the error-feedback residual of this rank's encode (over the
+// bucket, in original coordinates), that of the reduced shard (in the flat bucket's
+// coordinates), then one byte per tensor (1: in GIFT coordinates). Little-endian, fp32.
+// The fingerprint covers what decides the meaning of the residuals (layout and numerics),
+// so a state never loads into a plan it does not fit; the choice of coordinates follows
+// the residuals, and only into a plan holding the same basis.
+struct StateHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t fingerprint;
+  uint64_t call;
+  uint64_t residual_count;
+  uint64_t shard_residual_count;
+  uint64_t calls_with_basis;
+  uint64_t basis_lo, basis_hi;  // zero: none
+};
+
+// Where each part of a plan's state lies in its bytes.
+struct StateLayout {
+  uint64_t residual_count = 0, shard_residual_count = 0, tensors = 0;
+  uint64_t residual_at() const { return sizeof(StateHeader); }
+  uint64_t shard_residual_at() const { return residual_at() + residual_count * sizeof(float); }
+  uint64_t coords_at() const { return shard_residual_at() + shard_residual_count * sizeof(float); }
+  uint64_t bytes() const { return coords_at() + tensors; }
+};
+
+uint64_t state_fingerprint(int world, int rank, const giftAllReduceConfig& config,
+                           const BucketShape& bucket);
+
+// Checks the buffer and writes the header and the coordinates; the caller copies the
+// residuals to their places.
+giftResult_t save_state(const StateLayout& l, uint64_t fingerprint, uint64_t call,
+                        const PlanCoords& c, void* state, uint64_t bytes);
+
+// Checks that `state` fits the plan (INVALID_ARGUMENT) and its basis (BASIS_MISSING); on
+// success *call receives the saved call counter. Nothing of the plan changes.
+giftResult_t check_state(const StateLayout& l, uint64_t fingerprint, const PlanCoords& c,
+                         const void* state, uint64_t bytes, uint64_t* call);
+// Takes the saved coordinates (after check_state; the caller copies the residuals).
+void load_state_coords(const StateLayout& l, const void* state, PlanCoords* c);
+
+}  // namespace gift::transport
