@@ -93,6 +93,36 @@ TEST_P(ForEachTarget, QuantizeEqualsScalarRule) {
   }
 }
 
+// Every finite bf16 pattern through the block encoder's bounded conversion (which widens
+// bf16 in its own order and applies saturation and sign to packed bytes): divided by fp32
+// scales (a subnormal one and one that saturates the largest values included) and
+// multiplied by E8M0 reciprocals, wherever the quotient is in its domain.
+TEST_P(ForEachTarget, BoundedConversionOfEveryBf16Pattern) {
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+    for (const auto& [factor, divide] :
+         {std::pair{1.0f, false}, std::pair{0x1p-20f, false}, std::pair{0x1p+12f, false},
+          std::pair{0.0123f, true}, std::pair{3.7e-5f, true}, std::pair{1.7e+30f, true},
+          std::pair{num::float_of(0x00000A3Bu), true}}) {
+      std::vector<uint16_t> x;
+      for (uint32_t b = 0; b < 0x10000u; ++b) {
+        const float v = num::bf16_to_float(static_cast<uint16_t>(b));
+        if (std::isfinite(v) && std::fabs(divide ? v / factor : v * factor) < 131072.0f)
+          x.push_back(static_cast<uint16_t>(b));
+      }
+      std::vector<uint8_t> codes(x.size());
+      simd::quantize_rn_bounded(x.data(), GIFT_DTYPE_BF16, x.size(), factor, divide, kind,
+                                codes.data());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float v = num::bf16_to_float(x[i]);
+        const float q = divide ? v / factor : v * factor;
+        const uint8_t want = kind == GIFT_FP8_E4M3 ? num::fp8_from_float_rn<Fp8::kE4M3>(q)
+                                                   : num::fp8_from_float_rn<Fp8::kE5M2>(q);
+        ASSERT_EQ(codes[i], want) << "kind " << kind << " factor " << factor << " bf16 0x"
+                                  << std::hex << x[i];
+      }
+    }
+}
+
 TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
   std::vector<uint8_t> codes;
   for (int rep = 0; rep < 3; ++rep)
