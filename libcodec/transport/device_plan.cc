@@ -291,13 +291,7 @@ giftResult_t giftReduceDevicePlanSetBasis(giftReduceDevicePlan* plan, const gift
 giftResult_t giftReduceDevicePlanCoords(const giftReduceDevicePlan* plan, giftCoords_t* coords,
                                         size_t n) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
-  const std::vector<uint8_t>& in_gift = plan->coords.in_gift;
-  if (n != in_gift.size() || (n && !coords)) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "the plan has %zu tensors, %zu asked for",
-                in_gift.size(), n);
-  }
-  for (size_t i = 0; i < n; ++i) coords[i] = in_gift[i] ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
-  return GIFT_OK;
+  return plan->coords.get(coords, n);
 }
 
 uint64_t giftReduceDevicePlanStateBytes(const giftReduceDevicePlan* plan) {

@@ -77,6 +77,15 @@ void PlanCoords::choose(const std::vector<uint8_t>& choice) {
   hash = coords_hash(in_gift);
 }
 
+giftResult_t PlanCoords::get(giftCoords_t* coords, size_t n) const {
+  if (n != in_gift.size() || (n && !coords)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "the plan has %zu tensors, %zu asked for",
+                in_gift.size(), n);
+  }
+  for (size_t i = 0; i < n; ++i) coords[i] = in_gift[i] ? GIFT_COORDS_GIFT : GIFT_COORDS_EUCLIDEAN;
+  return GIFT_OK;
+}
+
 bool PlanCoords::measuring(const giftAllReduceConfig& config) const {
   if (!has_basis || config.coords != GIFT_COORDS_MODE_AUTO) return false;
   const uint64_t n = calls_with_basis;

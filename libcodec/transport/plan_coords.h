@@ -50,6 +50,8 @@ struct PlanCoords {
       const std::vector<uint8_t>& in_gift) const;
   // Applies a choice of coordinates (after changed_ranges).
   void choose(const std::vector<uint8_t>& in_gift);
+  // The coordinates of the n tensors (giftReducePlanCoords and its device form).
+  giftResult_t get(giftCoords_t* coords, size_t n) const;
 
   // Whether this call measures (AUTO: the first call with a basis and every reselect_every).
   bool measuring(const giftAllReduceConfig& config) const;
