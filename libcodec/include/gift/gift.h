@@ -384,8 +384,9 @@ GIFT_API giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const ch
  * and encodes FP8 tensors in bands of rows: the writer then holds a band (a few MiB) plus
  * the scales of the tensor being added, whatever the frame's size; under zstd, sections are
  * compressed as they are made (and made again, stored raw, where zstd cannot make them
- * smaller). A tensor with one scale (GIFT_SCALE_TENSOR) or with stochastic rounding is still
- * encoded whole (its codes in memory while it is added). Tensors added in GIFT coordinates
+ * smaller); a tensor with one scale (GIFT_SCALE_TENSOR) is read twice, first for its amax.
+ * Only with giftFrameWriterUseCuda are tensors with one scale or with stochastic rounding
+ * encoded whole (their codes in memory while they are added). Tensors added in GIFT coordinates
  * (gift_basis.h) are whitened band by band too, never held in fp32. The frame's bytes are the
  * same either way. The scratch file disappears with the writer or the process. */
 GIFT_API giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, const char* dir);

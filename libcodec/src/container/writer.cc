@@ -133,10 +133,12 @@ giftResult_t FrameWriter::keep(StoredSection* s) {
 }
 
 bool FrameWriter::bands_apply(const giftQuantParams& p) const {
-  // A band is encoded as a tensor of its own, which gives the same bytes only where groups
-  // do not span bands (one scale for the whole tensor does) and the random words do not
-  // depend on the element's place in the whole tensor (stochastic rounding's do).
-  return scratch_.is_open() && p.layout != GIFT_SCALE_TENSOR && p.rounding == GIFT_ROUND_NEAREST;
+  // A band is encoded as a tensor of its own. That gives the whole tensor's bytes where no
+  // group spans bands (one scale for the whole tensor does) and no random word depends on
+  // the element's place in the tensor (stochastic rounding's do); the CPU codec takes that
+  // place (BandOrigin), other encoders (giftc --device cuda) do not.
+  return scratch_.is_open() && (encoder_ == &giftEncode || (p.layout != GIFT_SCALE_TENSOR &&
+                                                            p.rounding == GIFT_ROUND_NEAREST));
 }
 
 giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
@@ -192,6 +194,20 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   Census census;  // each band read for its statistics just before it is encoded, while cached
   // The codes as pieces, one band at a time (twice where zstd does not make them smaller).
   const Pieces encoded = [&](const Put& put) {
+    BandOrigin origin;
+    if (p.layout == GIFT_SCALE_TENSOR) {  // the one scale: a first pass for the amax
+      Census whole;
+      for (uint64_t r0 = 0; r0 < rows; r0 += band) {
+        const uint64_t n = std::min(band, rows - r0);
+        const void* src = band_at(r0, n);
+        if (!src) {
+          *refused = true;
+          return GIFT_OK;
+        }
+        whole.add(src, data_dtype, r0 * cols, n * cols);
+      }
+      origin.tensor_amax = whole.stats.amax;
+    }
     census = Census{};
     t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
     uint64_t scales_at = 0;
@@ -206,12 +222,16 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       uint64_t band_scales = 0;
       giftScaleBytes(&kept, n, cols, &band_scales);
       giftEncodeStats st;
-      if (const giftResult_t r = encoder_(&ctx_, &kept, src, data_dtype, n, cols, codes.data(),
-                                          scales.data() + scales_at, band_scales, &st)) {
-        return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
-      }
+      origin.first_element = r0 * cols;
+      uint8_t* band_scale = scales.data() + scales_at;
+      const giftResult_t r = encoder_ == &giftEncode
+                                 ? encode_tensor(&ctx_, kept, src, data_dtype, n, cols,
+                                                 codes.data(), band_scale, &st, origin)
+                                 : encoder_(&ctx_, &kept, src, data_dtype, n, cols, codes.data(),
+                                            band_scale, band_scales, &st);
+      if (r) return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
       merge_stats(&t->stats, st, r0 * cols);
-      scales_at += band_scales;
+      if (p.layout != GIFT_SCALE_TENSOR) scales_at += band_scales;  // else the same one again
       if (const giftResult_t r = put(codes.data(), n * cols)) return r;
     }
     return GIFT_OK;

@@ -63,24 +63,27 @@ uint8_t convert_one(const giftQuantParams& p, float x, const GroupScale& gs, uin
 }
 
 // Per-element path: stochastic rounding and spans holding NaN/Inf.
+// Element i of the span is element origin.first_element + i of the tensor.
 template <Fp8 K>
 void convert_span_scalar(const giftQuantParams& p, const void* src, giftDType_t dtype,
-                         uint64_t begin, uint64_t n, const GroupScale& gs, uint8_t* codes) {
+                         uint64_t begin, uint64_t n, const GroupScale& gs, const BandOrigin& origin,
+                         uint8_t* codes) {
   for (uint64_t i = begin; i < begin + n; ++i) {
-    codes[i] = convert_one<K>(p, load_as_float(src, dtype, i), gs, i);
+    codes[i] = convert_one<K>(p, load_as_float(src, dtype, i), gs, origin.first_element + i);
   }
 }
 
 void convert_span(const giftQuantParams& p, const void* src, giftDType_t dtype, uint64_t begin,
-                  uint64_t n, const GroupScale& gs, bool has_nonfinite, uint8_t* codes) {
+                  uint64_t n, const GroupScale& gs, bool has_nonfinite, const BandOrigin& origin,
+                  uint8_t* codes) {
   if (!has_nonfinite && gs.zero) {  // all-zero groups are common (unused embedding rows)
     if (n) std::memset(codes + begin, 0, n);
   } else if (p.rounding == GIFT_ROUND_NEAREST && !has_nonfinite) {
     simd::quantize_rn(at(src, dtype, begin), dtype, n, gs.factor, gs.divide, p.kind, codes + begin);
   } else if (p.kind == GIFT_FP8_E4M3) {
-    convert_span_scalar<Fp8::kE4M3>(p, src, dtype, begin, n, gs, codes);
+    convert_span_scalar<Fp8::kE4M3>(p, src, dtype, begin, n, gs, origin, codes);
   } else {
-    convert_span_scalar<Fp8::kE5M2>(p, src, dtype, begin, n, gs, codes);
+    convert_span_scalar<Fp8::kE5M2>(p, src, dtype, begin, n, gs, origin, codes);
   }
 }
 
@@ -125,16 +128,21 @@ void for_each_row_span(const GroupGrid& grid, const Rect& r, F&& f) {
   for (uint64_t row = r.r0; row < r.r1; ++row) f(row * grid.cols + r.c0, r.c1 - r.c0);
 }
 
+// The amax a group's scale comes from: its own, or the whole tensor's for a band of it.
+float scale_amax(const Census& c, const BandOrigin& origin) {
+  return origin.tensor_amax >= 0.0f ? origin.tensor_amax : c.finite_amax;
+}
+
 // One group entirely on the calling thread.
 Census encode_group(const giftQuantParams& p, const GroupGrid& grid, uint64_t g, const void* src,
-                    giftDType_t dtype, uint8_t* codes, void* scales) {
+                    giftDType_t dtype, uint8_t* codes, void* scales, const BandOrigin& origin) {
   const Rect r = grid.rect(g);
   Census census;
   for_each_row_span(grid, r,
                     [&](uint64_t b, uint64_t n) { census.merge(census_span(src, dtype, b, n)); });
-  const GroupScale gs = make_scale(p, census.finite_amax, scales, g);
+  const GroupScale gs = make_scale(p, scale_amax(census, origin), scales, g);
   for_each_row_span(grid, r, [&](uint64_t b, uint64_t n) {
-    convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, codes);
+    convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, origin, codes);
   });
   return census;
 }
@@ -155,7 +163,7 @@ void parallel_chunks(uint64_t begin, uint64_t n, int threads, F&& f) {
 // a parallel conversion with the common scale.
 Census encode_group_split(const giftQuantParams& p, const GroupGrid& grid, uint64_t g,
                           const void* src, giftDType_t dtype, uint8_t* codes, void* scales,
-                          int threads) {
+                          int threads, const BandOrigin& origin) {
   const Rect r = grid.rect(g);
   std::vector<Census> parts(static_cast<size_t>(threads));
   parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
@@ -163,9 +171,9 @@ Census encode_group_split(const giftQuantParams& p, const GroupGrid& grid, uint6
   });
   Census census;
   for (const Census& c : parts) census.merge(c);
-  const GroupScale gs = make_scale(p, census.finite_amax, scales, g);
+  const GroupScale gs = make_scale(p, scale_amax(census, origin), scales, g);
   parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
-    convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, codes);
+    convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, origin, codes);
   });
   return census;
 }
@@ -217,7 +225,7 @@ Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void
       return;
     }
     for (uint64_t k = 0; k < ceil_div(n, p.block); ++k) {
-      acc.merge(encode_group(p, grid, g + k, src, dtype, codes, scales));
+      acc.merge(encode_group(p, grid, g + k, src, dtype, codes, scales, BandOrigin{}));
     }
   });
   Census census;
@@ -234,7 +242,7 @@ bool split_groups(const GroupGrid& grid, int threads) {
 
 giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const void* src,
                            giftDType_t src_dtype, uint64_t rows, uint64_t cols, uint8_t* codes,
-                           void* scales, giftEncodeStats* stats) {
+                           void* scales, giftEncodeStats* stats, const BandOrigin& origin) {
   const num::FpEnvGuard fp_env;  // the calling thread's serial parts (scales of split groups)
   const GroupGrid grid = group_grid(p, rows, cols);
   const int threads = thread_count(ctx);
@@ -244,7 +252,8 @@ giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const v
     total = encode_blocks(p, grid, src, src_dtype, codes, scales, threads);
   } else if (split_groups(grid, threads)) {
     for (int64_t g = 0; g < groups; ++g) {
-      total.merge(encode_group_split(p, grid, uint64_t(g), src, src_dtype, codes, scales, threads));
+      total.merge(
+          encode_group_split(p, grid, uint64_t(g), src, src_dtype, codes, scales, threads, origin));
     }
   } else {
     std::vector<Census> parts(static_cast<size_t>(threads));
@@ -252,7 +261,7 @@ giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const v
     for (int64_t g = 0; g < groups; ++g) {
       const num::FpEnvGuard fp_env;
       parts[static_cast<size_t>(omp_get_thread_num())].merge(
-          encode_group(p, grid, uint64_t(g), src, src_dtype, codes, scales));
+          encode_group(p, grid, uint64_t(g), src, src_dtype, codes, scales, origin));
     }
     for (const Census& c : parts) total.merge(c);
   }

@@ -11,10 +11,20 @@ namespace gift {
 // The caller's params checked (header and fields) and copied over the defaults.
 giftResult_t load_params(const giftQuantParams* in, giftQuantParams* out);
 
-// Assumes validated params and buffers of the right sizes; ctx may be null.
+// Where the rows given to encode_tensor lie in a larger tensor they are part of, so that a
+// tensor encoded in bands of rows gets the codes of its encode whole: stochastic rounding's
+// random words count elements from first_element, and under GIFT_SCALE_TENSOR the one scale
+// comes from tensor_amax (the whole tensor's finite amax; negative: the rows' own).
+struct BandOrigin {
+  uint64_t first_element = 0;
+  float tensor_amax = -1.0f;
+};
+
+// Assumes validated params and buffers of the right sizes; ctx may be null. Statistics and
+// the index of the first non-finite value are those of the rows given.
 giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const void* src,
                            giftDType_t src_dtype, uint64_t rows, uint64_t cols, uint8_t* codes,
-                           void* scales, giftEncodeStats* stats);
+                           void* scales, giftEncodeStats* stats, const BandOrigin& origin = {});
 
 // What an encode that saw `s` returns under p's non-finite policy: GIFT_OK, or
 // GIFT_ERROR_NONFINITE_INPUT naming the count and the first element (for every encoder).
