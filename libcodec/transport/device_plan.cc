@@ -146,12 +146,13 @@ giftResult_t clear_extra(const giftReduceDevicePlan& p, uint8_t* msgs, int n, cu
 // coordinates change (enqueued on `stream`).
 giftResult_t set_coords(giftReduceDevicePlan& p, const std::vector<uint8_t>& in_gift,
                         cudaStream_t stream) {
-  if (p.shard_residual) {
-    for (const auto& [b, e] : p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift)) {
-      GIFT_CUDA_TRY(cudaMemsetAsync(p.shard_residual + b, 0, (e - b) * sizeof(float), stream));
-    }
-  }
+  std::vector<std::pair<uint64_t, uint64_t>> changed;
+  if (p.shard_residual) changed = p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift);
+  // Chosen first, so that the choice matches the whiteners even if a reset below fails.
   p.coords.choose(in_gift);
+  for (const auto& [b, e] : changed) {
+    GIFT_CUDA_TRY(cudaMemsetAsync(p.shard_residual + b, 0, (e - b) * sizeof(float), stream));
+  }
   return GIFT_OK;
 }
 

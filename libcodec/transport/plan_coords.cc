@@ -10,6 +10,7 @@
 #include "api/handles.h"
 #include "common/error.h"
 #include "coords/select.h"
+#include "numerics/fp_env.h"
 
 namespace gift::transport {
 namespace {
@@ -94,6 +95,7 @@ bool PlanCoords::measuring(const giftAllReduceConfig& config) const {
 
 void PlanCoords::measure(const BucketShape& bucket, const giftQuantParams& params,
                          const float* flat) {
+  const num::FpEnvGuard fp_env;
   coords::SelectOptions o;
   o.mode = coords::CoordsMode::kAuto;
   for (size_t i = 0; i + 1 < bucket.offset.size(); ++i) {

@@ -20,6 +20,7 @@
 #include "coords/whitener.h"
 #include "gift/gift_transport.h"
 #include "numerics/convert.h"
+#include "numerics/fp_env.h"
 #include "transport/config.h"
 #include "transport/dump.h"
 #include "transport/message.h"
@@ -302,6 +303,7 @@ giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* state, ui
 
 giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
                                     uint8_t* send) {
+  const gift::num::FpEnvGuard fp_env;  // residuals, sums and means in IEEE arithmetic
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
   // Every call advances the counter, failed ones too, so that ranks stay on the same call
@@ -336,6 +338,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
 }
 
 giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8_t* out_msg) {
+  const gift::num::FpEnvGuard fp_env;
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
   if (!recv || !out_msg) return fail(GIFT_ERROR_INVALID_ARGUMENT, "a message buffer is NULL");
@@ -374,6 +377,7 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
 
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                     void* const* out_tensors) {
+  const gift::num::FpEnvGuard fp_env;
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
   if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, out_tensors))

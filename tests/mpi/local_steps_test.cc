@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
 #include "allreduce_reference.h"
 #include "coords_reference.h"
 #include "gift/gift_transport.h"
@@ -214,6 +218,34 @@ TEST(LocalSteps, CodecThreadsDoNotChangeTheResult) {
               serial.allreduce(inputs_for(specs, 2, seed)));
   }
 }
+
+#if defined(__SSE2__)
+// Gradients so small that their scales, decoded values, sums and residuals are subnormal: a
+// caller running with flush-to-zero (torch.set_flush_denormal) gets the bytes of one that
+// does not, as a GPU rank computes them.
+TEST(LocalSteps, CallersFlushToZeroDoesNotChangeTheResult) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.threads = 1;
+  SimulatedWorld ieee(c, 2, specs), flushing(c, 2, specs);
+  for (uint64_t seed = 1; seed < 3; ++seed) {  // the second call carries residuals too
+    std::vector<Bucket> in = inputs_for(specs, 2, seed);
+    for (Bucket& b : in) {
+      for (size_t t = 0; t < b.size(); ++t) {
+        if (specs[t].dtype != GIFT_DTYPE_F32) continue;
+        float* v = reinterpret_cast<float*>(b[t].data());
+        for (size_t i = 0; i < b[t].size() / 4; ++i) v[i] *= 1e-36f;
+      }
+    }
+    const std::vector<Bucket> want = ieee.allreduce(in);
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u);  // FTZ and DAZ
+    const std::vector<Bucket> got = flushing.allreduce(in);
+    _mm_setcsr(csr);
+    EXPECT_EQ(got, want) << "call " << seed;
+  }
+}
+#endif
 
 TEST(LocalSteps, CorruptedMessageIsCaughtAndNamesTheSender) {
   const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
