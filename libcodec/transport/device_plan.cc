@@ -187,10 +187,28 @@ giftResult_t encode_message(giftReduceDevicePlan& p, uint32_t step, int shard, c
                              static_cast<const float*>(values), residual, count, stream);
 }
 
-giftResult_t finish_step(giftReduceDevicePlan& p, cudaStream_t stream) {
-  GIFT_CUDA_TRY(cudaEventRecord(p.done, stream));
-  return GIFT_OK;
-}
+// A step's end on its stream: the plan's `done` event is recorded there however the step
+// returns, so that waits (status, SetBasis, SaveState, LoadState) also cover the work a
+// failed step enqueued before it failed.
+class StepEnd {
+ public:
+  StepEnd(giftReduceDevicePlan& p, cudaStream_t stream) : p_(p), stream_(stream) {}
+  StepEnd(const StepEnd&) = delete;
+  StepEnd& operator=(const StepEnd&) = delete;
+  ~StepEnd() {
+    if (!recorded_) (void)cudaEventRecord(p_.done, stream_);  // the step's own error wins
+  }
+  giftResult_t finish() {
+    recorded_ = true;
+    GIFT_CUDA_TRY(cudaEventRecord(p_.done, stream_));
+    return GIFT_OK;
+  }
+
+ private:
+  giftReduceDevicePlan& p_;
+  cudaStream_t stream_;
+  bool recorded_ = false;
+};
 
 giftResult_t create(const giftAllReduceConfig* config, int world, int rank,
                     const giftBucketTensor* tensors, size_t n, giftReduceDevicePlan& p) {
@@ -353,6 +371,7 @@ giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void
                                           uint8_t* send, cudaStream_t stream) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReduceDevicePlan& p = *plan;
+  StepEnd end(p, stream);
   // Every call advances the counter, failed ones too, as on the CPU.
   ++p.call;
   if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, tensors)) return rc;
@@ -422,13 +441,14 @@ giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void
           kn::record_nonfinite(p.stats, p.world, p.call, tr::kScatter, p.record, stream)) {
     return rc;
   }
-  return finish_step(p, stream);
+  return end.finish();
 }
 
 giftResult_t giftReduceSumShardDevice(giftReduceDevicePlan* plan, const uint8_t* recv,
                                       uint8_t* out_msg, cudaStream_t stream) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReduceDevicePlan& p = *plan;
+  StepEnd end(p, stream);
   if (const giftResult_t rc = check_messages(recv, "recv")) return rc;
   if (const giftResult_t rc = check_messages(out_msg, "out_msg")) return rc;
   const uint64_t m = p.layout.message_bytes;
@@ -485,13 +505,14 @@ giftResult_t giftReduceSumShardDevice(giftReduceDevicePlan* plan, const uint8_t*
           kn::record_nonfinite(p.stats + p.world, 1, p.call, tr::kGather, p.record, stream)) {
     return rc;
   }
-  return finish_step(p, stream);
+  return end.finish();
 }
 
 giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint8_t* gathered,
                                           void* const* out_tensors, cudaStream_t stream) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReduceDevicePlan& p = *plan;
+  StepEnd end(p, stream);
   if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, out_tensors)) return rc;
   if (const giftResult_t rc = check_messages(gathered, "gathered")) return rc;
   const uint64_t m = p.layout.message_bytes;
@@ -540,7 +561,7 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
       if (const giftResult_t rc = set_coords(p, p.host_extra, stream)) return rc;
     }
   }
-  return finish_step(p, stream);
+  return end.finish();
 }
 
 giftResult_t giftReduceDevicePlanStatus(giftReduceDevicePlan* plan) {
