@@ -168,6 +168,16 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(open(zout, "rb").read(), open(out, "rb").read())
         os.unlink(zout)
+        # Out of memory is exit status 3 (not "invalid input"), and leaves no output.
+        def starved():
+            resource.setrlimit(resource.RLIMIT_DATA, (8 << 20, 8 << 20))
+
+        if run_capped("--version", cap=starved).returncode == 0:
+            starved_out = self.path("starved.gift")
+            r = run_capped("encode", src, "-o", starved_out, "--zstd", "--threads", "1",
+                           cap=starved)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertFalse(os.path.exists(starved_out))
         # One scale per tensor (a first pass for its amax) with stochastic rounding (random
         # words counted from each band's place in the tensor), in bands too.
         r = run_capped("encode", src, "-o", zframe, "-f", "--scale", "tensor", "--rounding",

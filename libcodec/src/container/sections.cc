@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -34,6 +35,17 @@ void Checksum64::update(const void* data, uint64_t size) {
 
 uint64_t Checksum64::digest() const { return XXH3_64bits_digest(state_->s); }
 
+namespace {
+
+// What a zstd error code means for the caller: memory ran out, or `otherwise` (the data is
+// bad, or zstd failed).
+giftResult_t zstd_code(size_t r, giftResult_t otherwise) {
+  return ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation ? GIFT_ERROR_OUT_OF_MEMORY
+                                                              : otherwise;
+}
+
+}  // namespace
+
 struct SectionCompressor::State {
   ZSTD_CCtx* cctx = ZSTD_createCCtx();
   std::vector<uint8_t> out = std::vector<uint8_t>(ZSTD_CStreamOutSize());
@@ -61,7 +73,8 @@ giftResult_t SectionCompressor::run(const void* data, uint64_t size, bool last, 
     const size_t left =
         ZSTD_compressStream2(state_->cctx, &o, &in, last ? ZSTD_e_end : ZSTD_e_continue);
     if (ZSTD_isError(left)) {
-      return fail(GIFT_ERROR_INTERNAL, "zstd compression failed: %s", ZSTD_getErrorName(left));
+      return fail(zstd_code(left, GIFT_ERROR_INTERNAL), "zstd compression failed: %s",
+                  ZSTD_getErrorName(left));
     }
     if (o.pos) {
       if (const giftResult_t r = out(state_->out.data(), o.pos)) return r;
@@ -122,8 +135,8 @@ giftResult_t decompress_section(const uint8_t* stored, uint64_t stored_length, u
   out->resize(raw_length);
   const size_t n = ZSTD_decompress(out->data(), out->size(), stored, stored_length);
   if (ZSTD_isError(n) || n != raw_length) {
-    return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: %s", what,
-                ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short output");
+    return fail(ZSTD_isError(n) ? zstd_code(n, GIFT_ERROR_DECOMPRESSION) : GIFT_ERROR_DECOMPRESSION,
+                "%s: zstd: %s", what, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short output");
   }
   return GIFT_OK;
 }
@@ -202,7 +215,8 @@ giftResult_t SectionWindow::get(uint64_t at, uint64_t n, const uint8_t** bytes) 
     s.ended = r == 0;
     if (ZSTD_isError(r)) {
       restart();
-      return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: %s", s.what.c_str(), ZSTD_getErrorName(r));
+      return fail(zstd_code(r, GIFT_ERROR_DECOMPRESSION), "%s: zstd: %s", s.what.c_str(),
+                  ZSTD_getErrorName(r));
     }
     produced += out.pos;
     if (out.pos == 0 && (r == 0 || in.pos == in.size)) {
@@ -220,10 +234,12 @@ giftResult_t SectionWindow::get(uint64_t at, uint64_t n, const uint8_t** bytes) 
     s.in_pos = in.pos;
     if (ZSTD_isError(r) || out.pos || (r != 0 && in.pos == in.size)) {
       restart();
-      return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: %s", s.what.c_str(),
-                  ZSTD_isError(r) ? ZSTD_getErrorName(r)
-                  : out.pos       ? "more data than declared"
-                                  : "truncated stream");
+      return fail(
+          ZSTD_isError(r) ? zstd_code(r, GIFT_ERROR_DECOMPRESSION) : GIFT_ERROR_DECOMPRESSION,
+          "%s: zstd: %s", s.what.c_str(),
+          ZSTD_isError(r) ? ZSTD_getErrorName(r)
+          : out.pos       ? "more data than declared"
+                          : "truncated stream");
     }
     s.ended = r == 0;
   }
