@@ -193,24 +193,8 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   kept.nonfinite = GIFT_NONFINITE_KEEP;
   Census census;  // each band read for its statistics just before it is encoded, while cached
   // The codes as pieces, one band at a time (twice where zstd does not make them smaller).
-  const Pieces encoded = [&](const Put& put) {
-    BandOrigin origin;
-    if (p.layout == GIFT_SCALE_TENSOR) {  // the one scale: a first pass for the amax
-      Census whole;
-      for (uint64_t r0 = 0; r0 < rows; r0 += band) {
-        const uint64_t n = std::min(band, rows - r0);
-        const void* src = band_at(r0, n);
-        if (!src) {
-          *refused = true;
-          return GIFT_OK;
-        }
-        whole.add(src, data_dtype, r0 * cols, n * cols);
-      }
-      origin.tensor_amax = whole.stats.amax;
-    }
-    census = Census{};
-    t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
-    uint64_t scales_at = 0;
+  // Each band's rows in turn; a refused band ends the walk with *refused set.
+  const auto for_each_band = [&](const auto& f) {
     for (uint64_t r0 = 0; r0 < rows; r0 += band) {
       const uint64_t n = std::min(band, rows - r0);
       const void* src = band_at(r0, n);
@@ -218,6 +202,25 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
         *refused = true;
         return GIFT_OK;
       }
+      if (const giftResult_t r = f(r0, n, src)) return r;
+    }
+    return GIFT_OK;
+  };
+  const Pieces encoded = [&](const Put& put) {
+    BandOrigin origin;
+    if (p.layout == GIFT_SCALE_TENSOR) {  // the one scale: a first pass for the amax
+      Census whole;
+      const giftResult_t r = for_each_band([&](uint64_t r0, uint64_t n, const void* src) {
+        whole.add(src, data_dtype, r0 * cols, n * cols);
+        return GIFT_OK;
+      });
+      if (r || *refused) return r;
+      origin.tensor_amax = whole.stats.amax;
+    }
+    census = Census{};
+    t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
+    uint64_t scales_at = 0;
+    return for_each_band([&](uint64_t r0, uint64_t n, const void* src) {
       census.add(src, data_dtype, r0 * cols, n * cols);
       uint64_t band_scales = 0;
       giftScaleBytes(&kept, n, cols, &band_scales);
@@ -232,9 +235,8 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       if (r) return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
       merge_stats(&t->stats, st, r0 * cols);
       if (p.layout != GIFT_SCALE_TENSOR) scales_at += band_scales;  // else the same one again
-      if (const giftResult_t r = put(codes.data(), n * cols)) return r;
-    }
-    return GIFT_OK;
+      return put(codes.data(), n * cols);
+    });
   };
   const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);
   if (*refused) return scratch_.truncate(t->codes.scratch_offset);
