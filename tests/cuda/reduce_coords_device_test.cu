@@ -219,15 +219,27 @@ giftAllReduceConfig coords_config(const CoordsCase& k) {
   return c;
 }
 
+// The CPU plans' run of `calls` calls of case k in GIFT coordinates, which the device plans
+// must repeat byte for byte.
+struct CpuCoordsRun {
+  CpuCoordsRun(const CoordsCase& k, int calls)
+      : config(coords_config(k)),
+        basis(fit_basis(16)),
+        inputs(coords_inputs(k.world, calls)),
+        cpu(cpu_world(config, kCoordsBucket, inputs, basis.get())) {}
+  giftAllReduceConfig config;
+  BasisPtr basis;
+  std::vector<std::vector<Bucket>> inputs;
+  std::vector<CallRecord> cpu;
+};
+
 class DevicePlansInGiftCoords : public WithCudaDevice<::testing::TestWithParam<CoordsCase>> {};
 
 TEST_P(DevicePlansInGiftCoords, WriteTheCpuPlansBytesAndStates) {
   const CoordsCase& k = GetParam();
-  const giftAllReduceConfig c = coords_config(k);
-  const BasisPtr basis = fit_basis(16);
   const int calls = 5;
-  const auto inputs = coords_inputs(k.world, calls);
-  const std::vector<CallRecord> cpu = cpu_world(c, kCoordsBucket, inputs, basis.get());
+  const CpuCoordsRun run(k, calls);
+  const auto& [c, basis, inputs, cpu] = run;
 
   DeviceWorld gpu;
   ASSERT_NO_FATAL_FAILURE(gpu.Create(c, k.world, kCoordsBucket));
@@ -261,11 +273,9 @@ class DevicePlanStates : public WithCudaDevice<::testing::Test> {};
 // states resume CPU plans for calls 4 and 5: every byte equals the uninterrupted CPU run.
 TEST_F(DevicePlanStates, RoundTripCpuToGpuToCpu) {
   const CoordsCase k{2, GIFT_COORDS_MODE_AUTO, 1, GIFT_ROUND_STOCHASTIC, GIFT_REDUCE_AVG};
-  const giftAllReduceConfig c = coords_config(k);
-  const BasisPtr basis = fit_basis(16);
   const int calls = 5;
-  const auto inputs = coords_inputs(k.world, calls);
-  const std::vector<CallRecord> cpu = cpu_world(c, kCoordsBucket, inputs, basis.get());
+  const CpuCoordsRun run(k, calls);
+  const auto& [c, basis, inputs, cpu] = run;
 
   DeviceWorld gpu;
   ASSERT_NO_FATAL_FAILURE(gpu.Create(c, k.world, kCoordsBucket));

@@ -16,6 +16,7 @@
 #include "gift/gift.h"
 #include "gift_generated.h"
 #include "unit/edited.h"
+#include "unit/finished_frame.h"
 #include "unit/random_values.h"
 
 namespace {
@@ -52,13 +53,7 @@ std::vector<uint8_t> sample_frame(int zstd = 0) {
   EXPECT_EQ(giftFrameWriterAddTensor(w, "empty", se, 2, GIFT_DTYPE_F32, nullptr, &p), GIFT_OK);
   EXPECT_EQ(giftFrameWriterAddTensor(w, "scalar", nullptr, 0, GIFT_DTYPE_F32, one.data(), &p),
             GIFT_OK);
-  void* data = nullptr;
-  uint64_t size = 0;
-  EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK) << giftGetLastErrorMessage();
-  std::vector<uint8_t> out(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
-  giftFree(data);
-  giftFrameWriterFree(w);
-  return out;
+  return finished_frame(w);
 }
 
 giftResult_t open_result(const std::vector<uint8_t>& f, std::string* message = nullptr) {
@@ -223,13 +218,7 @@ std::vector<uint8_t> threaded_frame(int threads) {
               GIFT_OK)
         << giftGetLastErrorMessage();
   }
-  void* data = nullptr;
-  uint64_t size = 0;
-  EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK) << giftGetLastErrorMessage();
-  std::vector<uint8_t> out(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
-  giftFree(data);
-  giftFrameWriterFree(w);
-  return out;
+  return finished_frame(w);
 }
 
 TEST(Frame, ThreadsChangeNeitherTheBytesNorTheDecodedValues) {

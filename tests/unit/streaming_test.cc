@@ -20,6 +20,7 @@
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
 #include "gift_generated.h"
+#include "unit/finished_frame.h"
 #include "unit/random_values.h"
 
 namespace {
@@ -101,19 +102,10 @@ std::vector<uint8_t> frame_of(const Case& c, const std::string& scratch, const s
   }();
   const uint64_t sn[] = {2051, 1030};
   EXPECT_EQ(giftFrameWriterAddTensor(w, "noise", sn, 2, GIFT_DTYPE_F32, noise.data(), &p), GIFT_OK);
-  std::vector<uint8_t> bytes;
-  if (file.empty()) {
-    void* data = nullptr;
-    uint64_t size = 0;
-    EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK);
-    bytes.assign(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
-    giftFree(data);
-  } else {
-    EXPECT_EQ(giftFrameWriterWriteFile(w, file.c_str()), GIFT_OK) << giftGetLastErrorMessage();
-    bytes = file_bytes(file);
-  }
+  if (file.empty()) return finished_frame(w);
+  EXPECT_EQ(giftFrameWriterWriteFile(w, file.c_str()), GIFT_OK) << giftGetLastErrorMessage();
   giftFrameWriterFree(w);
-  return bytes;
+  return file_bytes(file);
 }
 
 TEST(Streaming, ScratchWriterWritesTheSameBytes) {
