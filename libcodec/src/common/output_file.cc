@@ -57,6 +57,10 @@ giftResult_t write_all(int fd, const uint8_t* p, uint64_t size, int* err) {
   return GIFT_OK;
 }
 
+// Writeback is started every this many bytes, so that it overlaps the rest of the work and
+// commit's fsync waits only for the tail.
+constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
+
 }  // namespace
 
 OutputFile::~OutputFile() { discard(); }
@@ -78,7 +82,7 @@ giftResult_t OutputFile::fail_io(const char* what, int err) {
 giftResult_t OutputFile::open(const std::string& path) {
   discard();
   path_ = name_ = path;
-  written_ = reserved_ = 0;
+  written_ = reserved_ = flushed_ = 0;
   committed_ = false;
   temp_.clear();
   owned_ = true;
@@ -120,7 +124,15 @@ giftResult_t OutputFile::write(const void* data, uint64_t size) {
   if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err) != GIFT_OK)
     return fail_io("write failed", err);
   written_ += size;
+  start_writeback();
   return GIFT_OK;
+}
+
+void OutputFile::start_writeback() {
+  // Only a head start for commit's fsync, which reports any failure: errors are ignored here.
+  if (!owned_ || written_ - flushed_ < kWritebackBytes) return;
+  (void)::sync_file_range(fd_, off_t(flushed_), off_t(written_ - flushed_), SYNC_FILE_RANGE_WRITE);
+  flushed_ = written_;
 }
 
 giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
@@ -132,6 +144,8 @@ giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
     if (n < 0 && errno == EINTR) continue;
     if (n > 0) {
       left -= uint64_t(n);
+      written_ += uint64_t(n);
+      start_writeback();
       continue;
     }
     if (n < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP &&
@@ -149,8 +163,9 @@ giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
       return fail_io("write failed", err);
     off += n;
     left -= uint64_t(n);
+    written_ += uint64_t(n);
+    start_writeback();
   }
-  written_ += size;
   return GIFT_OK;
 }
 

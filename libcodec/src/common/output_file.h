@@ -40,11 +40,13 @@ class OutputFile {
  private:
   giftResult_t fail_io(const char* what, int err);
   void discard();
+  void start_writeback();
 
   int fd_ = -1;
   bool owned_ = false, unnamed_ = false, committed_ = false;
   std::string path_, temp_, name_;
   uint64_t written_ = 0, reserved_ = 0;
+  uint64_t flushed_ = 0;  // writeback started for [0, flushed_)
 };
 
 // An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays
