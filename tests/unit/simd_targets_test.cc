@@ -184,6 +184,46 @@ TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
   }
 }
 
+// The statistics' sums of squares: each of eight lanes adds its elements in order, so every
+// target gives the scalar loop's doubles exactly, for any start lane, length and source type.
+TEST_P(ForEachTarget, AddSquaresEqualsScalarSums) {
+  std::mt19937 gen(17);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> exponent(-140, 120);
+  std::vector<float> x(4133);
+  for (float& v : x) v = std::ldexp(nd(gen), exponent(gen));  // subnormals to ~1e36
+  std::vector<uint16_t> b(x.size()), h(x.size());
+  std::vector<float> bf(x.size()), hf(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    b[i] = num::bf16_from_float(x[i]);
+    bf[i] = num::bf16_to_float(b[i]);
+    h[i] = num::f16_from_float(std::ldexp(x[i], -108));  // finite: below 2^15
+    hf[i] = num::f16_to_float(h[i]);
+  }
+  const struct {
+    giftDType_t dtype;
+    const void* data;
+    const float* values;
+  } sources[] = {{GIFT_DTYPE_F32, x.data(), x.data()},
+                 {GIFT_DTYPE_BF16, b.data(), bf.data()},
+                 {GIFT_DTYPE_F16, h.data(), hf.data()}};
+  for (const auto& src : sources) {
+    for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 1000, 4096, 4133}) {
+      for (size_t phase = 0; phase < 8; ++phase) {
+        double want[8], got[8];
+        for (int j = 0; j < 8; ++j) want[j] = got[j] = 0.5 * double(j);
+        for (size_t k = 0; k < n; ++k)
+          want[(phase + k) % 8] += double(src.values[k]) * double(src.values[k]);
+        simd::add_squares(src.data, src.dtype, n, phase, got);
+        for (int j = 0; j < 8; ++j) {
+          ASSERT_EQ(got[j], want[j])
+              << "dtype " << src.dtype << " n " << n << " phase " << phase << " lane " << j;
+        }
+      }
+    }
+  }
+}
+
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
 // short last blocks, all-zero and subnormal blocks, bf16 values (whose few mantissa bits

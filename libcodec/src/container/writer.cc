@@ -53,14 +53,16 @@ struct Census {
       const uint64_t at = base + i0, m = std::min(kChunk - at % kChunk, n - i0);
       const uint8_t* src = bytes + i0 * dtype_size(dtype);
       const uint32_t bits = simd::abs_max_bits(src, dtype, m);
-      convert_elements(src, dtype, chunk, GIFT_DTYPE_F32, m);
       if (bits < 0x7F800000u) {
-        add_finite(chunk, at, m);
+        simd::add_squares(src, dtype, m, at % 8, lanes);
+        finite += m;
         stats.amax = std::max(stats.amax, num::float_of(bits));
       } else {
+        convert_elements(src, dtype, chunk, GIFT_DTYPE_F32, m);
         for (uint64_t k = 0; k < m; ++k) {  // rare: chunks holding NaN or Inf
           if (std::isfinite(chunk[k])) {
-            add_finite(chunk + k, at + k, 1);
+            simd::add_squares(chunk + k, GIFT_DTYPE_F32, 1, (at + k) % 8, lanes);
+            ++finite;
             stats.amax = std::max(stats.amax, std::fabs(chunk[k]));
           } else if (stats.nonfinite_count++ == 0) {
             stats.first_nonfinite = at + k;
@@ -73,16 +75,6 @@ struct Census {
       }
       i0 += m;
     }
-  }
-  // v[k] is element at + k.
-  void add_finite(const float* v, uint64_t at, uint64_t m) {
-    uint64_t k = 0;
-    for (; k < m && (at + k) % 8; ++k) lanes[(at + k) % 8] += double(v[k]) * double(v[k]);
-    for (; k + 8 <= m; k += 8) {
-      for (int j = 0; j < 8; ++j) lanes[j] += double(v[k + j]) * double(v[k + j]);
-    }
-    for (; k < m; ++k) lanes[(at + k) % 8] += double(v[k]) * double(v[k]);
-    finite += m;
   }
   double folded() const {
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +

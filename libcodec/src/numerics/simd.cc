@@ -150,6 +150,69 @@ HWY_INLINE uint32_t AbsMaxBitsT(const hwy::float16_t* src, size_t n) {
   return AbsMaxBits16(src, n);
 }
 
+// lanes[(phase + k) % 8] += x[k]^2 in double for k in order. The square of an fp32 value is
+// exact in double, so a fused multiply-add rounds like the scalar sum; each lane adds its
+// elements in the same order whatever the vector width.
+template <typename T>
+HWY_INLINE void AddSquaresT(const T* src, size_t n, size_t phase, double* lanes) {
+  const auto scalar = [&](size_t k) {
+    const double v = Source<T>::scalar(src + k);
+    lanes[(phase + k) % 8] += v * v;
+  };
+  size_t k = 0;
+  for (; k < n && (phase + k) % 8; ++k) scalar(k);
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && HWY_HAVE_FLOAT64
+  const DF d;
+  const hn::Half<DF> dh;
+  const hn::Rebind<double, decltype(dh)> dd;
+  // Doubles per half vector: 8 (one accumulator for all lanes), 4 (two) or 2 (four).
+  constexpr size_t kHalf = hn::MaxLanes(dd), kAcc = 8 / kHalf;
+  static_assert(kAcc * kHalf == 8 && kAcc <= 4, "lane layout");
+  auto a0 = hn::LoadU(dd, lanes), a1 = a0, a2 = a0, a3 = a0;
+  if constexpr (kAcc >= 2) a1 = hn::LoadU(dd, lanes + kHalf);
+  if constexpr (kAcc == 4) {
+    a2 = hn::LoadU(dd, lanes + 2 * kHalf);
+    a3 = hn::LoadU(dd, lanes + 3 * kHalf);
+  }
+  const auto square_into = [&](VF v, auto& lo_acc, auto& hi_acc) {
+    const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, v));
+    const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, v));
+    lo_acc = hn::MulAdd(lo, lo, lo_acc);
+    hi_acc = hn::MulAdd(hi, hi, hi_acc);
+  };
+  constexpr size_t kStep = 2 * kHalf * (kAcc == 4 ? 2 : 1);  // a multiple of 8 elements
+  for (; k + kStep <= n; k += kStep) {
+    const VF v = Source<T>::load(d, src + k);
+    if constexpr (kAcc == 1) {
+      square_into(v, a0, a0);
+    } else if constexpr (kAcc == 2) {
+      square_into(v, a0, a1);
+    } else {
+      square_into(v, a0, a1);
+      square_into(Source<T>::load(d, src + k + 2 * kHalf), a2, a3);
+    }
+  }
+  hn::StoreU(a0, dd, lanes);
+  if constexpr (kAcc >= 2) hn::StoreU(a1, dd, lanes + kHalf);
+  if constexpr (kAcc == 4) {
+    hn::StoreU(a2, dd, lanes + 2 * kHalf);
+    hn::StoreU(a3, dd, lanes + 3 * kHalf);
+  }
+#endif
+  for (; k < n; ++k) scalar(k);
+}
+
+void AddSquares(const void* src, giftDType_t dtype, size_t n, size_t phase, double* lanes) {
+  switch (dtype) {
+    case GIFT_DTYPE_BF16:
+      return AddSquaresT(static_cast<const uint16_t*>(src), n, phase, lanes);
+    case GIFT_DTYPE_F16:
+      return AddSquaresT(static_cast<const hwy::float16_t*>(src), n, phase, lanes);
+    default:
+      return AddSquaresT(static_cast<const float*>(src), n, phase, lanes);
+  }
+}
+
 // The vector form of num::fp8_from_float_rn, for any input.
 template <Fp8 K>
 HWY_INLINE VI ConvertRN(DF d, VF v) {
@@ -518,6 +581,7 @@ HWY_AFTER_NAMESPACE();
 namespace gift::simd {
 
 HWY_EXPORT(AbsMaxBits);
+HWY_EXPORT(AddSquares);
 HWY_EXPORT(QuantizeRN);
 HWY_EXPORT(QuantizeRNBounded);
 HWY_EXPORT(Dequantize);
@@ -527,6 +591,10 @@ HWY_EXPORT(TargetName);
 
 uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n) {
   return HWY_DYNAMIC_DISPATCH(AbsMaxBits)(src, dtype, n);
+}
+
+void add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase, double lanes[8]) {
+  HWY_DYNAMIC_DISPATCH(AddSquares)(src, dtype, n, phase, lanes);
 }
 
 void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,

@@ -15,6 +15,10 @@ namespace gift::simd {
 // so a NaN or Inf shows as a value >= 0x7F800000).
 uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n);
 
+// lanes[(phase + k) % 8] += x[k] * x[k] in double, for k = 0, 1, ... n - 1 in that order: the
+// same sums on every target. For finite x (an infinite one makes its lane infinite).
+void add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase, double lanes[8]);
+
 // codes[i] = fp8_from_float_rn(x[i] / factor) when `divide`, else fp8_from_float_rn(x[i] *
 // factor), for any input.
 void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
