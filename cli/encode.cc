@@ -110,8 +110,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   gift::io::TensorFile in;
   gift::io::read_tensor_file(o.input, &in);
   const WriterPtr w = new_writer();
-  // Encoded sections wait in an unnamed file beside the output (the frame's header, which
-  // comes first, is known only at the end), not in memory.
+  // Encoded sections that cannot go straight into the output (see below) wait in an unnamed
+  // file beside it, not in memory.
   check(giftFrameWriterSetScratchDir(w.get(), scratch_dir(to_stdout ? "" : out).c_str()));
   use_device(w.get(), device);
   check(giftFrameWriterSetCompression(w.get(), o.zstd));
@@ -122,15 +122,35 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   }
   if (o.embed_basis) check(giftFrameWriterEmbedBasis(w.get(), basis.get()));
 
+  // Only matrices (2-D and up) are quantized; vectors, scalars and excluded tensors are
+  // stored losslessly and come back bit-identical.
+  std::vector<int> lossless(in.tensors.size());
+  std::vector<const char*> names(in.tensors.size());
+  std::vector<uint32_t> ndims(in.tensors.size());
+  for (size_t i = 0; i < in.tensors.size(); ++i) {
+    const gift::io::TensorRef& t = in.tensors[i];
+    const bool selected = (o.include.empty() || std::regex_search(t.name, include)) &&
+                          (o.exclude.empty() || !std::regex_search(t.name, exclude));
+    lossless[i] = !(selected && t.shape.size() >= 2);
+    names[i] = t.name.c_str();
+    ndims[i] = uint32_t(t.shape.size());
+  }
+  giftOutput* sink = nullptr;
+  check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, out.c_str(), &sink)
+                  : giftOutputOpenFile(out.c_str(), &sink));
+  const std::unique_ptr<giftOutput, decltype(&giftOutputFree)> output(sink, giftOutputFree);
+  // A file gets the sections as they are made, its header written in front at the end; a
+  // pipe only at the end, the sections waiting in the scratch file.
+  if (!to_stdout) {
+    check(giftFrameWriterStreamTo(w.get(), sink, names.size(), names.data(), ndims.data(),
+                                  lossless.data()));
+  }
+
   uint64_t in_bytes = 0, quantized = 0, in_gift = 0;
   Progress progress("encode", in.tensors.size(), v);
   for (size_t i = 0; i < in.tensors.size(); ++i) {
     const gift::io::TensorRef& t = in.tensors[i];
-    // Only matrices (2-D and up) are quantized; vectors, scalars and excluded tensors are
-    // stored losslessly and come back bit-identical.
-    const bool selected = (o.include.empty() || std::regex_search(t.name, include)) &&
-                          (o.exclude.empty() || !std::regex_search(t.name, exclude));
-    const bool fp8 = selected && t.shape.size() >= 2;
+    const bool fp8 = !lossless[i];
     giftQuantParams tp = p;
     tp.tensor_index = uint32_t(i);
     const uint32_t ndim = uint32_t(t.shape.size());
@@ -159,10 +179,6 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     }
     progress.step(i + 1);
   }
-  giftOutput* sink = nullptr;
-  check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, out.c_str(), &sink)
-                  : giftOutputOpenFile(out.c_str(), &sink));
-  const std::unique_ptr<giftOutput, decltype(&giftOutputFree)> output(sink, giftOutputFree);
   check(giftFrameWriterWriteOutput(w.get(), sink));
   check(giftOutputCommit(sink));
   if (!v.quiet) {

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,9 +59,33 @@ struct Case {
   int zstd;
 };
 
+// Inodes of the unnamed files (O_TMPFILE) this process holds open in `dir`.
+std::vector<ino_t> unnamed_files_in(const std::string& dir) {
+  std::vector<ino_t> out;
+  for (const std::string& fd : entries("/proc/self/fd")) {
+    const std::string link = "/proc/self/fd/" + fd;
+    char target[4096];
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+    struct stat st;
+    if (n <= 0 || ::stat(link.c_str(), &st) != 0) continue;
+    if (std::string(target, size_t(n)).rfind(dir + "/#", 0) == 0) out.push_back(st.st_ino);
+  }
+  return out;
+}
+
+// How frame_of hands its frame over.
+enum class Sink {
+  kFinish,      // giftFrameWriterFinish (to memory)
+  kWriteFile,   // giftFrameWriterWriteFile
+  kStream,      // giftFrameWriterStreamTo with the frame's tensors declared
+  kMisdeclared  // giftFrameWriterStreamTo with one name declared much longer
+};
+
 // Tensors larger than the writer's bands (several million elements, rows not a multiple of
-// a band nor of the tile height), a raw vector and an empty tensor, as one frame.
-std::vector<uint8_t> frame_of(const Case& c, const std::string& scratch, const std::string& file) {
+// a band nor of the tile height), a raw vector and an empty tensor, as one frame. For the
+// streamed sinks, *in_place says whether the file streamed to became the frame.
+std::vector<uint8_t> frame_of(const Case& c, const std::string& scratch, const std::string& file,
+                              Sink sink = Sink::kFinish, bool* in_place = nullptr) {
   giftFrameWriter* w = nullptr;
   EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
   EXPECT_EQ(giftFrameWriterSetCompression(w, c.zstd), GIFT_OK);
@@ -68,6 +93,25 @@ std::vector<uint8_t> frame_of(const Case& c, const std::string& scratch, const s
     EXPECT_EQ(giftFrameWriterSetScratchDir(w, scratch.c_str()), GIFT_OK);
   }
   giftFrameWriterAddMetadata(w, "case", c.name);
+  giftOutput* out = nullptr;
+  std::vector<ino_t> streamed_to;
+  if (sink == Sink::kStream || sink == Sink::kMisdeclared) {
+    const std::string folder = file.substr(0, file.rfind('/'));
+    const std::vector<ino_t> before = unnamed_files_in(folder);
+    EXPECT_EQ(giftOutputOpenFile(file.c_str(), &out), GIFT_OK);
+    for (ino_t i : unnamed_files_in(folder)) {
+      if (std::find(before.begin(), before.end(), i) == before.end()) streamed_to.push_back(i);
+    }
+    EXPECT_EQ(streamed_to.size(), 1u) << "the output's unnamed file";
+    // A name 200 bytes longer moves the sections (a few bytes might not, after alignment).
+    const std::string wrong = "bias" + std::string(200, '_');
+    const char* names[] = {"big", sink == Sink::kStream ? "bias" : wrong.c_str(), "half", "empty",
+                           "noise"};
+    const uint32_t ndims[] = {2, 1, 2, 2, 2};
+    const int lossless[] = {0, 1, 0, 0, 0};
+    EXPECT_EQ(giftFrameWriterStreamTo(w, out, 5, names, ndims, lossless), GIFT_OK)
+        << giftGetLastErrorMessage();
+  }
   giftQuantParams p;
   giftQuantParamsInit(&p);
   p.layout = c.layout;
@@ -102,8 +146,17 @@ std::vector<uint8_t> frame_of(const Case& c, const std::string& scratch, const s
   }();
   const uint64_t sn[] = {2051, 1030};
   EXPECT_EQ(giftFrameWriterAddTensor(w, "noise", sn, 2, GIFT_DTYPE_F32, noise.data(), &p), GIFT_OK);
-  if (file.empty()) return finished_frame(w);
-  EXPECT_EQ(giftFrameWriterWriteFile(w, file.c_str()), GIFT_OK) << giftGetLastErrorMessage();
+  if (sink == Sink::kFinish) return finished_frame(w);
+  if (out) {
+    EXPECT_EQ(giftFrameWriterWriteOutput(w, out), GIFT_OK) << giftGetLastErrorMessage();
+    EXPECT_EQ(giftOutputCommit(out), GIFT_OK) << giftGetLastErrorMessage();
+    giftOutputFree(out);
+    struct stat st;
+    EXPECT_EQ(::stat(file.c_str(), &st), 0);
+    if (in_place) *in_place = !streamed_to.empty() && st.st_ino == streamed_to[0];
+  } else {
+    EXPECT_EQ(giftFrameWriterWriteFile(w, file.c_str()), GIFT_OK) << giftGetLastErrorMessage();
+  }
   giftFrameWriterFree(w);
   return file_bytes(file);
 }
@@ -121,7 +174,15 @@ TEST(Streaming, ScratchWriterWritesTheSameBytes) {
     ASSERT_GT(in_memory.size(), 1u << 20);
     EXPECT_EQ(frame_of(c, dir, ""), in_memory);
     const std::string path = dir + "/out.gift";
-    EXPECT_EQ(frame_of(c, dir, path), in_memory);
+    EXPECT_EQ(frame_of(c, dir, path, Sink::kWriteFile), in_memory);
+    // Streamed into the output: in place when declared right, moved once when not.
+    for (const std::string& scratch : {std::string(), dir}) {
+      bool in_place = false;
+      EXPECT_EQ(frame_of(c, scratch, path, Sink::kStream, &in_place), in_memory);
+      EXPECT_TRUE(in_place) << "sections copied although the header was declared";
+      EXPECT_EQ(frame_of(c, scratch, path, Sink::kMisdeclared, &in_place), in_memory);
+      EXPECT_FALSE(in_place);
+    }
     giftFrame* f = nullptr;
     ASSERT_EQ(giftFrameOpenFile(path.c_str(), &f), GIFT_OK);
     EXPECT_EQ(giftFrameVerify(f), GIFT_OK);
@@ -221,9 +282,11 @@ TEST(Streaming, GiftCoordinatesEncodeInBandsWithTheSameBytes) {
   }
   const uint64_t shape[] = {rows, dim};
   const std::string dir = temp_dir();
-  std::string reasons[2][4];
-  std::vector<uint8_t> frames[2];
-  for (int scratch = 0; scratch < 2; ++scratch) {
+  // In memory, with a scratch file, and streamed into a file (selections make the header
+  // longer than declared: the sections move once, at the end).
+  std::string reasons[3][4];
+  std::vector<uint8_t> frames[3];
+  for (int scratch = 0; scratch < 3; ++scratch) {
     giftQuantParams p;
     giftQuantParamsInit(&p);
     giftSelectParams gift = GIFT_SELECT_PARAMS_INIT, automatic = GIFT_SELECT_PARAMS_INIT;
@@ -244,6 +307,14 @@ TEST(Streaming, GiftCoordinatesEncodeInBandsWithTheSameBytes) {
         ASSERT_EQ(giftFrameWriterSetScratchDir(one, dir.c_str()), GIFT_OK);
       }
       ASSERT_EQ(giftFrameWriterEmbedBasis(one, basis), GIFT_OK);
+      const std::string path = dir + "/streamed.gift";
+      giftOutput* out = nullptr;
+      if (scratch == 2) {
+        const char* names[] = {"w", "bias"};
+        const uint32_t ndims[] = {2, 1};
+        ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+        ASSERT_EQ(giftFrameWriterStreamTo(one, out, 2, names, ndims, nullptr), GIFT_OK);
+      }
       giftSelection sel = GIFT_SELECTION_INIT;
       ASSERT_EQ(giftFrameWriterAddTensorInBasis(one, "w", shape, 2, adds[i].dtype, adds[i].data, &p,
                                                 basis, adds[i].select, &sel),
@@ -254,27 +325,140 @@ TEST(Streaming, GiftCoordinatesEncodeInBandsWithTheSameBytes) {
       const uint64_t bias_shape[] = {dim};
       ASSERT_EQ(giftFrameWriterAddTensor(one, "bias", bias_shape, 1, GIFT_DTYPE_F32, w.data(), &p),
                 GIFT_OK);
-      void* data = nullptr;
-      uint64_t size = 0;
-      ASSERT_EQ(giftFrameWriterFinish(one, &data, &size), GIFT_OK);
+      std::vector<uint8_t> frame;
+      if (out) {
+        ASSERT_EQ(giftFrameWriterWriteOutput(one, out), GIFT_OK) << giftGetLastErrorMessage();
+        ASSERT_EQ(giftOutputCommit(out), GIFT_OK);
+        giftOutputFree(out);
+        giftFrameWriterFree(one);
+        frame = file_bytes(path);
+        ::unlink(path.c_str());
+      } else {
+        frame = finished_frame(one);
+      }
       giftFrame* f = nullptr;
-      ASSERT_EQ(giftFrameOpen(data, size, &f), GIFT_OK);
+      ASSERT_EQ(giftFrameOpen(frame.data(), frame.size(), &f), GIFT_OK);
       EXPECT_EQ(giftFrameVerify(f), GIFT_OK) << giftGetLastErrorMessage();
       giftFrameClose(f);
-      frames[scratch].insert(frames[scratch].end(), static_cast<uint8_t*>(data),
-                             static_cast<uint8_t*>(data) + size);
-      giftFree(data);
-      giftFrameWriterFree(one);
+      frames[scratch].insert(frames[scratch].end(), frame.begin(), frame.end());
     }
   }
   EXPECT_EQ(frames[1], frames[0]);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(reasons[1][i], reasons[0][i]);
+  EXPECT_EQ(frames[2], frames[0]);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(reasons[1][i], reasons[0][i]);
+    EXPECT_EQ(reasons[2][i], reasons[0][i]);
+  }
   EXPECT_EQ(reasons[1][0], "forced (--coords gift)");
   EXPECT_EQ(reasons[1][2], "values too large: decoding in GIFT coordinates could overflow fp32");
   EXPECT_EQ(reasons[1][3], "lower estimated error") << "the test data should favour GIFT";
   EXPECT_TRUE(entries(dir).empty()) << "scratch files left behind";
   ::rmdir(dir.c_str());
   giftBasisFree(basis);
+}
+
+// A streamed frame with an embedded basis (its last section, kept aside until the end: in the
+// scratch file or in memory) and tensors in Euclidean coordinates is written in place.
+TEST(Streaming, StreamedFrameKeepsItsBasisForTheEnd) {
+  const uint32_t dim = 64;
+  std::vector<float> w;
+  giftBasis* basis = basis_for(dim, 300, &w);
+  ASSERT_NE(basis, nullptr);
+  const std::string dir = temp_dir(), path = dir + "/out.gift";
+  const uint64_t shape[] = {300, dim};
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  const auto frame = [&](bool scratch, bool stream, bool* in_place) {
+    giftFrameWriter* one = nullptr;
+    EXPECT_EQ(giftFrameWriterCreate(&one), GIFT_OK);
+    if (scratch) {
+      EXPECT_EQ(giftFrameWriterSetScratchDir(one, dir.c_str()), GIFT_OK);
+    }
+    EXPECT_EQ(giftFrameWriterEmbedBasis(one, basis), GIFT_OK);
+    if (!stream) {
+      EXPECT_EQ(giftFrameWriterAddTensor(one, "w", shape, 2, GIFT_DTYPE_F32, w.data(), &p),
+                GIFT_OK);
+      return finished_frame(one);
+    }
+    giftOutput* out = nullptr;
+    EXPECT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+    const std::vector<ino_t> files = unnamed_files_in(dir);
+    const char* names[] = {"w"};
+    const uint32_t ndims[] = {2};
+    EXPECT_EQ(giftFrameWriterStreamTo(one, out, 1, names, ndims, nullptr), GIFT_OK);
+    EXPECT_GT(giftOutputBytes(out), 32u) << "room for the header, written ahead";
+    EXPECT_EQ(giftFrameWriterAddTensor(one, "w", shape, 2, GIFT_DTYPE_F32, w.data(), &p), GIFT_OK);
+    EXPECT_GT(giftOutputBytes(out), w.size()) << "the codes went straight to the output";
+    EXPECT_EQ(giftFrameWriterWriteOutput(one, out), GIFT_OK) << giftGetLastErrorMessage();
+    EXPECT_EQ(giftOutputCommit(out), GIFT_OK);
+    giftOutputFree(out);
+    giftFrameWriterFree(one);
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    *in_place = std::find(files.begin(), files.end(), st.st_ino) != files.end();
+    std::vector<uint8_t> bytes = file_bytes(path);
+    ::unlink(path.c_str());
+    return bytes;
+  };
+  bool in_place = false;
+  const std::vector<uint8_t> want = frame(false, false, &in_place);
+  for (bool scratch : {false, true}) {
+    EXPECT_EQ(frame(scratch, true, &in_place), want) << "scratch " << scratch;
+    EXPECT_TRUE(in_place) << "scratch " << scratch;
+  }
+  EXPECT_TRUE(entries(dir).empty()) << "scratch or temporary files left behind";
+  ::rmdir(dir.c_str());
+  giftBasisFree(basis);
+}
+
+// Streaming is for a new file output, declared before the first tensor; a streamed frame is
+// finished only there, and one abandoned leaves nothing.
+TEST(Streaming, StreamToRefusesWhatItCannotDo) {
+  const std::string dir = temp_dir(), path = dir + "/out.gift";
+  const float x[4] = {1, 2, 3, 4};
+  const uint64_t shape[] = {2, 2};
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  const char* names[] = {"x"};
+  const uint32_t ndims[] = {2};
+  giftFrameWriter* w = nullptr;
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  giftOutput* out = nullptr;
+  ASSERT_EQ(giftOutputOpenFd(STDERR_FILENO, "standard error", &out), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("only to a new file"), std::string::npos);
+  giftOutputFree(out);
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  ASSERT_EQ(giftOutputWrite(out, "x", 1), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_ERROR_INVALID_ARGUMENT);
+  giftOutputFree(out);
+  EXPECT_EQ(giftFrameWriterStreamTo(w, nullptr, 1, names, ndims, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_ERROR_INVALID_ARGUMENT);
+  ASSERT_EQ(giftFrameWriterAddTensor(w, "x", shape, 2, GIFT_DTYPE_F32, x, &p), GIFT_OK);
+  void* data = nullptr;
+  uint64_t size = 0;
+  EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("streams to"), std::string::npos);
+  giftOutput* other = nullptr;
+  ASSERT_EQ(giftOutputOpenFile((dir + "/other.gift").c_str(), &other), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterWriteOutput(w, other), GIFT_ERROR_INVALID_ARGUMENT);
+  giftOutputFree(other);
+  giftOutputFree(out);  // abandoned before its header: nothing under any name
+  giftFrameWriterFree(w);
+  EXPECT_TRUE(entries(dir).empty());
+
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterAddTensor(w, "x", shape, 2, GIFT_DTYPE_F32, x, &p), GIFT_OK);
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_ERROR_INVALID_ARGUMENT)
+      << "a tensor was added before";
+  giftOutputFree(out);
+  giftFrameWriterFree(w);
+  ::rmdir(dir.c_str());
 }
 
 // Decoding a tensor in bands of rows gives the bytes of the whole decode, for every layout,

@@ -412,6 +412,22 @@ GIFT_API void giftOutputFree(giftOutput* out);
 /* The finished frame appended to `out`, which the caller then commits. */
 GIFT_API giftResult_t giftFrameWriterWriteOutput(giftFrameWriter* writer, giftOutput* out);
 
+/* Streams the frame into `out` (a file from giftOutputOpenFile, nothing written to it yet)
+ * as tensors are added, and encodes FP8 tensors in bands as giftFrameWriterSetScratchDir
+ * does: giftFrameWriterWriteOutput(writer, out) then only writes the header in front, with
+ * no copy of the sections. The header comes first and holds where each section lies, so its
+ * length must be known before the first one: the writer is told the `count` tensors that
+ * will be added, in order, by name, number of dimensions and whether each is stored
+ * losslessly (params NULL; lossless may be NULL for none). Call it after the metadata and
+ * giftFrameWriterEmbedBasis, before the first tensor. A frame that turns out otherwise
+ * (other tensors, tensors in GIFT coordinates, metadata added later) is still written right,
+ * its sections copied once at the end into the output started again. The frame can then be
+ * finished only into `out`. An embedded basis waits in the scratch file, if one is set, else
+ * in memory. */
+GIFT_API giftResult_t giftFrameWriterStreamTo(giftFrameWriter* writer, giftOutput* out,
+                                              size_t count, const char* const* names,
+                                              const uint32_t* ndims, const int* lossless);
+
 GIFT_API void giftFree(void* p);
 
 /* Writes `size` bytes to `path` as one giftOutput file: through a temporary, fsync and a

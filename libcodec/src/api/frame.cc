@@ -429,6 +429,24 @@ giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const char* path)
   }
 }
 
+giftResult_t giftFrameWriterStreamTo(giftFrameWriter* writer, giftOutput* out, size_t count,
+                                     const char* const* names, const uint32_t* ndims,
+                                     const int* lossless) {
+  gift::clear_error();
+  if (!writer || !out || (count && (!names || !ndims)))
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  try {
+    std::vector<gift::container::FrameWriter::Declared> declared(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (!names[i]) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name %zu is NULL", i);
+      declared[i] = {names[i], ndims[i], lossless && lossless[i]};
+    }
+    return writer->writer.stream_to(&out->file, declared);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
+  }
+}
+
 giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, const char* dir) {
   gift::clear_error();
   if (!writer || !dir) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");

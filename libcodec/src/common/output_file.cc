@@ -57,6 +57,16 @@ giftResult_t write_all(int fd, const uint8_t* p, uint64_t size, int* err) {
   return GIFT_OK;
 }
 
+// Drops a file's bytes from `size` on and puts the file position there.
+bool truncate_at(int fd, uint64_t size) {
+  return ::ftruncate(fd, off_t(size)) == 0 && ::lseek(fd, off_t(size), SEEK_SET) >= 0;
+}
+
+// SectionFile::allocate_ahead for a file whose end is `size`.
+void allocate_past(int fd, uint64_t size, uint64_t more) {
+  if (fd >= 0 && more) (void)::fallocate(fd, FALLOC_FL_KEEP_SIZE, off_t(size), off_t(more));
+}
+
 // Writeback is started every this many bytes, so that it overlaps the rest of the work and
 // commit's fsync waits only for the tail.
 constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
@@ -87,11 +97,11 @@ giftResult_t OutputFile::open(const std::string& path) {
   temp_.clear();
   owned_ = true;
   // Unnamed until complete: an interrupted run leaves nothing behind, not even a temporary.
-  fd_ = open_unnamed(folder_of(path), O_WRONLY);
+  fd_ = open_unnamed(folder_of(path), O_RDWR);  // read back if a streamed frame must move
   unnamed_ = fd_ >= 0;
   if (fd_ < 0 && no_tmpfile(errno)) {
     fresh_name(path, &temp_, [&](const std::string& n) {
-      fd_ = ::open(n.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      fd_ = ::open(n.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       return fd_ >= 0;
     });
   }
@@ -133,6 +143,48 @@ void OutputFile::start_writeback() {
   if (!owned_ || written_ - flushed_ < kWritebackBytes) return;
   (void)::sync_file_range(fd_, off_t(flushed_), off_t(written_ - flushed_), SYNC_FILE_RANGE_WRITE);
   flushed_ = written_;
+}
+
+giftResult_t OutputFile::truncate(uint64_t size) {
+  if (!is_file()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not a file", name_.c_str());
+  if (!truncate_at(fd_, size)) return fail_io("cannot truncate", errno);
+  written_ = size;
+  flushed_ = std::min(flushed_, size);
+  return GIFT_OK;
+}
+
+giftResult_t OutputFile::write_at(uint64_t offset, const void* data, uint64_t size) {
+  if (!is_file() || offset + size > written_) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: cannot write there", name_.c_str());
+  }
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  while (size) {
+    const ssize_t n = ::pwrite(fd_, p, size, off_t(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail_io("write failed", n < 0 ? errno : ENOSPC);
+    p += n;
+    offset += uint64_t(n);
+    size -= uint64_t(n);
+  }
+  return GIFT_OK;
+}
+
+void OutputFile::allocate_ahead(uint64_t more) {
+  if (is_file()) allocate_past(fd_, written_, more);
+}
+
+giftResult_t OutputFile::restart(int* old_fd) {
+  if (!is_file()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not a file", name_.c_str());
+  const int fd = fd_;
+  if (!unnamed_) ::unlink(temp_.c_str());  // the descriptor keeps the bytes until closed
+  fd_ = -1;
+  owned_ = false;
+  if (const giftResult_t r = open(path_)) {
+    ::close(fd);
+    return r;
+  }
+  *old_fd = fd;
+  return GIFT_OK;
 }
 
 giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
@@ -224,10 +276,7 @@ giftResult_t ScratchFile::open(const std::string& dir) {
   return GIFT_OK;
 }
 
-void ScratchFile::reserve(uint64_t more) {
-  // Only a speed-up: a failure shows again, precisely, when the bytes are written.
-  if (fd_ >= 0 && more) (void)::fallocate(fd_, FALLOC_FL_KEEP_SIZE, off_t(size_), off_t(more));
-}
+void ScratchFile::allocate_ahead(uint64_t more) { allocate_past(fd_, size_, more); }
 
 giftResult_t ScratchFile::write(const void* data, uint64_t size) {
   int err = 0;
@@ -240,7 +289,7 @@ giftResult_t ScratchFile::write(const void* data, uint64_t size) {
 }
 
 giftResult_t ScratchFile::truncate(uint64_t size) {
-  if (::ftruncate(fd_, off_t(size)) != 0 || ::lseek(fd_, off_t(size), SEEK_SET) < 0) {
+  if (!truncate_at(fd_, size)) {
     return fail(GIFT_ERROR_IO, "%s: cannot truncate scratch data: %s", dir_.c_str(),
                 std::strerror(errno));
   }

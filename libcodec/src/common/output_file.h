@@ -12,7 +12,22 @@
 
 namespace gift {
 
-class OutputFile {
+// A file that sections of a frame are written to in order as they are made (FrameWriter): the
+// writer's scratch file, or the output itself when it streams the frame there.
+class SectionFile {
+ public:
+  virtual ~SectionFile() = default;
+  virtual uint64_t size() const = 0;
+  // Appends at the end.
+  virtual giftResult_t write(const void* data, uint64_t size) = 0;
+  // Drops the bytes from `size` on; the next write goes there.
+  virtual giftResult_t truncate(uint64_t size) = 0;
+  // Room for `more` bytes past the end, allocated ahead: only a speed-up, so a failure shows
+  // later, precisely, when the bytes are written.
+  virtual void allocate_ahead(uint64_t more) = 0;
+};
+
+class OutputFile : public SectionFile {
  public:
   OutputFile() = default;
   OutputFile(const OutputFile&) = delete;
@@ -28,13 +43,23 @@ class OutputFile {
   // before anything is written and writing does not allocate page by page. A no-op for a
   // descriptor or a file system that cannot do it.
   giftResult_t reserve(uint64_t total);
-  giftResult_t write(const void* data, uint64_t size);
+  giftResult_t write(const void* data, uint64_t size) override;
   // Appends `size` bytes of the file `fd` from `offset`, in the kernel where it can.
   giftResult_t append_from(int fd, uint64_t offset, uint64_t size);
+  // A file only: drops the bytes from `size` on (the next write goes there), or overwrites
+  // bytes already written.
+  giftResult_t truncate(uint64_t size) override;
+  giftResult_t write_at(uint64_t offset, const void* data, uint64_t size);
+  void allocate_ahead(uint64_t more) override;
+  // A file only: hands over the descriptor of what was written (unnamed from now on, gone
+  // when the caller closes it) in *old_fd and starts the output again, empty.
+  giftResult_t restart(int* old_fd);
   // A file: fsync, then the rename over the destination. A descriptor: nothing to do.
   giftResult_t commit();
 
+  bool is_file() const { return owned_ && fd_ >= 0; }
   uint64_t written() const { return written_; }
+  uint64_t size() const override { return written_; }
   const std::string& name() const { return name_; }
 
  private:
@@ -51,7 +76,7 @@ class OutputFile {
 
 // An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays
 // in one file system), removed by the kernel when closed, whatever ends the process.
-class ScratchFile {
+class ScratchFile : public SectionFile {
  public:
   ScratchFile() = default;
   ScratchFile(const ScratchFile&) = delete;
@@ -59,14 +84,12 @@ class ScratchFile {
   ~ScratchFile();
 
   giftResult_t open(const std::string& dir);
-  // Room for `more` bytes past the end, allocated ahead (as OutputFile::reserve).
-  void reserve(uint64_t more);
-  giftResult_t write(const void* data, uint64_t size);
-  // Drops the bytes from `size` on; the next write goes there.
-  giftResult_t truncate(uint64_t size);
+  void allocate_ahead(uint64_t more) override;
+  giftResult_t write(const void* data, uint64_t size) override;
+  giftResult_t truncate(uint64_t size) override;
   bool is_open() const { return fd_ >= 0; }
   int fd() const { return fd_; }
-  uint64_t size() const { return size_; }
+  uint64_t size() const override { return size_; }
 
  private:
   int fd_ = -1;

@@ -30,7 +30,8 @@ class Checksum64 {
 struct StoredSection {
   std::vector<uint8_t> bytes;  // as stored (compressed or not), unless spilled
   bool spilled = false;
-  uint64_t scratch_offset = 0;  // where the stored bytes lie in the scratch file
+  bool streamed = false;        // spilled into the output the writer streams to, not the scratch
+  uint64_t scratch_offset = 0;  // where the stored bytes lie in the file spilled to
   uint64_t stored_length = 0;
   uint64_t raw_length = 0;
   bool zstd = false;

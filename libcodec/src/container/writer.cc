@@ -105,21 +105,62 @@ giftResult_t FrameWriter::add_metadata(std::string key, std::string value) {
   return GIFT_OK;
 }
 
+giftResult_t FrameWriter::use_scratch(const std::string& dir) {
+  if (const giftResult_t r = scratch_.open(dir)) return r;
+  if (!stream_) sink_ = &scratch_;
+  return GIFT_OK;
+}
+
+giftResult_t FrameWriter::stream_to(OutputFile* out, const std::vector<Declared>& tensors) {
+  if (!tensors_.empty() || stream_) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "a frame streams to its output from before its first tensor");
+  }
+  if (!out->is_file() || out->written() != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: a frame streams only to a new file",
+                out->name().c_str());
+  }
+  std::vector<Pending> declared(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    declared[i].name = tensors[i].name;
+    declared[i].shape.dims.assign(tensors[i].ndim, 0);
+    declared[i].raw = tensors[i].lossless;
+  }
+  Layout l;
+  if (const giftResult_t r = layout(declared, &l)) return r;
+  // Zeros where the header will be, so that sections are appended from their first place.
+  const std::vector<uint8_t> zeros(l.data_start);
+  if (const giftResult_t r = out->write(zeros.data(), zeros.size())) return r;
+  stream_ = out;
+  stream_base_ = l.data_start;
+  sink_ = out;
+  return GIFT_OK;
+}
+
 giftResult_t FrameWriter::embed_basis(std::vector<uint8_t> bytes, uint64_t lo, uint64_t hi) {
   embedded_ = store_section(std::move(bytes), zstd_level_);
-  if (const giftResult_t r = keep(&embedded_)) return r;
+  // Never streamed: the basis is the frame's last section, written at the end.
+  if (const giftResult_t r = keep(&embedded_, scratch_.is_open() ? &scratch_ : nullptr)) return r;
   has_embedded_ = true;
   basis_lo_ = lo;
   basis_hi_ = hi;
   return GIFT_OK;
 }
 
-giftResult_t FrameWriter::keep(StoredSection* s) {
-  if (!scratch_.is_open()) return GIFT_OK;
-  scratch_.reserve(s->bytes.size());
-  s->scratch_offset = scratch_.size();
-  if (const giftResult_t r = scratch_.write(s->bytes.data(), s->bytes.size())) return r;
+giftResult_t FrameWriter::begin_section(StoredSection* s, SectionFile* file) {
+  static const uint8_t zeros[kSectionAlign] = {};
+  if (const giftResult_t r = file->write(zeros, align_up(file->size()) - file->size())) return r;
   s->spilled = true;
+  s->streamed = file == stream_;
+  s->scratch_offset = file->size();
+  return GIFT_OK;
+}
+
+giftResult_t FrameWriter::keep(StoredSection* s, SectionFile* file) {
+  if (!file) return GIFT_OK;
+  if (const giftResult_t r = begin_section(s, file)) return r;
+  file->allocate_ahead(s->bytes.size());
+  if (const giftResult_t r = file->write(s->bytes.data(), s->bytes.size())) return r;
   std::vector<uint8_t>().swap(s->bytes);
   return GIFT_OK;
 }
@@ -129,14 +170,13 @@ bool FrameWriter::bands_apply(const giftQuantParams& p) const {
   // group spans bands (one scale for the whole tensor does) and no random word depends on
   // the element's place in the tensor (stochastic rounding's do); the CPU codec takes that
   // place (BandOrigin), other encoders (giftc --device cuda) do not.
-  return scratch_.is_open() && (encoder_ == &giftEncode || (p.layout != GIFT_SCALE_TENSOR &&
-                                                            p.rounding == GIFT_ROUND_NEAREST));
+  return sink_ && (encoder_ == &giftEncode ||
+                   (p.layout != GIFT_SCALE_TENSOR && p.rounding == GIFT_ROUND_NEAREST));
 }
 
 giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
                                         const Pieces& pieces) {
-  s->spilled = true;
-  s->scratch_offset = scratch_.size();
+  if (const giftResult_t r = begin_section(s, sink_)) return r;
   s->raw_length = raw_length;
   if (zstd_level_ > 0 && raw_length) {
     // Compressed as it comes; kept only if smaller, as store_section decides.
@@ -146,7 +186,7 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
     const SectionCompressor::Out out = [&](const uint8_t* p, uint64_t n) {
       sum.update(p, n);
       stored += n;
-      return scratch_.write(p, n);
+      return sink_->write(p, n);
     };
     if (const giftResult_t r = pieces([&](const void* p, uint64_t n) { return z.add(p, n, out); }))
       return r;
@@ -157,15 +197,15 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
       s->checksum = sum.digest();
       return GIFT_OK;
     }
-    if (const giftResult_t r = scratch_.truncate(s->scratch_offset)) return r;
+    if (const giftResult_t r = sink_->truncate(s->scratch_offset)) return r;
   }
   Checksum64 sum;
-  scratch_.reserve(raw_length);
+  sink_->allocate_ahead(raw_length);
   s->zstd = false;
   s->stored_length = raw_length;
   if (const giftResult_t r = pieces([&](const void* p, uint64_t n) {
         sum.update(p, n);
-        return scratch_.write(p, n);
+        return sink_->write(p, n);
       }))
     return r;
   s->checksum = sum.digest();
@@ -231,13 +271,13 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     });
   };
   const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);
-  if (*refused) return scratch_.truncate(t->codes.scratch_offset);
+  if (*refused) return sink_->truncate(t->codes.scratch_offset);
   if (spilled) return spilled;
   t->rms = census.rms();
   if (const giftResult_t r = nonfinite_result(p, t->stats, cols))
     return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
   t->scales = store_section(std::move(scales), zstd_level_);
-  return keep(&t->scales);
+  return keep(&t->scales, sink_);
 }
 
 giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t dtype) const {
@@ -288,14 +328,14 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   }
   const uint64_t in_bytes = shape.elements * dtype_size(data_dtype);
   if (t.raw) {
-    if (scratch_.is_open()) {
+    if (sink_) {
       // Stored as given: straight from the caller's buffer, no copy.
       const Pieces whole = [&](const Put& put) { return put(data, in_bytes); };
       if (const giftResult_t r = spill_section(&t.codes, in_bytes, whole)) return r;
     } else {
       const uint8_t* p = static_cast<const uint8_t*>(data);
       t.codes = store_section(std::vector<uint8_t>(p, p + in_bytes), zstd_level_);
-      if (const giftResult_t r = keep(&t.codes)) return r;
+      if (const giftResult_t r = keep(&t.codes, sink_)) return r;
     }
   } else if (t.params = *params; bands_apply(t.params)) {
     const uint64_t row_bytes = shape.cols * dtype_size(data_dtype);
@@ -316,8 +356,8 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     }
     t.codes = store_section(std::move(codes), zstd_level_);
     t.scales = store_section(std::move(scales), zstd_level_);
-    if (const giftResult_t r = keep(&t.codes)) return r;
-    if (const giftResult_t r = keep(&t.scales)) return r;
+    if (const giftResult_t r = keep(&t.codes, sink_)) return r;
+    if (const giftResult_t r = keep(&t.scales, sink_)) return r;
   }
   tensors_.push_back(std::move(t));
   return GIFT_OK;
@@ -358,7 +398,7 @@ flatbuffers::Offset<fb::Section> section_ref(flatbuffers::FlatBufferBuilder& b,
 
 }  // namespace
 
-giftResult_t FrameWriter::layout(Layout* out) const {
+giftResult_t FrameWriter::layout(const std::vector<Pending>& tensors, Layout* out) const {
   // Sections in header order, each at the next multiple of 64.
   auto place = [&](uint64_t data_start) {
     std::vector<Placed> placed;
@@ -367,7 +407,7 @@ giftResult_t FrameWriter::layout(Layout* out) const {
       placed.push_back({&s, at});
       at = align_up(at + s.stored_length);
     };
-    for (const Pending& t : tensors_) {
+    for (const Pending& t : tensors) {
       put(t.codes);
       if (!t.raw) put(t.scales);
     }
@@ -381,8 +421,8 @@ giftResult_t FrameWriter::layout(Layout* out) const {
     b.ForceDefaults(true);
     size_t next = 0;
     auto ref = [&](const StoredSection& s) { return section_ref(b, s, placed[next++].offset); };
-    std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
-    for (const Pending& t : tensors_) {
+    std::vector<flatbuffers::Offset<fb::Tensor>> refs;
+    for (const Pending& t : tensors) {
       const auto name = b.CreateString(t.name);
       const auto shape = b.CreateVector(t.shape.dims);
       const auto codes = ref(t.codes);
@@ -418,7 +458,7 @@ giftResult_t FrameWriter::layout(Layout* out) const {
       tb.add_stats(stats);
       tb.add_codes(codes);
       if (!t.raw) tb.add_scales(scales);
-      tensors.push_back(tb.Finish());
+      refs.push_back(tb.Finish());
     }
     std::vector<flatbuffers::Offset<fb::KeyValue>> kv;
     for (const auto& [k, v] : metadata_) {
@@ -432,7 +472,7 @@ giftResult_t FrameWriter::layout(Layout* out) const {
     const fb::BasisId id(basis_lo_, basis_hi_);
     const auto frame =
         fb::CreateFrame(b, basis_kind_ ? fb::FrameKind::Basis : fb::FrameKind::Tensors, producer,
-                        b.CreateVector(kv), b.CreateVector(tensors), basis,
+                        b.CreateVector(kv), b.CreateVector(refs), basis,
                         basis_kind_ || has_embedded_ ? &id : nullptr);
     b.Finish(frame, fb::FrameIdentifier());
   };
@@ -464,8 +504,13 @@ giftResult_t FrameWriter::layout(Layout* out) const {
 }
 
 giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
+  if (stream_) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "the frame streams to %s: finish it there (giftFrameWriterWriteOutput)",
+                stream_->name().c_str());
+  }
   Layout l;
-  if (const giftResult_t r = layout(&l)) return r;
+  if (const giftResult_t r = layout(tensors_, &l)) return r;
   out->assign(l.end, 0);
   std::memcpy(out->data(), l.head.data(), l.head.size());
   for (const Placed& p : l.sections) {
@@ -487,7 +532,56 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
 
 giftResult_t FrameWriter::write_to(OutputFile* out) const {
   Layout l;
-  if (const giftResult_t r = layout(&l)) return r;
+  if (const giftResult_t r = layout(tensors_, &l)) return r;
+  if (!stream_) return copy_out(out, l, -1);
+  if (out != stream_) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "the frame streams to %s, not %s",
+                stream_->name().c_str(), out->name().c_str());
+  }
+  if (streamed_in_place(l)) return finish_in_place(l);
+  // The header came out longer or shorter than declared: the streamed sections, moved.
+  int streamed = -1;
+  if (const giftResult_t r = out->restart(&streamed)) return r;
+  const giftResult_t r = copy_out(out, l, streamed);
+  ::close(streamed);
+  return r;
+}
+
+bool FrameWriter::streamed_in_place(const Layout& l) const {
+  // Streamed sections first, each where the layout puts it; the others (appended) after.
+  if (l.data_start != stream_base_) return false;
+  uint64_t end = stream_base_;
+  bool appending = false;
+  for (const Placed& p : l.sections) {
+    if (!p.section->streamed) {
+      appending = true;
+      continue;
+    }
+    if (appending || p.offset != p.section->scratch_offset) return false;
+    end = p.offset + p.section->stored_length;
+  }
+  return end == stream_->size();
+}
+
+giftResult_t FrameWriter::finish_in_place(const Layout& l) const {
+  static const uint8_t zeros[kSectionAlign] = {};
+  for (const Placed& p : l.sections) {
+    const StoredSection& s = *p.section;
+    if (s.streamed) continue;
+    if (const giftResult_t r = stream_->write(zeros, p.offset - stream_->size())) return r;
+    const giftResult_t r =
+        s.spilled ? stream_->append_from(scratch_.fd(), s.scratch_offset, s.stored_length)
+                  : stream_->write(s.bytes.data(), s.stored_length);
+    if (r) return r;
+  }
+  if (stream_->size() != l.end) {
+    return fail(GIFT_ERROR_INTERNAL, "streamed frame of %llu bytes, laid out as %llu",
+                (unsigned long long)stream_->size(), (unsigned long long)l.end);
+  }
+  return stream_->write_at(0, l.head.data(), l.head.size());
+}
+
+giftResult_t FrameWriter::copy_out(OutputFile* out, const Layout& l, int streamed_fd) const {
   if (const giftResult_t r = out->reserve(l.end)) return r;
   if (const giftResult_t r = out->write(l.head.data(), l.head.size())) return r;
   static const uint8_t zeros[kSectionAlign] = {};
@@ -495,9 +589,9 @@ giftResult_t FrameWriter::write_to(OutputFile* out) const {
   for (const Placed& p : l.sections) {
     if (const giftResult_t r = out->write(zeros, p.offset - at)) return r;
     const StoredSection& s = *p.section;
-    const giftResult_t r = s.spilled
-                               ? out->append_from(scratch_.fd(), s.scratch_offset, s.stored_length)
-                               : out->write(s.bytes.data(), s.stored_length);
+    const int from = s.streamed ? streamed_fd : scratch_.fd();
+    const giftResult_t r = s.spilled ? out->append_from(from, s.scratch_offset, s.stored_length)
+                                     : out->write(s.bytes.data(), s.stored_length);
     if (r) return r;
     at = p.offset + s.stored_length;
   }

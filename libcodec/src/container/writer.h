@@ -53,7 +53,20 @@ class FrameWriter {
   // A complete basis frame carried inside this one.
   giftResult_t embed_basis(std::vector<uint8_t> bytes, uint64_t lo, uint64_t hi);
   // Sections made from now on are kept in an unnamed file in `dir`, not in memory.
-  giftResult_t use_scratch(const std::string& dir) { return scratch_.open(dir); }
+  giftResult_t use_scratch(const std::string& dir);
+  // What the header's length depends on, for stream_to: each tensor's name, number of
+  // dimensions and whether it is stored losslessly.
+  struct Declared {
+    std::string name;
+    uint32_t ndim;
+    bool lossless;
+  };
+  // Sections of tensors added from now on go straight into `out` (a file, empty), after room
+  // for the header of a frame of the declared tensors (with the metadata and basis given so
+  // far, in Euclidean coordinates); write_to(out) then writes the header in front. A frame
+  // that turns out different (other tensors, GIFT coordinates, metadata added later) is still
+  // right: write_to copies the sections once into the output started again.
+  giftResult_t stream_to(OutputFile* out, const std::vector<Declared>& tensors);
   giftResult_t add_metadata(std::string key, std::string value);
   // params == nullptr: stored losslessly; otherwise valid (gift::load_params). `dtype` is the
   // tensor's own type; data_dtype that of `data` (fp32 for values already moved into a GIFT frame).
@@ -95,8 +108,18 @@ class FrameWriter {
     std::vector<Placed> sections;
     uint64_t data_start = 0, end = 0;
   };
-  giftResult_t layout(Layout* out) const;
-  giftResult_t keep(StoredSection* s);
+  giftResult_t layout(const std::vector<Pending>& tensors, Layout* out) const;
+  // Puts the section's bytes in `file`, if any, at the next multiple of 64 (in the output,
+  // where it lies in the frame); begin_section only records that place.
+  giftResult_t keep(StoredSection* s, SectionFile* file);
+  giftResult_t begin_section(StoredSection* s, SectionFile* file);
+  // write_to of a streamed frame whose sections lie where the layout puts them: the sections
+  // not streamed (an embedded basis) after them, then the header in front.
+  bool streamed_in_place(const Layout& l) const;
+  giftResult_t finish_in_place(const Layout& l) const;
+  // The frame's bytes in order to `out`, spilled sections copied from the scratch file or,
+  // streamed ones, from `streamed_fd`.
+  giftResult_t copy_out(OutputFile* out, const Layout& l, int streamed_fd) const;
   // FP8 codes and scales made band by band straight into the scratch file.
   // A band's rows [first_row, first_row + rows) in data_dtype, or null to refuse the tensor.
   using BandAt = std::function<const void*(uint64_t first_row, uint64_t rows)>;
@@ -120,6 +143,9 @@ class FrameWriter {
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Pending> tensors_;
   ScratchFile scratch_;
+  SectionFile* sink_ = nullptr;  // where sections go as they are made: scratch_, stream_ or memory
+  OutputFile* stream_ = nullptr;
+  uint64_t stream_base_ = 0;  // where stream_to put the first section
 };
 
 }  // namespace gift::container
