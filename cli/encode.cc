@@ -139,9 +139,10 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, out.c_str(), &sink)
                   : giftOutputOpenFile(out.c_str(), &sink));
   const std::unique_ptr<giftOutput, decltype(&giftOutputFree)> output(sink, giftOutputFree);
-  // A file gets the sections as they are made, its header written in front at the end; a
-  // pipe only at the end, the sections waiting in the scratch file.
-  if (!to_stdout) {
+  // A file gets the sections as they are made, its header written in front at the end. The
+  // sections wait in the scratch file for a pipe, and where the header's length is known
+  // only at the end: choosing coordinates records each choice, with its reason, there.
+  if (!to_stdout && (!basis || select.mode == GIFT_COORDS_MODE_EUCLIDEAN)) {
     check(giftFrameWriterStreamTo(w.get(), sink, names.size(), names.data(), ndims.data(),
                                   lossless.data()));
   }

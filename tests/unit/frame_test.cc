@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -239,6 +240,29 @@ TEST(Frame, ThreadsChangeNeitherTheBytesNorTheDecodedValues) {
     EXPECT_EQ(giftFrameVerify(f), GIFT_OK) << giftGetLastErrorMessage();
   }
   giftFrameClose(f);
+}
+
+// The statistics in the header (rms, amax) are computed in the standard FP environment: a
+// caller rounding otherwise writes the same bytes.
+TEST(Frame, TheCallersRoundingModeDoesNotChangeTheBytes) {
+  const std::vector<float> a = values(40 * 300, 1), bias = values(300, 2);
+  const uint64_t sa[] = {40, 300}, sb[] = {300};
+  const giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK);
+  const auto frame = [&] {
+    giftFrameWriter* w = nullptr;
+    EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+    EXPECT_EQ(giftFrameWriterAddTensor(w, "a", sa, 2, GIFT_DTYPE_F32, a.data(), &p), GIFT_OK);
+    EXPECT_EQ(giftFrameWriterAddTensor(w, "bias", sb, 1, GIFT_DTYPE_F32, bias.data(), nullptr),
+              GIFT_OK);
+    return finished_frame(w);
+  };
+  const std::vector<uint8_t> nearest = frame();
+  for (int mode : {FE_DOWNWARD, FE_UPWARD, FE_TOWARDZERO}) {
+    ASSERT_EQ(std::fesetround(mode), 0);
+    const std::vector<uint8_t> other = frame();
+    std::fesetround(FE_TONEAREST);
+    EXPECT_TRUE(other == nearest) << "rounding mode " << mode;
+  }
 }
 
 TEST(Frame, EveryTruncationIsRejected) {

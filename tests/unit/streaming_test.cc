@@ -411,6 +411,48 @@ TEST(Streaming, StreamedFrameKeepsItsBasisForTheEnd) {
   giftBasisFree(basis);
 }
 
+// A tensor that fails (non-finite values) leaves nothing in the output: the tensors after it
+// still land where the declared header puts them.
+TEST(Streaming, FailedTensorLeavesTheStreamInPlace) {
+  const std::string dir = temp_dir(), path = dir + "/out.gift";
+  std::vector<float> good(300 * 70), bad;
+  for (size_t i = 0; i < good.size(); ++i) good[i] = std::sin(float(i));
+  bad = good;
+  bad[5000] = NAN;
+  const uint64_t shape[] = {300, 70};
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  giftFrameWriter* w = nullptr;
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  giftOutput* out = nullptr;
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  const std::vector<ino_t> files = unnamed_files_in(dir);
+  const char* names[] = {"a", "b"};
+  const uint32_t ndims[] = {2, 2};
+  ASSERT_EQ(giftFrameWriterStreamTo(w, out, 2, names, ndims, nullptr), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterAddTensor(w, "a", shape, 2, GIFT_DTYPE_F32, good.data(), &p), GIFT_OK);
+  const uint64_t after_a = giftOutputBytes(out);
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "b", shape, 2, GIFT_DTYPE_F32, bad.data(), &p),
+            GIFT_ERROR_NONFINITE_INPUT);
+  EXPECT_EQ(giftOutputBytes(out), after_a) << "the failed tensor's codes were dropped";
+  ASSERT_EQ(giftFrameWriterAddTensor(w, "b", shape, 2, GIFT_DTYPE_F32, good.data(), &p), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterWriteOutput(w, out), GIFT_OK);
+  ASSERT_EQ(giftOutputCommit(out), GIFT_OK);
+  giftOutputFree(out);
+  giftFrameWriterFree(w);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_NE(std::find(files.begin(), files.end(), st.st_ino), files.end()) << "moved";
+
+  giftFrameWriter* mem = nullptr;
+  ASSERT_EQ(giftFrameWriterCreate(&mem), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterAddTensor(mem, "a", shape, 2, GIFT_DTYPE_F32, good.data(), &p), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterAddTensor(mem, "b", shape, 2, GIFT_DTYPE_F32, good.data(), &p), GIFT_OK);
+  EXPECT_EQ(file_bytes(path), finished_frame(mem));
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
 // Streaming is for a new file output, declared before the first tensor; a streamed frame is
 // finished only there, and one abandoned leaves nothing.
 TEST(Streaming, StreamToRefusesWhatItCannotDo) {
@@ -447,9 +489,56 @@ TEST(Streaming, StreamToRefusesWhatItCannotDo) {
   ASSERT_EQ(giftOutputOpenFile((dir + "/other.gift").c_str(), &other), GIFT_OK);
   EXPECT_EQ(giftFrameWriterWriteOutput(w, other), GIFT_ERROR_INVALID_ARGUMENT);
   giftOutputFree(other);
+  EXPECT_EQ(giftOutputCommit(out), GIFT_ERROR_INVALID_ARGUMENT) << "the header is not written";
+  EXPECT_EQ(giftOutputWrite(out, "x", 1), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(giftOutputReserve(out, 1000), GIFT_ERROR_INVALID_ARGUMENT);
   giftOutputFree(out);  // abandoned before its header: nothing under any name
-  giftFrameWriterFree(w);
   EXPECT_TRUE(entries(dir).empty());
+  // The writer outlives its output: it refuses everything, and does not touch the output.
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "y", shape, 2, GIFT_DTYPE_F32, x, &p),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("was freed"), std::string::npos);
+  giftFrameWriterFree(w);
+
+  // Finished once: a second finish or another tensor is refused (the sections' places in
+  // the file are final); an output whose writer went first still refuses to commit.
+  for (bool declared_right : {true, false}) {
+    ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+    ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+    const char* wrong[] = {"a much longer name than the tensor will have, so the frame moves"};
+    ASSERT_EQ(giftFrameWriterStreamTo(w, out, 1, declared_right ? names : wrong, ndims, nullptr),
+              GIFT_OK);
+    ASSERT_EQ(giftFrameWriterAddTensor(w, "x", shape, 2, GIFT_DTYPE_F32, x, &p), GIFT_OK);
+    ASSERT_EQ(giftFrameWriterWriteOutput(w, out), GIFT_OK) << giftGetLastErrorMessage();
+    EXPECT_EQ(giftFrameWriterWriteOutput(w, out), GIFT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("finished"), std::string::npos);
+    EXPECT_EQ(giftFrameWriterAddTensor(w, "y", shape, 2, GIFT_DTYPE_F32, x, &p),
+              GIFT_ERROR_INVALID_ARGUMENT);
+    giftFrameWriterFree(w);
+    ASSERT_EQ(giftOutputCommit(out), GIFT_OK);
+    giftOutputFree(out);
+    giftFrame* f = nullptr;
+    ASSERT_EQ(giftFrameOpenFile(path.c_str(), &f), GIFT_OK);
+    EXPECT_EQ(giftFrameVerify(f), GIFT_OK);
+    EXPECT_EQ(giftFrameTensorCount(f), 1u);
+    giftFrameClose(f);
+    ::unlink(path.c_str());
+  }
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_OK);
+  giftFrameWriterFree(w);
+  EXPECT_EQ(giftOutputCommit(out), GIFT_ERROR_INVALID_ARGUMENT);
+  giftOutputFree(out);
+  EXPECT_TRUE(entries(dir).empty());
+
+  const uint32_t too_many[] = {33};
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterStreamTo(w, out, 1, names, too_many, nullptr),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  giftOutputFree(out);
+  giftFrameWriterFree(w);
 
   ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
   ASSERT_EQ(giftFrameWriterAddTensor(w, "x", shape, 2, GIFT_DTYPE_F32, x, &p), GIFT_OK);

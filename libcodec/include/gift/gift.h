@@ -414,16 +414,20 @@ GIFT_API giftResult_t giftFrameWriterWriteOutput(giftFrameWriter* writer, giftOu
 
 /* Streams the frame into `out` (a file from giftOutputOpenFile, nothing written to it yet)
  * as tensors are added, and encodes FP8 tensors in bands as giftFrameWriterSetScratchDir
- * does: giftFrameWriterWriteOutput(writer, out) then only writes the header in front, with
- * no copy of the sections. The header comes first and holds where each section lies, so its
- * length must be known before the first one: the writer is told the `count` tensors that
- * will be added, in order, by name, number of dimensions and whether each is stored
- * losslessly (params NULL; lossless may be NULL for none). Call it after the metadata and
- * giftFrameWriterEmbedBasis, before the first tensor. A frame that turns out otherwise
- * (other tensors, tensors in GIFT coordinates, metadata added later) is still written right,
- * its sections copied once at the end into the output started again. The frame can then be
- * finished only into `out`. An embedded basis waits in the scratch file, if one is set, else
- * in memory. */
+ * does: giftFrameWriterWriteOutput(writer, out), called once, then writes the header in
+ * front (and an embedded basis last), with no copy of the sections. The header comes first
+ * and holds where each section lies, so its length must be known before the first one: the
+ * writer is told the `count` tensors that will be added, in order, by name, number of
+ * dimensions and whether each is stored losslessly (params NULL; lossless may be NULL for
+ * none). Call it after the metadata and giftFrameWriterEmbedBasis, before the first tensor.
+ * A frame that turns out otherwise (other tensors, tensors added with
+ * giftFrameWriterAddTensorInBasis and a basis, whose choices the header records, metadata
+ * added later) is still written right: its sections are copied once at the end into the
+ * output started again, which needs the frame's size again on disk meanwhile. A tensor that
+ * fails leaves nothing in the output. Until the frame is finished the output refuses
+ * giftOutputWrite, giftOutputReserve and giftOutputCommit; the frame is finished only into
+ * `out`; freeing `out` first leaves the writer refusing everything. An embedded basis waits
+ * in the scratch file if one was set before giftFrameWriterEmbedBasis, else in memory. */
 GIFT_API giftResult_t giftFrameWriterStreamTo(giftFrameWriter* writer, giftOutput* out,
                                               size_t count, const char* const* names,
                                               const uint32_t* ndims, const int* lossless);

@@ -10,6 +10,7 @@
 #include "api/handles.h"
 #include "common/error.h"
 #include "common/sized.h"
+#include "container/layout.h"
 #include "gift_generated.h"
 #include "numerics/codec.h"
 
@@ -437,8 +438,18 @@ giftResult_t giftFrameWriterStreamTo(giftFrameWriter* writer, giftOutput* out, s
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
   try {
     std::vector<gift::container::FrameWriter::Declared> declared(count);
+    uint64_t name_bytes = 0;
     for (size_t i = 0; i < count; ++i) {
       if (!names[i]) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name %zu is NULL", i);
+      if (ndims[i] > gift::container::kMaxDims) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': %u dimensions, at most %u", names[i],
+                    ndims[i], gift::container::kMaxDims);
+      }
+      name_bytes += std::strlen(names[i]);
+      if (name_bytes > gift::container::kMaxHeaderBytes) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT, "declared names exceed a header's %llu bytes",
+                    (unsigned long long)gift::container::kMaxHeaderBytes);
+      }
       declared[i] = {names[i], ndims[i], lossless && lossless[i]};
     }
     return writer->writer.stream_to(&out->file, declared);

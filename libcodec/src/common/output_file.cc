@@ -73,7 +73,15 @@ constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
 
 }  // namespace
 
-OutputFile::~OutputFile() { discard(); }
+OutputFile::~OutputFile() {
+  if (lost_) lost_();
+  discard();
+}
+
+void OutputFile::set_streaming(bool unfinished, std::function<void()> lost) {
+  unfinished_ = unfinished;
+  lost_ = std::move(lost);
+}
 
 void OutputFile::discard() {
   if (owned_ && fd_ >= 0) ::close(fd_);
@@ -93,6 +101,7 @@ giftResult_t OutputFile::open(const std::string& path) {
   discard();
   path_ = name_ = path;
   written_ = reserved_ = flushed_ = 0;
+  hold_ = UINT64_MAX;
   committed_ = false;
   temp_.clear();
   owned_ = true;
@@ -140,9 +149,10 @@ giftResult_t OutputFile::write(const void* data, uint64_t size) {
 
 void OutputFile::start_writeback() {
   // Only a head start for commit's fsync, which reports any failure: errors are ignored here.
-  if (!owned_ || written_ - flushed_ < kWritebackBytes) return;
-  (void)::sync_file_range(fd_, off_t(flushed_), off_t(written_ - flushed_), SYNC_FILE_RANGE_WRITE);
-  flushed_ = written_;
+  const uint64_t end = std::min(written_, hold_);
+  if (!owned_ || end < flushed_ + kWritebackBytes) return;
+  (void)::sync_file_range(fd_, off_t(flushed_), off_t(end - flushed_), SYNC_FILE_RANGE_WRITE);
+  flushed_ = end;
 }
 
 giftResult_t OutputFile::truncate(uint64_t size) {
@@ -223,6 +233,11 @@ giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
 
 giftResult_t OutputFile::commit() {
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
+  if (unfinished_) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s: a frame streams into it and is not finished (giftFrameWriterWriteOutput)",
+                name_.c_str());
+  }
   if (!owned_) {
     committed_ = true;
     return GIFT_OK;

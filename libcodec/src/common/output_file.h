@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ class SectionFile {
   // Room for `more` bytes past the end, allocated ahead: only a speed-up, so a failure shows
   // later, precisely, when the bytes are written.
   virtual void allocate_ahead(uint64_t more) = 0;
+  // Bytes from `offset` on may still be dropped (truncate): not worth sending to the disk
+  // yet. UINT64_MAX: none.
+  virtual void hold_writeback_from(uint64_t /*offset*/) {}
 };
 
 class OutputFile : public SectionFile {
@@ -46,16 +50,22 @@ class OutputFile : public SectionFile {
   giftResult_t write(const void* data, uint64_t size) override;
   // Appends `size` bytes of the file `fd` from `offset`, in the kernel where it can.
   giftResult_t append_from(int fd, uint64_t offset, uint64_t size);
-  // A file only: drops the bytes from `size` on (the next write goes there), or overwrites
-  // bytes already written.
+  // A file only: drops the bytes from `size` on; the next write goes there.
   giftResult_t truncate(uint64_t size) override;
+  // A file only: overwrites bytes already written.
   giftResult_t write_at(uint64_t offset, const void* data, uint64_t size);
   void allocate_ahead(uint64_t more) override;
+  void hold_writeback_from(uint64_t offset) override { hold_ = offset; }
   // A file only: hands over the descriptor of what was written (unnamed from now on, gone
   // when the caller closes it) in *old_fd and starts the output again, empty.
   giftResult_t restart(int* old_fd);
   // A file: fsync, then the rename over the destination. A descriptor: nothing to do.
+  // Refused while a frame writer streams into the file (its header is not written yet).
   giftResult_t commit();
+  // A frame writer streams into this output: `unfinished` while it has not written the
+  // frame's header (commit is refused meanwhile); `lost` is called if the output goes first.
+  void set_streaming(bool unfinished, std::function<void()> lost);
+  bool streaming_unfinished() const { return unfinished_; }
 
   bool is_file() const { return owned_ && fd_ >= 0; }
   uint64_t written() const { return written_; }
@@ -68,10 +78,12 @@ class OutputFile : public SectionFile {
   void start_writeback();
 
   int fd_ = -1;
-  bool owned_ = false, unnamed_ = false, committed_ = false;
+  bool owned_ = false, unnamed_ = false, committed_ = false, unfinished_ = false;
   std::string path_, temp_, name_;
   uint64_t written_ = 0, reserved_ = 0;
-  uint64_t flushed_ = 0;  // writeback started for [0, flushed_)
+  uint64_t flushed_ = 0;        // writeback started for [0, flushed_)
+  uint64_t hold_ = UINT64_MAX;  // and not from here on
+  std::function<void()> lost_;
 };
 
 // An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays

@@ -16,6 +16,7 @@
 #include "numerics/codec.h"
 #include "numerics/convert.h"
 #include "numerics/elementwise.h"
+#include "numerics/fp_env.h"
 #include "numerics/simd.h"
 
 namespace gift::container {
@@ -47,6 +48,7 @@ struct Census {
 
   // Elements [base, base + n) of the tensor, after those before base.
   void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n) {
+    const num::FpEnvGuard fp_env;  // the same sums whatever the caller's rounding mode
     float chunk[kChunk];
     const uint8_t* bytes = static_cast<const uint8_t*>(data);
     for (uint64_t i0 = 0; i0 < n;) {
@@ -80,7 +82,42 @@ struct Census {
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
            ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
   }
-  float rms() const { return finite ? float(std::sqrt((sum + folded()) / double(finite))) : 0.0f; }
+  float rms() const {
+    const num::FpEnvGuard fp_env;
+    return finite ? float(std::sqrt((sum + folded()) / double(finite))) : 0.0f;
+  }
+};
+
+// Drops what a tensor that failed (or was refused) left in the sink, so that the next
+// section lands where the frame will put it.
+class SinkMark {
+ public:
+  explicit SinkMark(SectionFile* file) : file_(file), at_(file ? file->size() : 0) {}
+  SinkMark(const SinkMark&) = delete;
+  SinkMark& operator=(const SinkMark&) = delete;
+  ~SinkMark() {
+    if (!file_ || kept_ || file_->size() == at_) return;
+    // The failure being reported keeps its message; one here shows on the next write.
+    const std::string message = last_message();
+    if (file_->truncate(at_) != GIFT_OK) fail(GIFT_ERROR_IO, "%s", message.c_str());
+  }
+  void keep() { kept_ = true; }
+
+ private:
+  SectionFile* file_;
+  uint64_t at_;
+  bool kept_ = false;
+};
+
+// Closes a descriptor on every way out.
+struct ClosingFd {
+  int fd = -1;
+  ClosingFd() = default;
+  ClosingFd(const ClosingFd&) = delete;
+  ClosingFd& operator=(const ClosingFd&) = delete;
+  ~ClosingFd() {
+    if (fd >= 0) ::close(fd);
+  }
 };
 
 // Bands of about this many elements: input that stays in cache between its census and its
@@ -111,10 +148,25 @@ giftResult_t FrameWriter::use_scratch(const std::string& dir) {
   return GIFT_OK;
 }
 
+FrameWriter::~FrameWriter() {
+  // An output that outlives its unfinished frame still refuses to commit it.
+  if (stream_state_ == Stream::kOpen) stream_->set_streaming(true, nullptr);
+}
+
+giftResult_t FrameWriter::check_stream_open(const char* what) const {
+  if (stream_state_ == Stream::kFinished) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: the frame was finished into its output", what);
+  }
+  if (stream_state_ == Stream::kLost) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: the output the frame streams to was freed", what);
+  }
+  return GIFT_OK;
+}
+
 giftResult_t FrameWriter::stream_to(OutputFile* out, const std::vector<Declared>& tensors) {
-  if (!tensors_.empty() || stream_) {
+  if (!tensors_.empty() || stream_state_ != Stream::kNone) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "a frame streams to its output from before its first tensor");
+                "a frame streams to its output from before its first tensor, once");
   }
   if (!out->is_file() || out->written() != 0) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: a frame streams only to a new file",
@@ -127,13 +179,21 @@ giftResult_t FrameWriter::stream_to(OutputFile* out, const std::vector<Declared>
     declared[i].raw = tensors[i].lossless;
   }
   Layout l;
-  if (const giftResult_t r = layout(declared, &l)) return r;
+  if (layout(declared, &l) != GIFT_OK) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "declared tensors: %s", giftGetLastErrorMessage());
+  }
   // Zeros where the header will be, so that sections are appended from their first place.
   const std::vector<uint8_t> zeros(l.data_start);
   if (const giftResult_t r = out->write(zeros.data(), zeros.size())) return r;
   stream_ = out;
   stream_base_ = l.data_start;
   sink_ = out;
+  stream_state_ = Stream::kOpen;
+  out->set_streaming(true, [this] {
+    stream_state_ = Stream::kLost;
+    stream_ = nullptr;
+    sink_ = nullptr;
+  });
   return GIFT_OK;
 }
 
@@ -153,6 +213,9 @@ giftResult_t FrameWriter::begin_section(StoredSection* s, SectionFile* file) {
   s->spilled = true;
   s->streamed = file == stream_;
   s->scratch_offset = file->size();
+  // Until the section is complete its bytes may still be dropped (zstd that does not pay,
+  // a refused band, a failure).
+  file->hold_writeback_from(s->scratch_offset);
   return GIFT_OK;
 }
 
@@ -161,6 +224,7 @@ giftResult_t FrameWriter::keep(StoredSection* s, SectionFile* file) {
   if (const giftResult_t r = begin_section(s, file)) return r;
   file->allocate_ahead(s->bytes.size());
   if (const giftResult_t r = file->write(s->bytes.data(), s->bytes.size())) return r;
+  file->hold_writeback_from(UINT64_MAX);
   std::vector<uint8_t>().swap(s->bytes);
   return GIFT_OK;
 }
@@ -195,6 +259,7 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
       s->zstd = true;
       s->stored_length = stored;
       s->checksum = sum.digest();
+      sink_->hold_writeback_from(UINT64_MAX);
       return GIFT_OK;
     }
     if (const giftResult_t r = sink_->truncate(s->scratch_offset)) return r;
@@ -209,6 +274,7 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
       }))
     return r;
   s->checksum = sum.digest();
+  sink_->hold_writeback_from(UINT64_MAX);
   return GIFT_OK;
 }
 
@@ -281,6 +347,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
 }
 
 giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t dtype) const {
+  if (const giftResult_t r = check_stream_open(("tensor '" + name + "'").c_str())) return r;
   if (name.empty()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name is empty");
   if (!valid_utf8_c_string(name)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name '%s' is not UTF-8 without NUL",
@@ -312,6 +379,7 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
                 "tensor '%s': data in GIFT coordinates must be FP8-encoded fp32", name.c_str());
   }
+  SinkMark mark(sink_);
   Pending t{name,  shape,
             dtype, params == nullptr,
             {},    {},
@@ -360,6 +428,7 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     if (const giftResult_t r = keep(&t.scales, sink_)) return r;
   }
   tensors_.push_back(std::move(t));
+  mark.keep();
   return GIFT_OK;
 }
 
@@ -377,6 +446,7 @@ giftResult_t FrameWriter::add_tensor_rows(const std::string& name, const TensorS
     return add_tensor(name, shape, dtype, values.data(), &params, &coords, GIFT_DTYPE_F32);
   }
   if (const giftResult_t r = check_new_tensor(name, dtype)) return r;
+  SinkMark mark(sink_);
   Pending t{name, shape, dtype, false, params, {}, 0.0f, {}, {}, coords};
   std::vector<float> band;
   const BandAt at = [&](uint64_t r0, uint64_t n) -> const void* {
@@ -384,7 +454,10 @@ giftResult_t FrameWriter::add_tensor_rows(const std::string& name, const TensorS
     return fill(r0, n, band.data()) ? band.data() : nullptr;
   };
   if (const giftResult_t r = encode_in_bands(&t, at, GIFT_DTYPE_F32, refused)) return r;
-  if (!*refused) tensors_.push_back(std::move(t));
+  if (!*refused) {
+    tensors_.push_back(std::move(t));
+    mark.keep();
+  }
   return GIFT_OK;
 }
 
@@ -504,10 +577,10 @@ giftResult_t FrameWriter::layout(const std::vector<Pending>& tensors, Layout* ou
 }
 
 giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
-  if (stream_) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "the frame streams to %s: finish it there (giftFrameWriterWriteOutput)",
-                stream_->name().c_str());
+  if (stream_state_ != Stream::kNone) {
+    return fail(
+        GIFT_ERROR_INVALID_ARGUMENT,
+        "the frame streams to an output: it is finished there (giftFrameWriterWriteOutput)");
   }
   Layout l;
   if (const giftResult_t r = layout(tensors_, &l)) return r;
@@ -530,20 +603,30 @@ giftResult_t FrameWriter::finish(std::vector<uint8_t>* out) const {
   return GIFT_OK;
 }
 
-giftResult_t FrameWriter::write_to(OutputFile* out) const {
-  Layout l;
-  if (const giftResult_t r = layout(tensors_, &l)) return r;
-  if (!stream_) return copy_out(out, l, -1);
-  if (out != stream_) {
+giftResult_t FrameWriter::write_to(OutputFile* out) {
+  if (const giftResult_t r = check_stream_open("finishing the frame")) return r;
+  if (stream_state_ == Stream::kOpen && out != stream_) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "the frame streams to %s, not %s",
                 stream_->name().c_str(), out->name().c_str());
   }
-  if (streamed_in_place(l)) return finish_in_place(l);
-  // The header came out longer or shorter than declared: the streamed sections, moved.
-  int streamed = -1;
-  if (const giftResult_t r = out->restart(&streamed)) return r;
-  const giftResult_t r = copy_out(out, l, streamed);
-  ::close(streamed);
+  Layout l;
+  if (const giftResult_t r = layout(tensors_, &l)) return r;
+  if (stream_state_ == Stream::kNone) return copy_out(out, l, -1);
+  // Once, whatever comes of it: a failure leaves the output refusing to commit.
+  stream_state_ = Stream::kFinished;
+  out->set_streaming(true, nullptr);
+  giftResult_t r;
+  if (streamed_in_place(l)) {
+    r = finish_in_place(l);
+  } else {
+    // The header came out longer or shorter than declared: the streamed sections, moved.
+    ClosingFd streamed;
+    r = out->restart(&streamed.fd);
+    if (r == GIFT_OK) r = copy_out(out, l, streamed.fd);
+  }
+  if (r == GIFT_OK) out->set_streaming(false, nullptr);
+  stream_ = nullptr;
+  sink_ = nullptr;
   return r;
 }
 

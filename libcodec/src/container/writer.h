@@ -38,6 +38,10 @@ struct CoordsChoice {
 
 class FrameWriter {
  public:
+  FrameWriter() = default;
+  FrameWriter(const FrameWriter&) = delete;
+  FrameWriter& operator=(const FrameWriter&) = delete;
+  ~FrameWriter();
   void set_compression(int zstd_level) { zstd_level_ = zstd_level; }
   int compression() const { return zstd_level_; }
   void set_threads(int threads) { ctx_.threads = threads; }
@@ -63,9 +67,10 @@ class FrameWriter {
   };
   // Sections of tensors added from now on go straight into `out` (a file, empty), after room
   // for the header of a frame of the declared tensors (with the metadata and basis given so
-  // far, in Euclidean coordinates); write_to(out) then writes the header in front. A frame
-  // that turns out different (other tensors, GIFT coordinates, metadata added later) is still
-  // right: write_to copies the sections once into the output started again.
+  // far, no selections); write_to(out), once, then writes the header in front. A frame that
+  // turns out different (other tensors, selections of coordinates, metadata added later) is
+  // still right: write_to copies the sections once into the output started again. `out`
+  // refuses to commit until then; freed first, it leaves this writer refusing everything.
   giftResult_t stream_to(OutputFile* out, const std::vector<Declared>& tensors);
   giftResult_t add_metadata(std::string key, std::string value);
   // params == nullptr: stored losslessly; otherwise valid (gift::load_params). `dtype` is the
@@ -84,7 +89,7 @@ class FrameWriter {
                                const RowSource& fill, bool* refused);
   giftResult_t finish(std::vector<uint8_t>* out) const;
   // The frame's bytes in order to `out` (not committed).
-  giftResult_t write_to(OutputFile* out) const;
+  giftResult_t write_to(OutputFile* out);
 
  private:
   struct Pending {
@@ -120,7 +125,7 @@ class FrameWriter {
   // The frame's bytes in order to `out`, spilled sections copied from the scratch file or,
   // streamed ones, from `streamed_fd`.
   giftResult_t copy_out(OutputFile* out, const Layout& l, int streamed_fd) const;
-  // FP8 codes and scales made band by band straight into the scratch file.
+  // FP8 codes and scales made band by band straight into the sink (scratch file or output).
   // A band's rows [first_row, first_row + rows) in data_dtype, or null to refuse the tensor.
   using BandAt = std::function<const void*(uint64_t first_row, uint64_t rows)>;
   giftResult_t encode_in_bands(Pending* t, const BandAt& band_at, giftDType_t data_dtype,
@@ -129,7 +134,7 @@ class FrameWriter {
   // A section's raw bytes, handed in order to `put`.
   using Put = std::function<giftResult_t(const void* data, uint64_t size)>;
   using Pieces = std::function<giftResult_t(const Put& put)>;
-  // Stores a section of raw_length bytes in the scratch file as `pieces` produces them,
+  // Stores a section of raw_length bytes in the sink as `pieces` produces them,
   // compressed under zstd if that makes it smaller (else produced again, stored raw).
   giftResult_t spill_section(StoredSection* s, uint64_t raw_length, const Pieces& pieces);
   bool bands_apply(const giftQuantParams& p) const;
@@ -144,8 +149,11 @@ class FrameWriter {
   std::vector<Pending> tensors_;
   ScratchFile scratch_;
   SectionFile* sink_ = nullptr;  // where sections go as they are made: scratch_, stream_ or memory
+  // Streaming: none, into stream_ (until write_to), finished, or its output freed first.
+  enum class Stream { kNone, kOpen, kFinished, kLost } stream_state_ = Stream::kNone;
   OutputFile* stream_ = nullptr;
   uint64_t stream_base_ = 0;  // where stream_to put the first section
+  giftResult_t check_stream_open(const char* what) const;
 };
 
 }  // namespace gift::container
