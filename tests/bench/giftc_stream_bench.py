@@ -6,7 +6,7 @@ memory (RssAnon: the process's own memory, not the page cache of the files it ma
 command. A benchmark, not a test: it prints a table and asserts nothing.
 
 Usage: giftc_stream_bench.py PATH/TO/giftc [--dir DIR] [--sizes 512M,6G] [--repeat 3]
-DIR (default: a folder under $TMPDIR) needs about 2.3x the largest size free.
+DIR (default: a folder under $TMPDIR) needs about 3.5x the largest size free.
 """
 import argparse
 import json
@@ -63,15 +63,18 @@ def measure(cmd):
     return wall, peak / 1024.0
 
 
-def median_run(cmd, repeat, before=None):
-    times, peaks = [], []
+def interleaved_runs(commands, repeat):
+    """Each (cmd, before) in turn, `repeat` rounds: this VM's speed drifts over seconds, so
+    every command sees the same drift. Per command: median time, peak RssAnon, fastest time."""
+    times = [[] for _ in commands]
+    peaks = [0.0 for _ in commands]
     for _ in range(repeat):
-        if before:
+        for i, (cmd, before) in enumerate(commands):
             before()
-        t, m = measure(cmd)
-        times.append(t)
-        peaks.append(m)
-    return statistics.median(times), max(peaks), min(times)
+            t, m = measure(cmd)
+            times[i].append(t)
+            peaks[i] = max(peaks[i], m)
+    return [(statistics.median(t), p, min(t)) for t, p in zip(times, peaks)]
 
 
 def main():
@@ -95,24 +98,29 @@ def main():
             real = write_dump(src, nbytes, dtype)
             subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)  # hot cache
             rm = lambda *paths: [os.path.exists(p) and os.unlink(p) for p in paths]
-            cp_t, cp_m, cp_min = median_run(["cp", src, copy], a.repeat, lambda: rm(copy))
+            # The frame decode reads, made once up front.
+            subprocess.run([a.giftc, "encode", src, "-o", frame, "-q"], check=True)
+            encoded = frame + ".new"
             # giftc syncs each output before naming it (so a crash never leaves a partial
-            # file under the name); the like-for-like copy syncs too.
-            sync_t, _, sync_min = median_run(["sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", src, copy],
-                                   a.repeat, lambda: rm(copy))
-            # Every command writes a new file, as cp does (replacing one costs freeing it).
-            enc_t, enc_m, enc_min = median_run([a.giftc, "encode", src, "-o", frame, "--threads", "1",
-                                       "-q"], a.repeat, lambda: rm(frame))
-            dec_t, dec_m, dec_min = median_run([a.giftc, "decode", frame, "-o", out, "--threads", "1",
-                                       "-q"], a.repeat, lambda: rm(out))
+            # file under the name); the like-for-like copy syncs too. Every command writes a
+            # new file, as cp does (replacing one costs freeing it).
+            (cp_t, cp_m, cp_min), (sync_t, _, sync_min), (enc_t, enc_m, enc_min), \
+                (dec_t, dec_m, dec_min) = interleaved_runs([
+                    (["cp", src, copy], lambda: rm(copy)),
+                    (["sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", src, copy], lambda: rm(copy)),
+                    ([a.giftc, "encode", src, "-o", encoded, "--threads", "1", "-q"],
+                     lambda: rm(encoded)),
+                    ([a.giftc, "decode", frame, "-o", out, "--threads", "1", "-q"],
+                     lambda: rm(out)),
+                ], a.repeat)
             rows.append((f"{size} {dtype}", real, os.path.getsize(frame), cp_t, sync_t, cp_m,
                          enc_t, enc_m, dec_t, dec_m))
             fastest.append((f"{size} {dtype}", cp_min, sync_min, enc_min, dec_min))
-            rm(src, frame, out, copy)
+            rm(src, frame, encoded, out, copy)
     if not a.dir:
         shutil.rmtree(work, ignore_errors=True)
     print(f"giftc {subprocess.run([a.giftc, '--version'], capture_output=True, text=True).stdout.strip()}"
-          f", one thread, page cache hot, median of {a.repeat}; RssAnon: peak sampled every ms")
+          f", one thread, page cache hot, median of {a.repeat} interleaved rounds; RssAnon: peak sampled every ms")
     print("| dump | frame | cp s | cp+sync s | encode s (x cp, x cp+sync) | encode RssAnon MiB "
           "| decode s (x cp, x cp+sync) | decode RssAnon MiB | cp RssAnon MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
