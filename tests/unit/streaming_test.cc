@@ -481,6 +481,12 @@ TEST(Streaming, StreamToRefusesWhatItCannotDo) {
   ASSERT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_OK);
   EXPECT_EQ(giftFrameWriterStreamTo(w, out, 1, names, ndims, nullptr), GIFT_ERROR_INVALID_ARGUMENT);
   ASSERT_EQ(giftFrameWriterAddTensor(w, "x", shape, 2, GIFT_DTYPE_F32, x, &p), GIFT_OK);
+  giftFrameWriter* intruder = nullptr;  // another writer's frame into the streamed output
+  ASSERT_EQ(giftFrameWriterCreate(&intruder), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterAddTensor(intruder, "y", shape, 2, GIFT_DTYPE_F32, x, &p), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterWriteOutput(intruder, out), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("another frame"), std::string::npos);
+  giftFrameWriterFree(intruder);
   void* data = nullptr;
   uint64_t size = 0;
   EXPECT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_ERROR_INVALID_ARGUMENT);
@@ -531,6 +537,11 @@ TEST(Streaming, StreamToRefusesWhatItCannotDo) {
   EXPECT_EQ(giftOutputCommit(out), GIFT_ERROR_INVALID_ARGUMENT);
   giftOutputFree(out);
   EXPECT_TRUE(entries(dir).empty());
+
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterSetScratchDir(w, dir.c_str()), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterSetScratchDir(w, dir.c_str()), GIFT_ERROR_INVALID_ARGUMENT);
+  giftFrameWriterFree(w);
 
   const uint32_t too_many[] = {33};
   ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);

@@ -388,7 +388,8 @@ GIFT_API giftResult_t giftFrameWriterWriteFile(giftFrameWriter* writer, const ch
  * Only with giftFrameWriterUseCuda are tensors with one scale or with stochastic rounding
  * encoded whole (their codes in memory while they are added). Tensors added in GIFT coordinates
  * (gift_basis.h) are whitened band by band too, never held in fp32. The frame's bytes are the
- * same either way. The scratch file disappears with the writer or the process. */
+ * same either way. The scratch file disappears with the writer or the process. Once per
+ * writer. */
 GIFT_API giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, const char* dir);
 
 /* Output written in order, as large as the disk allows: to a file through an unnamed (or,
@@ -420,14 +421,16 @@ GIFT_API giftResult_t giftFrameWriterWriteOutput(giftFrameWriter* writer, giftOu
  * writer is told the `count` tensors that will be added, in order, by name, number of
  * dimensions and whether each is stored losslessly (params NULL; lossless may be NULL for
  * none). Call it after the metadata and giftFrameWriterEmbedBasis, before the first tensor.
- * A frame that turns out otherwise (other tensors, tensors added with
- * giftFrameWriterAddTensorInBasis and a basis, whose choices the header records, metadata
- * added later) is still written right: its sections are copied once at the end into the
- * output started again, which needs the frame's size again on disk meanwhile. A tensor that
- * fails leaves nothing in the output. Until the frame is finished the output refuses
- * giftOutputWrite, giftOutputReserve and giftOutputCommit; the frame is finished only into
- * `out`; freeing `out` first leaves the writer refusing everything. An embedded basis waits
- * in the scratch file if one was set before giftFrameWriterEmbedBasis, else in memory. */
+ * A frame that turns out otherwise (other tensors; matrices added with
+ * giftFrameWriterAddTensorInBasis, a basis and a mode other than Euclidean, whose choices
+ * the header records; metadata or a basis added later) is still written right: its
+ * sections are copied once at the end into the output started again, which needs the
+ * frame's size again on disk meanwhile. A tensor that fails leaves nothing in the output.
+ * Until giftFrameWriterWriteOutput succeeds, the output refuses giftOutputWrite,
+ * giftOutputReserve, giftOutputCommit and other writers' frames (after a failure, or with
+ * the writer freed first, it can only be freed). Freeing `out` first leaves the writer
+ * refusing tensors and finishing. An embedded basis waits in the scratch file if one was set
+ * before giftFrameWriterEmbedBasis, else in memory. */
 GIFT_API giftResult_t giftFrameWriterStreamTo(giftFrameWriter* writer, giftOutput* out,
                                               size_t count, const char* const* names,
                                               const uint32_t* ndims, const int* lossless);

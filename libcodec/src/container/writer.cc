@@ -97,9 +97,11 @@ class SinkMark {
   SinkMark& operator=(const SinkMark&) = delete;
   ~SinkMark() {
     if (!file_ || kept_ || file_->size() == at_) return;
-    // The failure being reported keeps its message; one here shows on the next write.
-    const std::string message = last_message();
-    if (file_->truncate(at_) != GIFT_OK) fail(GIFT_ERROR_IO, "%s", message.c_str());
+    // The failure being reported keeps its message (copied without allocating: this may
+    // run while bad_alloc unwinds); a failure here shows on the next write.
+    char message[512];
+    std::snprintf(message, sizeof message, "%s", last_message());
+    if (file_->truncate(at_) != GIFT_OK) fail(GIFT_ERROR_IO, "%s", message);
   }
   void keep() { kept_ = true; }
 
@@ -143,6 +145,7 @@ giftResult_t FrameWriter::add_metadata(std::string key, std::string value) {
 }
 
 giftResult_t FrameWriter::use_scratch(const std::string& dir) {
+  if (scratch_.is_open()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "the scratch folder is set");
   if (const giftResult_t r = scratch_.open(dir)) return r;
   if (!stream_) sink_ = &scratch_;
   return GIFT_OK;
@@ -213,9 +216,7 @@ giftResult_t FrameWriter::begin_section(StoredSection* s, SectionFile* file) {
   s->spilled = true;
   s->streamed = file == stream_;
   s->scratch_offset = file->size();
-  // Until the section is complete its bytes may still be dropped (zstd that does not pay,
-  // a refused band, a failure).
-  file->hold_writeback_from(s->scratch_offset);
+  file->hold_writeback_from(UINT64_MAX);  // what came before is final, even after a failure
   return GIFT_OK;
 }
 
@@ -224,7 +225,6 @@ giftResult_t FrameWriter::keep(StoredSection* s, SectionFile* file) {
   if (const giftResult_t r = begin_section(s, file)) return r;
   file->allocate_ahead(s->bytes.size());
   if (const giftResult_t r = file->write(s->bytes.data(), s->bytes.size())) return r;
-  file->hold_writeback_from(UINT64_MAX);
   std::vector<uint8_t>().swap(s->bytes);
   return GIFT_OK;
 }
@@ -243,7 +243,9 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
   if (const giftResult_t r = begin_section(s, sink_)) return r;
   s->raw_length = raw_length;
   if (zstd_level_ > 0 && raw_length) {
-    // Compressed as it comes; kept only if smaller, as store_section decides.
+    // Compressed as it comes; kept only if smaller, as store_section decides. Until then
+    // its bytes may be dropped: not worth sending to the disk yet.
+    sink_->hold_writeback_from(s->scratch_offset);
     SectionCompressor z(zstd_level_, raw_length);
     Checksum64 sum;
     uint64_t stored = 0;
@@ -263,6 +265,7 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
       return GIFT_OK;
     }
     if (const giftResult_t r = sink_->truncate(s->scratch_offset)) return r;
+    sink_->hold_writeback_from(UINT64_MAX);
   }
   Checksum64 sum;
   sink_->allocate_ahead(raw_length);
@@ -274,7 +277,6 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
       }))
     return r;
   s->checksum = sum.digest();
-  sink_->hold_writeback_from(UINT64_MAX);
   return GIFT_OK;
 }
 
@@ -337,8 +339,8 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     });
   };
   const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);
-  if (*refused) return sink_->truncate(t->codes.scratch_offset);
   if (spilled) return spilled;
+  if (*refused) return sink_->truncate(t->codes.scratch_offset);
   t->rms = census.rms();
   if (const giftResult_t r = nonfinite_result(p, t->stats, cols))
     return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
@@ -609,15 +611,21 @@ giftResult_t FrameWriter::write_to(OutputFile* out) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "the frame streams to %s, not %s",
                 stream_->name().c_str(), out->name().c_str());
   }
+  if (stream_state_ == Stream::kNone && out->streaming_unfinished()) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: another frame streams into it",
+                out->name().c_str());
+  }
   Layout l;
   if (const giftResult_t r = layout(tensors_, &l)) return r;
   if (stream_state_ == Stream::kNone) return copy_out(out, l, -1);
   // Once, whatever comes of it: a failure leaves the output refusing to commit.
   stream_state_ = Stream::kFinished;
+  stream_ = nullptr;
+  sink_ = nullptr;
   out->set_streaming(true, nullptr);
   giftResult_t r;
-  if (streamed_in_place(l)) {
-    r = finish_in_place(l);
+  if (streamed_in_place(out, l)) {
+    r = finish_in_place(out, l);
   } else {
     // The header came out longer or shorter than declared: the streamed sections, moved.
     ClosingFd streamed;
@@ -625,12 +633,10 @@ giftResult_t FrameWriter::write_to(OutputFile* out) {
     if (r == GIFT_OK) r = copy_out(out, l, streamed.fd);
   }
   if (r == GIFT_OK) out->set_streaming(false, nullptr);
-  stream_ = nullptr;
-  sink_ = nullptr;
   return r;
 }
 
-bool FrameWriter::streamed_in_place(const Layout& l) const {
+bool FrameWriter::streamed_in_place(const OutputFile* out, const Layout& l) const {
   // Streamed sections first, each where the layout puts it; the others (appended) after.
   if (l.data_start != stream_base_) return false;
   uint64_t end = stream_base_;
@@ -643,25 +649,25 @@ bool FrameWriter::streamed_in_place(const Layout& l) const {
     if (appending || p.offset != p.section->scratch_offset) return false;
     end = p.offset + p.section->stored_length;
   }
-  return end == stream_->size();
+  return end == out->size();
 }
 
-giftResult_t FrameWriter::finish_in_place(const Layout& l) const {
+giftResult_t FrameWriter::finish_in_place(OutputFile* out, const Layout& l) const {
   static const uint8_t zeros[kSectionAlign] = {};
   for (const Placed& p : l.sections) {
     const StoredSection& s = *p.section;
     if (s.streamed) continue;
-    if (const giftResult_t r = stream_->write(zeros, p.offset - stream_->size())) return r;
-    const giftResult_t r =
-        s.spilled ? stream_->append_from(scratch_.fd(), s.scratch_offset, s.stored_length)
-                  : stream_->write(s.bytes.data(), s.stored_length);
+    if (const giftResult_t r = out->write(zeros, p.offset - out->size())) return r;
+    const giftResult_t r = s.spilled
+                               ? out->append_from(scratch_.fd(), s.scratch_offset, s.stored_length)
+                               : out->write(s.bytes.data(), s.stored_length);
     if (r) return r;
   }
-  if (stream_->size() != l.end) {
+  if (out->size() != l.end) {
     return fail(GIFT_ERROR_INTERNAL, "streamed frame of %llu bytes, laid out as %llu",
-                (unsigned long long)stream_->size(), (unsigned long long)l.end);
+                (unsigned long long)out->size(), (unsigned long long)l.end);
   }
-  return stream_->write_at(0, l.head.data(), l.head.size());
+  return out->write_at(0, l.head.data(), l.head.size());
 }
 
 giftResult_t FrameWriter::copy_out(OutputFile* out, const Layout& l, int streamed_fd) const {

@@ -120,8 +120,8 @@ class FrameWriter {
   giftResult_t begin_section(StoredSection* s, SectionFile* file);
   // write_to of a streamed frame whose sections lie where the layout puts them: the sections
   // not streamed (an embedded basis) after them, then the header in front.
-  bool streamed_in_place(const Layout& l) const;
-  giftResult_t finish_in_place(const Layout& l) const;
+  bool streamed_in_place(const OutputFile* out, const Layout& l) const;
+  giftResult_t finish_in_place(OutputFile* out, const Layout& l) const;
   // The frame's bytes in order to `out`, spilled sections copied from the scratch file or,
   // streamed ones, from `streamed_fd`.
   giftResult_t copy_out(OutputFile* out, const Layout& l, int streamed_fd) const;
