@@ -7,18 +7,6 @@
 
 using gift::fail;
 
-namespace {
-
-// A frame writer streaming into the output owns it until it has written the frame's header.
-giftResult_t not_streaming(const giftOutput& out) {
-  if (!out.file.streaming_unfinished()) return GIFT_OK;
-  return fail(GIFT_ERROR_INVALID_ARGUMENT,
-              "%s: a frame streams into it and is not finished (giftFrameWriterWriteOutput)",
-              out.file.name().c_str());
-}
-
-}  // namespace
-
 extern "C" {
 
 giftResult_t giftOutputOpenFile(const char* path, giftOutput** out) {
@@ -49,14 +37,14 @@ giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** out) {
 giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size) {
   gift::clear_error();
   if (!out || (size && !data)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputWrite: null");
-  if (const giftResult_t r = not_streaming(*out)) return r;
+  if (const giftResult_t r = out->file.check_not_streaming()) return r;
   return out->file.write(data, size);
 }
 
 giftResult_t giftOutputReserve(giftOutput* out, uint64_t total) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputReserve: null output");
-  if (const giftResult_t r = not_streaming(*out)) return r;
+  if (const giftResult_t r = out->file.check_not_streaming()) return r;
   return out->file.reserve(total);
 }
 

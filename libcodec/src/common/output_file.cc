@@ -43,9 +43,11 @@ int open_unnamed(const std::string& dir, int access) {
   return ::open(dir.c_str(), O_TMPFILE | access | O_CLOEXEC, 0666);
 }
 
-giftResult_t write_all(int fd, const uint8_t* p, uint64_t size, int* err) {
+// At the file position, or at `offset` (pwrite, the position unchanged) when one is given.
+giftResult_t write_all(int fd, const uint8_t* p, uint64_t size, int* err, int64_t offset = -1) {
   while (size) {
-    const ssize_t n = ::write(fd, p, std::min<uint64_t>(size, uint64_t(1) << 30));
+    const size_t chunk = std::min<uint64_t>(size, uint64_t(1) << 30);
+    const ssize_t n = offset < 0 ? ::write(fd, p, chunk) : ::pwrite(fd, p, chunk, off_t(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       *err = n < 0 ? errno : ENOSPC;
@@ -53,6 +55,7 @@ giftResult_t write_all(int fd, const uint8_t* p, uint64_t size, int* err) {
     }
     p += n;
     size -= uint64_t(n);
+    if (offset >= 0) offset += n;
   }
   return GIFT_OK;
 }
@@ -76,6 +79,13 @@ constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
 OutputFile::~OutputFile() {
   if (lost_) lost_();
   discard();
+}
+
+giftResult_t OutputFile::check_not_streaming() const {
+  if (!unfinished_) return GIFT_OK;
+  return fail(GIFT_ERROR_INVALID_ARGUMENT,
+              "%s: a frame streams into it and is not finished (giftFrameWriterWriteOutput)",
+              name_.c_str());
 }
 
 void OutputFile::set_streaming(bool unfinished, std::function<void()> lost) {
@@ -167,15 +177,9 @@ giftResult_t OutputFile::write_at(uint64_t offset, const void* data, uint64_t si
   if (!is_file() || offset + size > written_) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: cannot write there", name_.c_str());
   }
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (size) {
-    const ssize_t n = ::pwrite(fd_, p, size, off_t(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail_io("write failed", n < 0 ? errno : ENOSPC);
-    p += n;
-    offset += uint64_t(n);
-    size -= uint64_t(n);
-  }
+  int err = 0;
+  if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err, int64_t(offset)) != GIFT_OK)
+    return fail_io("write failed", err);
   return GIFT_OK;
 }
 
@@ -233,11 +237,7 @@ giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
 
 giftResult_t OutputFile::commit() {
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
-  if (unfinished_) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "%s: a frame streams into it and is not finished (giftFrameWriterWriteOutput)",
-                name_.c_str());
-  }
+  if (const giftResult_t r = check_not_streaming()) return r;
   if (!owned_) {
     committed_ = true;
     return GIFT_OK;

@@ -65,7 +65,8 @@ class OutputFile : public SectionFile {
   // A frame writer streams into this output: `unfinished` while it has not written the
   // frame's header (commit is refused meanwhile); `lost` is called if the output goes first.
   void set_streaming(bool unfinished, std::function<void()> lost);
-  bool streaming_unfinished() const { return unfinished_; }
+  // GIFT_ERROR_INVALID_ARGUMENT, with the message, while such a frame is unfinished.
+  giftResult_t check_not_streaming() const;
 
   bool is_file() const { return owned_ && fd_ >= 0; }
   uint64_t written() const { return written_; }

@@ -111,6 +111,12 @@ class SinkMark {
   bool kept_ = false;
 };
 
+// Padding between sections: n < 64 zero bytes.
+giftResult_t write_zeros(SectionFile* file, uint64_t n) {
+  static const uint8_t zeros[kSectionAlign] = {};
+  return file->write(zeros, n);
+}
+
 // Closes a descriptor on every way out.
 struct ClosingFd {
   int fd = -1;
@@ -211,8 +217,7 @@ giftResult_t FrameWriter::embed_basis(std::vector<uint8_t> bytes, uint64_t lo, u
 }
 
 giftResult_t FrameWriter::begin_section(StoredSection* s, SectionFile* file) {
-  static const uint8_t zeros[kSectionAlign] = {};
-  if (const giftResult_t r = file->write(zeros, align_up(file->size()) - file->size())) return r;
+  if (const giftResult_t r = write_zeros(file, align_up(file->size()) - file->size())) return r;
   s->spilled = true;
   s->streamed = file == stream_;
   s->scratch_offset = file->size();
@@ -340,7 +345,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   };
   const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);
   if (spilled) return spilled;
-  if (*refused) return sink_->truncate(t->codes.scratch_offset);
+  if (*refused) return GIFT_OK;  // the caller's SinkMark drops what the tensor wrote
   t->rms = census.rms();
   if (const giftResult_t r = nonfinite_result(p, t->stats, cols))
     return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
@@ -611,7 +616,7 @@ giftResult_t FrameWriter::write_to(OutputFile* out) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "the frame streams to %s, not %s",
                 stream_->name().c_str(), out->name().c_str());
   }
-  if (stream_state_ == Stream::kNone && out->streaming_unfinished()) {
+  if (stream_state_ == Stream::kNone && out->check_not_streaming() != GIFT_OK) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: another frame streams into it",
                 out->name().c_str());
   }
@@ -653,11 +658,10 @@ bool FrameWriter::streamed_in_place(const OutputFile* out, const Layout& l) cons
 }
 
 giftResult_t FrameWriter::finish_in_place(OutputFile* out, const Layout& l) const {
-  static const uint8_t zeros[kSectionAlign] = {};
   for (const Placed& p : l.sections) {
     const StoredSection& s = *p.section;
     if (s.streamed) continue;
-    if (const giftResult_t r = out->write(zeros, p.offset - out->size())) return r;
+    if (const giftResult_t r = write_zeros(out, p.offset - out->size())) return r;
     const giftResult_t r = s.spilled
                                ? out->append_from(scratch_.fd(), s.scratch_offset, s.stored_length)
                                : out->write(s.bytes.data(), s.stored_length);
@@ -673,10 +677,9 @@ giftResult_t FrameWriter::finish_in_place(OutputFile* out, const Layout& l) cons
 giftResult_t FrameWriter::copy_out(OutputFile* out, const Layout& l, int streamed_fd) const {
   if (const giftResult_t r = out->reserve(l.end)) return r;
   if (const giftResult_t r = out->write(l.head.data(), l.head.size())) return r;
-  static const uint8_t zeros[kSectionAlign] = {};
   uint64_t at = l.head.size();
   for (const Placed& p : l.sections) {
-    if (const giftResult_t r = out->write(zeros, p.offset - at)) return r;
+    if (const giftResult_t r = write_zeros(out, p.offset - at)) return r;
     const StoredSection& s = *p.section;
     const int from = s.streamed ? streamed_fd : scratch_.fd();
     const giftResult_t r = s.spilled ? out->append_from(from, s.scratch_offset, s.stored_length)
@@ -684,7 +687,7 @@ giftResult_t FrameWriter::copy_out(OutputFile* out, const Layout& l, int streame
     if (r) return r;
     at = p.offset + s.stored_length;
   }
-  return out->write(zeros, l.end - at);
+  return write_zeros(out, l.end - at);
 }
 
 }  // namespace gift::container
