@@ -76,6 +76,16 @@ TEST_P(ForEachTarget, QuantizeEqualsScalarRule) {
     yb[i] = static_cast<uint16_t>(num::bits_of(y[i]) >> 16);
     yh[i] = num::f16_from_float(y[i]);
   }
+  // Infinities and NaNs (quiet and signalling) of each 16-bit type, in vector lanes.
+  const std::pair<uint16_t, uint16_t> specials[] = {
+      {0x7F80, 0x7C00}, {0xFF80, 0xFC00}, {0x7FC0, 0x7E00}, {0xFF81, 0xFC01}, {0x7F81, 0x7D00}};
+  for (size_t k = 0; k < std::size(specials); ++k) {
+    for (size_t at : {3 + 7 * k, 40 + k, 2000 + 13 * k}) {
+      yb[at] = specials[k].first;
+      yh[at] = specials[k].second;
+      y[at] = num::bf16_to_float(specials[k].first);
+    }
+  }
   const float s = 0.0123f;
   for (giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
     const void* src = dt == GIFT_DTYPE_F32    ? static_cast<const void*>(y.data())

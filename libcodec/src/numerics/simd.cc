@@ -84,11 +84,35 @@ struct Source<uint16_t> {  // bf16: the upper half of an fp32
 #endif
 };
 
+// Where the target has no fp16 conversion instruction (x86 before AVX2, scalar code), Highway
+// emulates the widening and reads exponent 31 as a normal binade: Inf and NaN come out
+// finite. There it is done here instead, exactly: the magnitude's bits moved into fp32's
+// fields and scaled by 2^112 (subnormals included), exponent 31 sent to 255.
+#undef GIFT_WIDEN_F16_HERE
+#if (HWY_ARCH_X86 && HWY_TARGET >= HWY_SSE4) || HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
+#define GIFT_WIDEN_F16_HERE 1
+#else
+#define GIFT_WIDEN_F16_HERE 0
+#endif
+
 template <>
 struct Source<hwy::float16_t> : Consecutive<hwy::float16_t> {
   static VF load(DF d, const hwy::float16_t* p) {
+#if GIFT_WIDEN_F16_HERE
+    const hn::Rebind<uint16_t, DF> d16;
+    const DI di;
+    const VI h =
+        hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(),
+                                      hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p))));
+    const VI mag = hn::ShiftLeft<13>(hn::And(h, hn::Set(di, 0x7FFF)));
+    const VF finite = hn::Mul(hn::BitCast(d, mag), hn::Set(d, 0x1p112f));
+    const VI bits = hn::IfThenElse(hn::Gt(mag, hn::Set(di, 0x0F7FFFFF)),
+                                   hn::Or(mag, hn::Set(di, 0x7F800000)), hn::BitCast(di, finite));
+    return hn::BitCast(d, hn::Or(bits, hn::ShiftLeft<16>(hn::And(h, hn::Set(di, 0x8000)))));
+#else
     const hn::Rebind<hwy::float16_t, DF> d16;
     return hn::PromoteTo(d, hn::LoadU(d16, p));
+#endif
   }
   static float scalar(const hwy::float16_t* p) {
     uint16_t h;
