@@ -194,9 +194,10 @@ TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
   }
 }
 
-// The statistics' sums of squares: each of eight lanes adds its elements in order, so every
-// target gives the scalar loop's doubles exactly, for any start lane, length and source type.
-TEST_P(ForEachTarget, AddSquaresEqualsScalarSums) {
+// The statistics' census: each of eight lanes adds its elements' squares in order, so every
+// target gives the scalar loop's doubles exactly, for any start lane, length and source type,
+// and the largest magnitude of the same pass; a NaN or Inf anywhere shows in that.
+TEST_P(ForEachTarget, AbsMaxAddSquaresEqualsScalarRules) {
   std::mt19937 gen(17);
   std::normal_distribution<float> nd;
   std::uniform_int_distribution<int> exponent(-140, 120);
@@ -221,16 +222,38 @@ TEST_P(ForEachTarget, AddSquaresEqualsScalarSums) {
     for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 63, 1000, 4096, 4133}) {
       for (size_t phase = 0; phase < 8; ++phase) {
         double want[8], got[8];
+        uint32_t want_max = 0;
         for (int j = 0; j < 8; ++j) want[j] = got[j] = 0.5 * double(j);
-        for (size_t k = 0; k < n; ++k)
+        for (size_t k = 0; k < n; ++k) {
           want[(phase + k) % 8] += double(src.values[k]) * double(src.values[k]);
-        simd::add_squares(src.data, src.dtype, n, phase, got);
+          want_max = std::max(want_max, num::bits_of(std::fabs(src.values[k])));
+        }
+        ASSERT_EQ(simd::abs_max_add_squares(src.data, src.dtype, n, phase, got), want_max)
+            << "dtype " << src.dtype << " n " << n << " phase " << phase;
         for (int j = 0; j < 8; ++j) {
           ASSERT_EQ(got[j], want[j])
               << "dtype " << src.dtype << " n " << n << " phase " << phase << " lane " << j;
         }
       }
     }
+  }
+  const uint16_t bf16_inf = 0xFF80, f16_nan = 0x7E00;
+  for (size_t at : {size_t(0), size_t(5), size_t(700), x.size() - 1}) {
+    std::vector<float> xx = x;
+    std::vector<uint16_t> bb = b, hh = h;
+    xx[at] = std::nanf("");
+    bb[at] = bf16_inf;
+    hh[at] = f16_nan;
+    double lanes[8] = {};
+    EXPECT_GT(simd::abs_max_add_squares(xx.data(), GIFT_DTYPE_F32, xx.size(), 3, lanes),
+              0x7F800000u)
+        << at;
+    EXPECT_EQ(simd::abs_max_add_squares(bb.data(), GIFT_DTYPE_BF16, bb.size(), 0, lanes),
+              0x7F800000u)
+        << at;
+    EXPECT_GT(simd::abs_max_add_squares(hh.data(), GIFT_DTYPE_F16, hh.size(), 7, lanes),
+              0x7F800000u)
+        << at;
   }
 }
 

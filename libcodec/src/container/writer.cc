@@ -54,16 +54,18 @@ struct Census {
     for (uint64_t i0 = 0; i0 < n;) {
       const uint64_t at = base + i0, m = std::min(kChunk - at % kChunk, n - i0);
       const uint8_t* src = bytes + i0 * dtype_size(dtype);
-      const uint32_t bits = simd::abs_max_bits(src, dtype, m);
+      double before[8];
+      std::copy(lanes, lanes + 8, before);
+      const uint32_t bits = simd::abs_max_add_squares(src, dtype, m, at % 8, lanes);
       if (bits < 0x7F800000u) {
-        simd::add_squares(src, dtype, m, at % 8, lanes);
         finite += m;
         stats.amax = std::max(stats.amax, num::float_of(bits));
       } else {
+        std::copy(before, before + 8, lanes);  // again, the finite elements alone
         convert_elements(src, dtype, chunk, GIFT_DTYPE_F32, m);
         for (uint64_t k = 0; k < m; ++k) {  // rare: chunks holding NaN or Inf
           if (std::isfinite(chunk[k])) {
-            simd::add_squares(chunk + k, GIFT_DTYPE_F32, 1, (at + k) % 8, lanes);
+            lanes[(at + k) % 8] += double(chunk[k]) * double(chunk[k]);
             ++finite;
             stats.amax = std::max(stats.amax, std::fabs(chunk[k]));
           } else if (stats.nonfinite_count++ == 0) {

@@ -174,24 +174,30 @@ HWY_INLINE uint32_t AbsMaxBitsT(const hwy::float16_t* src, size_t n) {
   return AbsMaxBits16(src, n);
 }
 
-// lanes[(phase + k) % 8] += x[k]^2 in double for k in order. The square of an fp32 value is
-// exact in double, so a fused multiply-add rounds like the scalar sum; each lane adds its
-// elements in the same order whatever the vector width.
+// lanes[(phase + k) % 8] += x[k]^2 in double for k in order, and the largest sign-cleared
+// fp32 pattern, in one pass (the frame statistics' census: one read of the input). The square
+// of an fp32 value is exact in double, so a fused multiply-add rounds like the scalar sum;
+// each lane adds its elements in the same order whatever the vector width.
 template <typename T>
-HWY_INLINE void AddSquaresT(const T* src, size_t n, size_t phase, double* lanes) {
+HWY_INLINE uint32_t AbsMaxAddSquaresT(const T* src, size_t n, size_t phase, double* lanes) {
+  uint32_t m = 0;
   const auto scalar = [&](size_t k) {
-    const double v = Source<T>::scalar(src + k);
-    lanes[(phase + k) % 8] += v * v;
+    const float x = Source<T>::scalar(src + k);
+    m = std::max(m, num::bits_of(x) & 0x7FFFFFFFu);
+    lanes[(phase + k) % 8] += double(x) * double(x);
   };
   size_t k = 0;
   for (; k < n && (phase + k) % 8; ++k) scalar(k);
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && HWY_HAVE_FLOAT64
   const DF d;
+  const DI di;
   const hn::Half<DF> dh;
   const hn::Rebind<double, decltype(dh)> dd;
   // Doubles per half vector: 8 (one accumulator for all lanes), 4 (two) or 2 (four).
   constexpr size_t kHalf = hn::MaxLanes(dd), kAcc = 8 / kHalf;
   static_assert(kAcc * kHalf == 8 && kAcc <= 4, "lane layout");
+  const VI abs_mask = hn::Set(di, 0x7FFFFFFF);
+  VI vmax = hn::Zero(di);
   auto a0 = hn::LoadU(dd, lanes), a1 = a0, a2 = a0, a3 = a0;
   if constexpr (kAcc >= 2) a1 = hn::LoadU(dd, lanes + kHalf);
   if constexpr (kAcc == 4) {
@@ -199,6 +205,7 @@ HWY_INLINE void AddSquaresT(const T* src, size_t n, size_t phase, double* lanes)
     a3 = hn::LoadU(dd, lanes + 3 * kHalf);
   }
   const auto square_into = [&](VF v, auto& lo_acc, auto& hi_acc) {
+    vmax = hn::Max(vmax, hn::And(hn::BitCast(di, v), abs_mask));
     const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, v));
     const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, v));
     lo_acc = hn::MulAdd(lo, lo, lo_acc);
@@ -222,18 +229,21 @@ HWY_INLINE void AddSquaresT(const T* src, size_t n, size_t phase, double* lanes)
     hn::StoreU(a2, dd, lanes + 2 * kHalf);
     hn::StoreU(a3, dd, lanes + 3 * kHalf);
   }
+  m = std::max(m, static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, vmax))));
 #endif
   for (; k < n; ++k) scalar(k);
+  return m;
 }
 
-void AddSquares(const void* src, giftDType_t dtype, size_t n, size_t phase, double* lanes) {
+uint32_t AbsMaxAddSquares(const void* src, giftDType_t dtype, size_t n, size_t phase,
+                          double* lanes) {
   switch (dtype) {
     case GIFT_DTYPE_BF16:
-      return AddSquaresT(static_cast<const uint16_t*>(src), n, phase, lanes);
+      return AbsMaxAddSquaresT(static_cast<const uint16_t*>(src), n, phase, lanes);
     case GIFT_DTYPE_F16:
-      return AddSquaresT(static_cast<const hwy::float16_t*>(src), n, phase, lanes);
+      return AbsMaxAddSquaresT(static_cast<const hwy::float16_t*>(src), n, phase, lanes);
     default:
-      return AddSquaresT(static_cast<const float*>(src), n, phase, lanes);
+      return AbsMaxAddSquaresT(static_cast<const float*>(src), n, phase, lanes);
   }
 }
 
@@ -605,7 +615,7 @@ HWY_AFTER_NAMESPACE();
 namespace gift::simd {
 
 HWY_EXPORT(AbsMaxBits);
-HWY_EXPORT(AddSquares);
+HWY_EXPORT(AbsMaxAddSquares);
 HWY_EXPORT(QuantizeRN);
 HWY_EXPORT(QuantizeRNBounded);
 HWY_EXPORT(Dequantize);
@@ -617,8 +627,9 @@ uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n) {
   return HWY_DYNAMIC_DISPATCH(AbsMaxBits)(src, dtype, n);
 }
 
-void add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase, double lanes[8]) {
-  HWY_DYNAMIC_DISPATCH(AddSquares)(src, dtype, n, phase, lanes);
+uint32_t abs_max_add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase,
+                             double lanes[8]) {
+  return HWY_DYNAMIC_DISPATCH(AbsMaxAddSquares)(src, dtype, n, phase, lanes);
 }
 
 void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
