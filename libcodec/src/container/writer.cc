@@ -113,10 +113,15 @@ class SinkMark {
   bool kept_ = false;
 };
 
-// Padding between sections: n < 64 zero bytes.
+// n zero bytes: padding between sections, or the room left for a header.
 giftResult_t write_zeros(SectionFile* file, uint64_t n) {
-  static const uint8_t zeros[kSectionAlign] = {};
-  return file->write(zeros, n);
+  static const uint8_t zeros[4096] = {};
+  for (uint64_t left = n; left;) {
+    const uint64_t k = std::min<uint64_t>(left, sizeof zeros);
+    if (const giftResult_t r = file->write(zeros, k)) return r;
+    left -= k;
+  }
+  return GIFT_OK;
 }
 
 // Closes a descriptor on every way out.
@@ -194,8 +199,7 @@ giftResult_t FrameWriter::stream_to(OutputFile* out, const std::vector<Declared>
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "declared tensors: %s", giftGetLastErrorMessage());
   }
   // Zeros where the header will be, so that sections are appended from their first place.
-  const std::vector<uint8_t> zeros(l.data_start);
-  if (const giftResult_t r = out->write(zeros.data(), zeros.size())) return r;
+  if (const giftResult_t r = write_zeros(out, l.data_start)) return r;
   stream_ = out;
   stream_base_ = l.data_start;
   sink_ = out;
