@@ -11,13 +11,34 @@ namespace {
 
 // Inputs are memory-mapped: a file truncated by another process while giftc reads it raises
 // SIGBUS on the vanished pages. That is an I/O error like any other, reported as one; the
-// output, still unnamed, disappears with the process.
+// output, still unnamed, disappears with the process (or its temporary name is removed).
 extern "C" void input_vanished(int) {
   static const char msg[] =
       "giftc: an input file shrank while it was being read (it is memory-mapped); nothing "
       "was written\n";
   (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+  giftRemoveTemporaryFiles();
   ::_exit(giftc::kIoError);
+}
+
+// Interrupted or told to stop: an output still under a temporary name (file systems without
+// unnamed files) is removed, then the signal ends the process as it would have (SA_RESETHAND;
+// raised again, it is delivered when this returns).
+extern "C" void stopped(int sig) {
+  giftRemoveTemporaryFiles();
+  ::raise(sig);
+}
+
+// Signals that a shell left ignored (nohup, a background job) stay ignored.
+void on_stop_signals() {
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    struct sigaction old = {};
+    if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler == SIG_IGN) continue;
+    struct sigaction act = {};
+    act.sa_handler = stopped;
+    act.sa_flags = SA_RESETHAND;
+    ::sigaction(sig, &act, nullptr);
+  }
 }
 
 }  // namespace
@@ -27,6 +48,7 @@ int main(int argc, char** argv) {
   struct sigaction bus = {};
   bus.sa_handler = input_vanished;
   ::sigaction(SIGBUS, &bus, nullptr);
+  on_stop_signals();
   CLI::App app("giftc: encode, inspect, decode and compare FP8 gradient dumps (GIFT format)",
                "giftc");
   app.require_subcommand(1);

@@ -270,6 +270,42 @@ class Giftc(unittest.TestCase):
             self.assertEqual(rc, -signal.SIGINT)
             self.assertEqual(left, ["big.safetensors", "in.safetensors"])
 
+    def test_a_signal_removes_the_temporary_where_files_cannot_be_unnamed(self):
+        # File systems without O_TMPFILE (NFS, many FUSE ones; here a preloaded shim makes
+        # open(O_TMPFILE) fail) get outputs written as OUT.tmp.XXXXXXXX: a finished run
+        # renames it, an interrupted or terminated one removes it.
+        import signal
+        import time
+
+        shim = self.path("no_tmpfile.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", shim,
+                        os.path.join(ROOT, "tests", "cli", "no_tmpfile.c"), "-ldl"], check=True)
+        env = dict(os.environ, LD_PRELOAD=shim,  # (ASan's runtime then comes second)
+                   ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
+        src = self.path("in.safetensors")
+        rng = np.random.default_rng(9)
+        save_file({"w": rng.standard_normal((2048, 2048), dtype=np.float32)}, src)
+        out = self.path("out.gift")
+        r = subprocess.run([GIFTC, "encode", src, "-o", out, "-q"], env=env, capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["in.safetensors", "no_tmpfile.so",
+                                                        "out.gift"])
+        self.assertEqual(run("inspect", out, "--verify", "-q").returncode, 0)
+        os.unlink(out)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            p = subprocess.Popen([GIFTC, "encode", src, "-o", out, "--zstd=19", "--threads", "1"],
+                                 env=env, stderr=subprocess.PIPE)
+            deadline = time.monotonic() + 60
+            while not any(".tmp." in n for n in os.listdir(self.dir)):  # the path is taken
+                self.assertIsNone(p.poll(), "finished before its temporary was seen")
+                self.assertLess(time.monotonic(), deadline)
+                time.sleep(0.002)
+            p.send_signal(sig)
+            p.communicate()
+            self.assertEqual(p.returncode, -sig)
+            self.assertEqual(sorted(os.listdir(self.dir)), ["in.safetensors", "no_tmpfile.so"])
+
     @unittest.skipUnless(os.environ.get("GIFT_LARGE_TESTS") == "1",
                          "GIFT_LARGE_TESTS=1: writes about 26 GB and takes minutes")
     def test_a_tensor_past_2_to_the_32_elements_in_files_past_4_gib(self):

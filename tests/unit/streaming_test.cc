@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temporaries.h"
 #include "container/layout.h"
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
@@ -629,6 +630,39 @@ TEST(Streaming, OutputAppearsOnlyWhenCommitted) {
   EXPECT_EQ(giftOutputOpenFile((dir + "/no/such/folder/x").c_str(), &o), GIFT_ERROR_IO);
   EXPECT_NE(std::string(giftGetLastErrorMessage()).find("no/such/folder/x"), std::string::npos);
   ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
+// What giftRemoveTemporaryFiles (a signal handler's call) removes: the names recorded and
+// not forgotten, never a committed output; a full registry only loses the clean-up.
+TEST(Streaming, RecordedTemporariesAreRemovedOnRequest) {
+  const std::string dir = temp_dir();
+  const auto make = [&](const std::string& name) {
+    std::ofstream(dir + "/" + name) << "x";
+    return dir + "/" + name;
+  };
+  std::vector<int> many;
+  for (int i = 0; i < 100; ++i) many.push_back(gift::temporary_add(dir + "/absent"));
+  EXPECT_EQ(many.back(), -1) << "a registry of fixed size";
+  for (const int slot : many) gift::temporary_remove(slot);
+  EXPECT_EQ(gift::temporary_add(dir + "/" + std::string(5000, 'x')), -1) << "a name too long";
+  giftOutput* o = nullptr;
+  ASSERT_EQ(giftOutputOpenFile((dir + "/out.bin").c_str(), &o), GIFT_OK);
+  ASSERT_EQ(giftOutputWrite(o, "bytes", 5), GIFT_OK);
+  ASSERT_EQ(giftOutputCommit(o), GIFT_OK);
+  giftOutputFree(o);
+  const int a = gift::temporary_add(make("a.tmp")), b = gift::temporary_add(make("b.tmp"));
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  ASSERT_NE(a, b);
+  gift::temporary_remove(b);
+
+  giftRemoveTemporaryFiles();
+  std::vector<std::string> left = entries(dir);
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, std::vector<std::string>({"b.tmp", "out.bin"}));
+  gift::temporary_remove(a);
+  for (const std::string& n : entries(dir)) ::unlink((dir + "/" + n).c_str());
   ::rmdir(dir.c_str());
 }
 

@@ -409,6 +409,12 @@ GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
 /* Bytes written to `out` so far. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);
 GIFT_API void giftOutputFree(giftOutput* out);
+/* Removes the temporary files of this process's unfinished file outputs (written under
+ * `path`.tmp.XXXXXXXX beside their destination where the file system has no unnamed files;
+ * elsewhere an interrupted process leaves nothing anyway). Async-signal-safe: meant for a
+ * handler of SIGINT or SIGTERM that then ends the process, as giftc's does; outputs open at
+ * the time cannot be committed afterwards. */
+GIFT_API void giftRemoveTemporaryFiles(void);
 
 /* The finished frame appended to `out`, which the caller then commits. */
 GIFT_API giftResult_t giftFrameWriterWriteOutput(giftFrameWriter* writer, giftOutput* out);

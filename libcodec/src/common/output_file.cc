@@ -11,6 +11,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "common/temporaries.h"
 
 namespace gift {
 namespace {
@@ -93,9 +94,17 @@ void OutputFile::set_streaming(bool unfinished, std::function<void()> lost) {
   lost_ = std::move(lost);
 }
 
+// Once the file is no longer under temp_ (unlinked, or renamed into place): a signal
+// handler's giftRemoveTemporaryFiles leaves that name alone from now on.
+void OutputFile::forget_temporary() {
+  temporary_remove(temp_slot_);
+  temp_slot_ = -1;
+}
+
 void OutputFile::discard() {
   if (owned_ && fd_ >= 0) ::close(fd_);
   if (owned_ && !committed_ && !unnamed_ && !temp_.empty()) ::unlink(temp_.c_str());
+  forget_temporary();
   fd_ = -1;
   owned_ = false;
   reserved_ = 0;
@@ -125,6 +134,8 @@ giftResult_t OutputFile::open(const std::string& path) {
     });
   }
   if (fd_ < 0) return fail_io("cannot create a temporary file", errno);
+  // Recorded once created, never before: the name might be another process's file until then.
+  if (!unnamed_) temp_slot_ = temporary_add(temp_);
   return GIFT_OK;
 }
 
@@ -191,6 +202,7 @@ giftResult_t OutputFile::restart(int* old_fd) {
   if (!is_file()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not a file", name_.c_str());
   const int fd = fd_;
   if (!unnamed_) ::unlink(temp_.c_str());  // the descriptor keeps the bytes until closed
+  forget_temporary();
   fd_ = -1;
   owned_ = false;
   if (const giftResult_t r = open(path_)) {
@@ -257,6 +269,7 @@ giftResult_t OutputFile::commit() {
       return fail_io("cannot name the finished file", errno);
     }
     unnamed_ = false;
+    temp_slot_ = temporary_add(temp_);
   }
   if (::close(fd_) != 0) {
     fd_ = -1;
@@ -264,6 +277,7 @@ giftResult_t OutputFile::commit() {
   }
   fd_ = -1;
   if (::rename(temp_.c_str(), path_.c_str()) != 0) return fail_io("cannot finish writing", errno);
+  forget_temporary();
   committed_ = true;
   owned_ = false;
   return GIFT_OK;

@@ -77,10 +77,12 @@ class OutputFile : public SectionFile {
   giftResult_t fail_io(const char* what, int err);
   void discard();
   void start_writeback();
+  void forget_temporary();
 
   int fd_ = -1;
   bool owned_ = false, unnamed_ = false, committed_ = false, unfinished_ = false;
   std::string path_, temp_, name_;
+  int temp_slot_ = -1;  // temp_'s place among the names giftRemoveTemporaryFiles removes
   uint64_t written_ = 0, reserved_ = 0;
   uint64_t flushed_ = 0;        // writeback started for [0, flushed_)
   uint64_t hold_ = UINT64_MAX;  // and not from here on
