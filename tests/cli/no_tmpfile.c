@@ -20,7 +20,7 @@ static int open_via(const char* symbol, const char* path, int flags, mode_t mode
 
 #define MODE_ARG(flags, mode)                                  \
   mode_t mode = 0;                                             \
-  if ((flags) & (O_CREAT | O_TMPFILE)) {                       \
+  if (((flags)&O_CREAT) || ((flags)&O_TMPFILE) == O_TMPFILE) { \
     va_list ap;                                                \
     va_start(ap, flags);                                       \
     mode = va_arg(ap, mode_t);                                 \

@@ -128,14 +128,20 @@ giftResult_t OutputFile::open(const std::string& path) {
   fd_ = open_unnamed(folder_of(path), O_RDWR);  // read back if a streamed frame must move
   unnamed_ = fd_ >= 0;
   if (fd_ < 0 && no_tmpfile(errno)) {
+    // Recorded once created, never before: until then the name may be another process's
+    // file; and no signal in between (TemporaryCreation).
+    const TemporaryCreation creation;
     fresh_name(path, &temp_, [&](const std::string& n) {
       fd_ = ::open(n.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       return fd_ >= 0;
     });
+    if (fd_ >= 0) temp_slot_ = temporary_add(temp_);
   }
-  if (fd_ < 0) return fail_io("cannot create a temporary file", errno);
-  // Recorded once created, never before: the name might be another process's file until then.
-  if (!unnamed_) temp_slot_ = temporary_add(temp_);
+  if (fd_ < 0) {
+    const int err = errno;
+    temp_.clear();  // the last name tried may be another process's file: not ours to remove
+    return fail_io("cannot create a temporary file", err);
+  }
   return GIFT_OK;
 }
 
@@ -261,12 +267,14 @@ giftResult_t OutputFile::commit() {
     // A name only now: linked under a fresh temporary, then renamed over the destination
     // (a link cannot replace an existing file).
     const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
+    const TemporaryCreation creation;
     const bool linked = fresh_name(path_, &temp_, [&](const std::string& n) {
       return ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, n.c_str(), AT_SYMLINK_FOLLOW) == 0;
     });
     if (!linked) {
+      const int err = errno;
       temp_.clear();
-      return fail_io("cannot name the finished file", errno);
+      return fail_io("cannot name the finished file", err);
     }
     unnamed_ = false;
     temp_slot_ = temporary_add(temp_);
@@ -291,6 +299,7 @@ giftResult_t ScratchFile::open(const std::string& dir) {
   dir_ = dir;
   fd_ = open_unnamed(dir, O_RDWR);
   if (fd_ < 0 && no_tmpfile(errno)) {
+    const TemporaryCreation creation;  // no signal between its creation and its unlink
     std::string name;
     if (fresh_name(dir + "/.gift-scratch", &name, [&](const std::string& n) {
           fd_ = ::open(n.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

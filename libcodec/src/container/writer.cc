@@ -116,6 +116,9 @@ class SinkMark {
 // n zero bytes: padding between sections, or the room left for a header.
 giftResult_t write_zeros(SectionFile* file, uint64_t n) {
   static const uint8_t zeros[4096] = {};
+  if (n > kMaxHeaderBytes + kSectionAlign) {  // a layout gone wrong, not bytes to write
+    return fail(GIFT_ERROR_INTERNAL, "frame layout: %" PRIu64 " bytes of padding", n);
+  }
   for (uint64_t left = n; left;) {
     const uint64_t k = std::min<uint64_t>(left, sizeof zeros);
     if (const giftResult_t r = file->write(zeros, k)) return r;

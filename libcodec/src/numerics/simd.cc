@@ -84,15 +84,18 @@ struct Source<uint16_t> {  // bf16: the upper half of an fp32
 #endif
 };
 
-// Where the target has no fp16 conversion instruction (x86 before AVX2, scalar code), Highway
-// emulates the widening and reads exponent 31 as a normal binade: Inf and NaN come out
-// finite. There it is done here instead, exactly: the magnitude's bits moved into fp32's
-// fields and scaled by 2^112 (subnormals included), exponent 31 sent to 255.
+// Highway converts fp16 with the instruction set's own conversion on x86 with F16C (AVX2
+// and up) and on Arm64; elsewhere (x86 before AVX2, scalar and 128-bit emulation, ...) it
+// emulates it, and 1.0.3's emulation reads exponent 31 as a normal binade: Inf and NaN come
+// out finite. There the widening is done here instead, exactly: the magnitude's bits moved
+// into fp32's fields and scaled by 2^112 (exact for subnormals too: no caller runs with
+// denormals-are-zero, FpEnvGuard), exponent 31 sent to 255.
 #undef GIFT_WIDEN_F16_HERE
-#if (HWY_ARCH_X86 && HWY_TARGET >= HWY_SSE4) || HWY_TARGET == HWY_EMU128 || HWY_TARGET == HWY_SCALAR
-#define GIFT_WIDEN_F16_HERE 1
-#else
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)) || \
+    (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCALAR)
 #define GIFT_WIDEN_F16_HERE 0
+#else
+#define GIFT_WIDEN_F16_HERE 1
 #endif
 
 template <>

@@ -15,9 +15,11 @@ namespace gift::simd {
 // so a NaN or Inf shows as a value >= 0x7F800000).
 uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n);
 
-// abs_max_bits(src, dtype, n), and in the same pass lanes[(phase + k) % 8] += x[k] * x[k] in
-// double for k = 0, 1, ... n - 1 in that order: the same sums on every target. When the result
-// is >= 0x7F800000 (a NaN or Inf among the x), the lanes' values are unspecified.
+// In one pass, lanes[(phase + k) % 8] += x[k] * x[k] in double for k = 0, 1, ... n - 1 in
+// that order (the same sums on every target), and the largest magnitude: abs_max_bits(src,
+// dtype, n) for finite x; >= 0x7F800000 exactly when a NaN or Inf is among the x (a NaN's
+// bits may then differ from abs_max_bits', which keeps fp16 NaNs signalling), and then the
+// lanes' values are unspecified.
 uint32_t abs_max_add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase,
                              double lanes[8]);
 
