@@ -1,7 +1,5 @@
 #include "transport/dump.h"
 
-#include <xxhash.h>
-
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +8,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/xxh3.h"
 
 namespace gift::transport {
 

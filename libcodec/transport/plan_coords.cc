@@ -1,7 +1,5 @@
 #include "transport/plan_coords.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -9,6 +7,7 @@
 
 #include "api/handles.h"
 #include "common/error.h"
+#include "common/xxh3.h"
 #include "coords/select.h"
 #include "numerics/fp_env.h"
 

@@ -1,7 +1,6 @@
 // The local steps of the compressed all-reduce (gift_transport.h): one implementation that
 // every backend drives, so every consumer of libgift gets the same bytes. The numerics go
 // through the public codec API (giftEncode/giftDecode), as an external transport would.
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -17,6 +16,7 @@
 #include "api/handles.h"
 #include "common/ctx.h"
 #include "common/error.h"
+#include "common/xxh3.h"
 #include "coords/whitener.h"
 #include "gift/gift_transport.h"
 #include "numerics/convert.h"

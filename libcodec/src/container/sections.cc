@@ -1,6 +1,5 @@
 #include "container/sections.h"
 
-#include <xxhash.h>
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -10,6 +9,7 @@
 #include <new>
 
 #include "common/error.h"
+#include "common/xxh3.h"
 
 namespace gift::container {
 

@@ -1,7 +1,5 @@
 #include "coords/basis.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -9,6 +7,7 @@
 
 #include "common/bytes.h"
 #include "common/error.h"
+#include "common/xxh3.h"
 
 namespace gift::coords {
 namespace {
