@@ -105,7 +105,8 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
 }
 
 // Encodes values[0, count) into `msg` and, with error feedback, leaves values - decoded in
-// `residual`: what the next call adds back so that rounding errors do not accumulate.
+// `residual` (which may be `values` itself): what the next call adds back so that rounding
+// errors do not accumulate.
 giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const float* values,
                             uint64_t count, float* residual, uint8_t* msg, uint32_t flags = 0,
                             const void* extra = nullptr, uint64_t extra_bytes = 0) {
@@ -322,18 +323,24 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
   if (p.coords.has_basis) ++p.coords.calls_with_basis;
   apply_coords(p, p.flat.data(), false);
+  // This call's residuals replace the values they come from in the work buffer, and become
+  // the plan's only once every shard is encoded: a call that fails here (a NaN in a later
+  // shard) leaves the error feedback as it was, in original coordinates.
+  const bool feedback = !p.residual.empty();
   for (int r = 0; r < p.world; ++r) {
-    const uint64_t begin = p.layout.shard_begin[r];
-    float* residual = p.residual.empty() ? nullptr : p.residual.data() + begin;
+    float* values = p.flat.data() + p.layout.shard_begin[r];
     const bool carry = measure_now && r == 0;
     if (const giftResult_t rc = encode_message(
-            p, kScatter, r, p.flat.data() + begin, p.shard_count(r), residual,
+            p, kScatter, r, values, p.shard_count(r), feedback ? values : nullptr,
             send + uint64_t(r) * p.layout.message_bytes, carry ? kCarriesEstimates : 0,
             p.coords.estimates.data(), carry ? p.coords.estimates.size() * sizeof(float) : 0)) {
       return rc;
     }
   }
-  if (!p.residual.empty()) apply_coords(p, p.residual.data(), true);
+  if (feedback) {
+    apply_coords(p, p.flat.data(), true);
+    std::swap(p.flat, p.residual);  // the old residual's memory is the next work buffer
+  }
   return GIFT_OK;
 }
 

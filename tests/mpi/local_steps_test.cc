@@ -407,6 +407,40 @@ TEST(LocalStepsCoords, ARankInAnotherBasisIsNamedByTheReceiver) {
   EXPECT_NE(m.find(hex), std::string::npos) << m;
 }
 
+// A step 1 that fails (a NaN in the last shard, after the first was encoded) leaves the
+// rank's error feedback as it was: the next call gives exactly what it gives after a call
+// that failed on its first shard, before any residual could change. (Updated in part, the
+// residual would also be left in whitened coordinates.)
+TEST(LocalStepsCoords, FailedEncodeLeavesTheErrorFeedbackAsItWas) {
+  const int world = 2;
+  const BasisPtr basis = fit_basis(16);
+  giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_GIFT);
+  c.error_feedback = 1;
+  SimulatedWorld late(c, world, kCoordsBucket), early(c, world, kCoordsBucket);
+  std::vector<Bucket> in;
+  for (int r = 0; r < world; ++r) {
+    in.push_back(coords_input(r));
+    ASSERT_EQ(giftReducePlanSetBasis(late.plan(r), basis.get()), GIFT_OK);
+    ASSERT_EQ(giftReducePlanSetBasis(early.plan(r), basis.get()), GIFT_OK);
+  }
+  ASSERT_EQ(late.allreduce(in), early.allreduce(in));
+  const auto fail_with_nan_at = [&](SimulatedWorld& sim, size_t tensor, size_t element) {
+    for (int r = 0; r < world; ++r) {
+      Bucket bad = in[size_t(r)];
+      const float nan = NAN;
+      memcpy(bad[tensor].data() + 4 * element, &nan, 4);
+      std::vector<const void*> ptrs;
+      for (const auto& t : bad) ptrs.push_back(t.data());
+      std::vector<uint8_t> send(uint64_t(world) * sim.message_bytes());
+      EXPECT_EQ(giftReduceEncodeShards(sim.plan(r), ptrs.data(), send.data()),
+                GIFT_ERROR_NONFINITE_INPUT);
+    }
+  };
+  fail_with_nan_at(late, 2, 255);  // the bias' last element: the last shard
+  fail_with_nan_at(early, 0, 0);   // the first element: the first shard
+  EXPECT_EQ(late.allreduce(in), early.allreduce(in));
+}
+
 TEST(LocalStepsCoords, ErrorFeedbackKeptInOriginalCoordinatesMakesTheMeanConverge) {
   // A fixed gradient sent T times: with the residual mapped back to original coordinates,
   // the running mean of the results approaches the exact mean as 1/T.

@@ -104,7 +104,8 @@ GIFT_API giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoord
 GIFT_API uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan);
 
 /* Step 1: tensors[i] is the i-th tensor of the bucket in its dtype; send receives `world`
- * messages, message r for rank r. */
+ * messages, message r for rank r. A step 1 that fails (a non-finite input: NaN or Inf)
+ * leaves this rank's error-feedback residual as it was. */
 GIFT_API giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
                                              uint8_t* send);
 
