@@ -438,6 +438,12 @@ TEST(LocalStepsCoords, FailedEncodeLeavesTheErrorFeedbackAsItWas) {
   };
   fail_with_nan_at(late, 2, 255);  // the bias' last element: the last shard
   fail_with_nan_at(early, 0, 0);   // the first element: the first shard
+  for (int r = 0; r < world; ++r) {
+    std::vector<uint8_t> a(giftReducePlanStateBytes(late.plan(r))), b(a.size());
+    ASSERT_EQ(giftReducePlanSaveState(late.plan(r), a.data(), a.size()), GIFT_OK);
+    ASSERT_EQ(giftReducePlanSaveState(early.plan(r), b.data(), b.size()), GIFT_OK);
+    EXPECT_EQ(a, b) << "rank " << r;
+  }
   EXPECT_EQ(late.allreduce(in), early.allreduce(in));
 }
 

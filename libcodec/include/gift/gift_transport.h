@@ -166,7 +166,8 @@ GIFT_API void giftCommDestroy(giftComm* comm);
 
 /* All-reduce of one flat buffer (send == recv allowed). stream must be NULL for host
  * backends. Collective: every rank calls it with the same count and dtype. An error on any
- * rank is returned on every rank, and the message names the rank and step that failed. */
+ * rank is returned on every rank, and the message names the rank and step that failed; each
+ * rank keeps the error feedback of the steps it completed (see giftReduceEncodeShards). */
 GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
                                     giftDType_t dtype, void* stream);
 
