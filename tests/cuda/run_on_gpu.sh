@@ -9,7 +9,9 @@
 #
 #   bash tests/cuda/run_on_gpu.sh
 #
-# When $OUT is set, the table goes to "$OUT/gpu_report.txt" and each step's log next to it.
+# Each step's log goes to build-gpu/gpu-logs; when $OUT is set, the table goes to
+# "$OUT/gpu_report.txt" and the logs, packed, to "$OUT/gpu-logs.tar.gz" (two files: the
+# device tool brings back only a few).
 # Exits non-zero when any test fails (or is skipped: on a GPU machine nothing may skip), when
 # the build fails, or when a step crashes or runs out of time. The Python package's steps need
 # a python3 with torch built for CUDA, which the machine may lack: they are then reported as
@@ -25,7 +27,8 @@ device_timeout=${GIFT_GPU_DEVICE_TIMEOUT:-300}
 reference_timeout=${GIFT_GPU_REFERENCE_TIMEOUT:-600}
 bench_timeout=${GIFT_GPU_BENCH_TIMEOUT:-300}
 
-logdir=${OUT:-$root/$build/gpu-logs}
+logdir=$root/$build/gpu-logs
+rm -rf "$logdir"
 mkdir -p "$logdir"
 
 rows=()     # "name<TAB>status"
@@ -51,7 +54,10 @@ report() {
   echo
   echo "==== GPU run summary ===="
   echo "$table"
-  if [ -n "${OUT:-}" ]; then echo "$table" >"$OUT/gpu_report.txt"; fi
+  if [ -n "${OUT:-}" ]; then
+    echo "$table" >"$OUT/gpu_report.txt"
+    tar -czf "$OUT/gpu-logs.tar.gz" -C "$logdir" .
+  fi
 }
 
 # A partial table still comes out when the run is stopped from outside.
@@ -199,10 +205,35 @@ if [ -n "$torch_py" ]; then
   fi
 fi
 
+# NCCL: CUDA's own folders first (the build looks there); where they lack it, the NCCL wheel
+# that torch was built with (nvidia-nccl), whose library has no unversioned name for the
+# linker to find: one is made in the build folder.
+nccl_args=()
+cuda_root=$(dirname "$(dirname "$(readlink -f "$CUDACXX")")")
+if ! compgen -G "$cuda_root/lib*/libnccl.so*" >/dev/null && [ -n "$torch_py" ]; then
+  wheel=$("$torch_py" -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
+  if [ -n "$wheel" ] && [ -e "$wheel/include/nccl.h" ] && compgen -G "$wheel/lib/libnccl.so.*" >/dev/null; then
+    mkdir -p "$build/nccl"
+    ln -sfn "$(ls "$wheel"/lib/libnccl.so.* | head -n 1)" "$build/nccl/libnccl.so"
+    nccl_args=(-DNCCL_LIBRARY="$root/$build/nccl/libnccl.so" -DNCCL_INCLUDE_DIR="$wheel/include")
+    export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "NCCL from $wheel"
+  else
+    echo "NCCL: none in $cuda_root nor in torch's wheels; the NCCL steps will be reported missing"
+  fi
+fi
+
 echo "==== configure and build ($build: ${targets[*]}, and the Python package when it can) ===="
 if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGIFT_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DGIFT_WARNINGS_AS_ERRORS=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-  "${cmake_deps[@]}" "${python_args[@]}" "${cmake_extra[@]}" 2>&1 | tee "$logdir/configure.log" &&
+  "${cmake_deps[@]}" "${python_args[@]}" "${nccl_args[@]}" "${cmake_extra[@]}" 2>&1 |
+  tee "$logdir/configure.log" &&
+  { grep -q '^build nccl_allreduce_tests:' "$build/build.ninja" || {
+    kept=()
+    for t in "${targets[@]}"; do [ "$t" = nccl_allreduce_tests ] || kept+=("$t"); done
+    targets=("${kept[@]}")
+    add_row "nccl_allreduce_tests (not configured: NCCL not found; see configure.log)" failed
+  }; } &&
   { [ -z "$torch_py" ] || ! grep -q '^build gift_python:' "$build/build.ninja" ||
     targets+=(gift_python); } &&
   cmake --build "$build" --parallel "$jobs" --target "${targets[@]}" 2>&1 | tee "$logdir/build.log"; then
@@ -304,6 +335,32 @@ else
   fi
   run_python "python: DDP hook, gloo, 2 processes sharing a GPU" "$device_timeout" \
     tests/python/test_ddp_cuda.py --world 2 --backend gloo
+fi
+
+# The device tests again under compute-sanitizer's memcheck (out-of-bounds and misaligned
+# accesses, leaks of device memory), without the exhaustive and the large tests, which it
+# would slow past any limit. GIFT_GPU_SANITIZE=0 leaves it out.
+if [ "${GIFT_GPU_SANITIZE:-1}" = 1 ]; then
+  sanitizer=$(command -v compute-sanitizer || true)
+  for candidate in "$cuda_root/bin/compute-sanitizer" "$cuda_root/compute-sanitizer/compute-sanitizer"; do
+    [ -n "$sanitizer" ] || [ ! -x "$candidate" ] || sanitizer=$candidate
+  done
+  if [ -z "$sanitizer" ]; then
+    add_row "compute-sanitizer memcheck of cuda_device_tests" "not run: compute-sanitizer not found"
+  else
+    echo "==== compute-sanitizer memcheck ===="
+    rc=0
+    GIFT_REQUIRE_CUDA_DEVICE=1 timeout --signal=TERM --kill-after=10 "$device_timeout" \
+      "$sanitizer" --tool memcheck --leak-check full --error-exitcode 99 \
+      "$build/tests/cuda/cuda_device_tests" --gtest_filter='-*All2To32*:*LargeTensors*' 2>&1 |
+      tee "$logdir/memcheck.log" || rc=$?
+    case "$rc" in
+      0) add_row "compute-sanitizer memcheck of cuda_device_tests (no error)" passed ;;
+      99) add_row "compute-sanitizer memcheck of cuda_device_tests (errors: memcheck.log)" failed ;;
+      124 | 137) add_row "compute-sanitizer memcheck (timed out after ${device_timeout}s)" failed ;;
+      *) add_row "compute-sanitizer memcheck of cuda_device_tests (exit code $rc)" failed ;;
+    esac
+  fi
 fi
 
 # CPU-only steps (CI runs them anyway): only with GIFT_GPU_CPU_STEPS=1, to spend the lent
