@@ -612,22 +612,22 @@ class ReducePlan:
             self._plan.decode_result(g.address, 0, [b.address for b in held], stream)
         return out_tensors
 
-    def encode_shards_in(self, bucket, offsets, out):
-        """encode_shards for tensors lying in one buffer `bucket` (a torch tensor where the
-        plan is), tensor i at byte offset offsets[i], in the plan's order and of its dtypes
-        and shapes, unchecked: one call for a whole bucket (the DDP hook's)."""
+    def encode_shards_at(self, addresses, out):
+        """encode_shards for tensors at `addresses` (their data_ptr(), where `out` is), in
+        the plan's order and of its dtypes and shapes, unchecked: one call for a whole
+        bucket, without a Python object per tensor (the DDP hook's)."""
         send = _byte_buffer(out, "out", self.world * self.message_bytes, writable=True)
-        stream = self._stream([_buffer(bucket, "bucket"), send], "encode_shards_in")
+        stream = self._stream([send], "encode_shards_at")
         with _on(self.device):
-            self._plan.encode_shards(bucket.data_ptr(), offsets, send.address, stream)
+            self._plan.encode_shards(0, addresses, send.address, stream)
         return out
 
-    def decode_result_in(self, gathered, bucket, offsets):
-        """decode_result into tensors lying in one buffer (see encode_shards_in)."""
+    def decode_result_at(self, gathered, addresses):
+        """decode_result into tensors at `addresses` (see encode_shards_at)."""
         g = _byte_buffer(gathered, "gathered", self.world * self.message_bytes)
-        stream = self._stream([_buffer(bucket, "bucket"), g], "decode_result_in")
+        stream = self._stream([g], "decode_result_at")
         with _on(self.device):
-            self._plan.decode_result(g.address, bucket.data_ptr(), offsets, stream)
+            self._plan.decode_result(g.address, 0, addresses, stream)
 
     def status(self):
         """Raises GiftError for what a device plan's steps saw since the last status (a

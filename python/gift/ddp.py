@@ -14,14 +14,21 @@ libgift's; this module only moves bytes, on any process group with all_to_all_si
 all_gather on uint8 tensors where the bucket is: CPU buckets through host plans (gloo), CUDA
 buckets through device plans (gift_transport_cuda.h; NCCL, or gloo), whose steps and the
 collectives are enqueued on the current stream and write the host plans' message bytes.
-Each bucket is one binding call per step: the plan keeps where its tensors lie in the
-bucket's buffer from the first time it sees that layout.
 
-The hook returns the average (the sum divided by the world size, as DDP's default hook), and
-its future is already complete on the host: the collectives run inside the hook (for CUDA
-buckets, a future over the stream the work is enqueued on). Device plans report what their
-data held (non-finite values) once per step, at the last bucket, which waits for the
-device; the error is raised there.
+A plan serves one bucket of the layout DDP settles on (each bucket one binding call per
+step). DDP starts every wrapper with provisional buckets (all parameters in one, unless it
+looks for unused parameters) and rebuilds them in gradient-ready order after its first step:
+the plans follow until a layout has served a whole step after the one it appeared in. From
+then on they stay, a checkpoint's plans too, so that a run resumed in a new wrapper, whose
+first step has the provisional buckets again, sends what the uninterrupted run sends: a
+bucket of another layout hands its gradients to the plans they belong to, a plan runs once
+all of its gradients are in, and a bucket's future completes once all of its plans ran (by
+the step's last bucket, before DDP waits for them).
+
+The hook returns the average (the sum divided by the world size, as DDP's default hook); the
+collectives run inside the hook (for CUDA buckets, enqueued on the current stream, which the
+future carries). Device plans report what their data held (non-finite values) once per
+step, at the last bucket, which waits for the device; the error is raised there.
 
 GIFT coordinates (coords="auto" or "gift"): state.attach(model) puts a forward pre-hook on
 every nn.Linear, which every refresh_every steps accumulates the second moment X^T X / n of
@@ -44,8 +51,8 @@ __all__ = ["GiftState", "gift_hook"]
 
 
 class GiftState:
-    """What the hook keeps between steps: one ReducePlan per bucket (its error feedback and
-    call counter), the basis, the step count and the bytes counted.
+    """What the hook keeps between steps: one ReducePlan per bucket of the layout DDP settles
+    on (its error feedback and call counter), the basis, the step count and the bytes counted.
 
     It pickles without its process group (a restored state uses the default group, or the one
     set on `process_group`) and without its forward hooks, so that a run is checkpointed with
@@ -85,11 +92,10 @@ class GiftState:
         self.iter = 0
         self.bytes_sent = 0
         self.fp32_bytes = 0
-        self._plans = {}
+        self._groups = []  # plan keys, in the order met (see _layout)
+        self._settled = False  # whether the groups have served a whole step since they came
         self._saved = {}  # plan states restored from a checkpoint, until their plan exists
-        self._canon = {}  # id(parameter) -> its place in the canonical order (see _layout)
-        self._layouts = {}   # a bucket's parameters, in bucket order -> _Layout
-        self._messages = {}  # plan key -> the plan's message buffers (see _plan)
+        self._transient()
         self._unpicklable()
         # Checked here, before the first step, so that a bad option fails on every rank at
         # once instead of inside a backward pass.
@@ -100,8 +106,20 @@ class GiftState:
         self._moments = {}  # weight name -> [sum of x x^T, rows] of the step being collected
         self._hooks = []
 
-    _TRANSIENT = ("process_group", "_plans", "_canon", "_names", "_moments", "_hooks",
-                  "_layouts", "_messages")
+    def _transient(self):
+        self._plans = {}
+        self._canon = {}     # id(parameter) -> its place in the canonical order (see _layout)
+        self._param_of = {}  # place -> parameter
+        self._group_of = {place: key for key in self._groups for place in key[1]}
+        self._layouts = {}   # a bucket's parameters, in bucket order -> _Layout
+        self._messages = {}  # plan key -> the plan's message buffers (see _plan)
+        self._pending = {}   # plan key -> {place: (bucket buffer, byte offset)} of this step
+        self._waiting = []   # [future, buffer, plan keys left] of buckets waiting for plans
+        self._regrouped = False  # whether groups came or went in this step
+
+    _TRANSIENT = ("process_group", "_plans", "_canon", "_param_of", "_group_of", "_names",
+                  "_moments", "_hooks", "_layouts", "_messages", "_pending", "_waiting",
+                  "_regrouped")
 
     def __getstate__(self):
         d = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
@@ -112,10 +130,7 @@ class GiftState:
     def __setstate__(self, d):
         self.__dict__.update(d)
         self.process_group = None
-        self._plans = {}
-        self._canon = {}
-        self._layouts = {}
-        self._messages = {}
+        self._transient()
         self._unpicklable()
 
     def attach(self, model):
@@ -235,14 +250,14 @@ class GiftState:
                 for name, c in zip(plan.names, plan.coords)}
 
     def _layout(self, bucket, buf):
-        """Where the bucket's gradients lie in its buffer, for the plan's order.
+        """Where the bucket's gradients lie in its buffer, and which plans they go to.
 
-        The plan sees the bucket's gradients in a canonical order, each parameter's place in
-        the first layout this state met: DDP rebuilds its buckets in gradient-ready order
-        after the first step of every wrapper, and since scale blocks run across tensor
-        boundaries, the bytes depend on the order. With it a run resumed in a new wrapper
-        (whose first step has the initial layout again) sends what the uninterrupted run
-        sends. The gradients are views into the bucket, so reordering costs no copy.
+        Plans see their gradients in a canonical order, each parameter's place in the first
+        layout this state met, and the plans (the groups) are the buckets of the layout DDP
+        settled on: see the module's doc. Before the groups settle, a bucket of a new layout
+        replaces the groups it overlaps (their plans and error feedback go); after, it is
+        regrouped. Parameters never seen make a group of their own. The gradients are views
+        into the bucket, so regrouping costs no copy.
 
         Layouts are kept by the bucket's parameters (whose hash is their identity), so that a
         step looks its layout up instead of walking the parameters in Python; the state
@@ -252,48 +267,114 @@ class GiftState:
         layout = self._layouts.get(params)
         if layout is None:
             layout = _Layout(self, params, bucket.gradients(), buf)
+            if not layout.group and not self._settled:
+                self._drop_groups(layout.key[1])
+                layout = _Layout(self, params, bucket.gradients(), buf)
             self._layouts[params] = layout
         return layout
 
-    def _plan(self, layout, buf, world, rank):
-        """The plan of `layout` and its message buffers: created on first use, zeroed once
-        where the bucket is (device plans never write the messages' padding)."""
-        plan = self._plans.get(layout.key)
+    def _drop_groups(self, places):
+        """Forgets the groups holding any of `places`, with their plans and saved states."""
+        gone = {self._group_of[p] for p in places if p in self._group_of}
+        self._groups = [key for key in self._groups if key not in gone]
+        self._group_of = {place: key for key in self._groups for place in key[1]}
+        for key in gone:
+            for d in (self._plans, self._messages, self._saved, self._pending):
+                d.pop(key, None)
+        self._layouts = {}  # their pieces named the groups gone
+        self._regrouped = True
+
+    def _specs(self, key, dtype):
+        """The plan specs of group `key`: (name, dtype, shape) in canonical order. The basis
+        names weights as the model does; unattached, names are places."""
+        return [(self._names.get(id(self._param_of[place]), f"p{place}"), dtype,
+                 tuple(self._param_of[place].shape)) for place in key[1]]
+
+    def _plan(self, key, buf, world, rank):
+        """The plan of group `key` and its message buffers: created on first use, zeroed
+        once where the bucket is (device plans never write the messages' padding)."""
+        plan = self._plans.get(key)
         if plan is None:
-            # The basis names weights as the model does; unattached, names are places.
-            specs = [(self._names.get(id(p), f"p{place}"), buf.dtype, shape)
-                     for p, place, shape in zip(layout.params, layout.places, layout.shapes)]
             device = buf.device if buf.is_cuda else None
-            plan = ReducePlan(world, rank, specs, device=device, **self.config)
+            plan = ReducePlan(world, rank, self._specs(key, buf.dtype), device=device,
+                              **self.config)
             if self.basis is not None:
                 plan.set_basis(self.basis)
-            if layout.key in self._saved:
-                plan.load_state(self._saved.pop(layout.key))
-            self._plans[layout.key] = plan
+            if key in self._saved:
+                plan.load_state(self._saved.pop(key))
+            self._plans[key] = plan
             m = plan.message_bytes
             send = torch.zeros(world * m, dtype=torch.uint8, device=buf.device)
-            self._messages[layout.key] = (send, torch.zeros_like(send),
-                                          torch.zeros(m, dtype=torch.uint8, device=buf.device),
-                                          torch.zeros_like(send))
-        return plan, self._messages[layout.key]
+            elements = sum(self._param_of[place].numel() for place in key[1])
+            self._messages[key] = (send, torch.zeros_like(send),
+                                   torch.zeros(m, dtype=torch.uint8, device=buf.device),
+                                   torch.zeros_like(send), elements)
+        return plan, self._messages[key]
+
+    def _run_group(self, key, world, rank, parts):
+        """One step of group `key`'s plan, its gradients at `parts` ((bucket buffer, byte
+        offset) in canonical order), decoded in place."""
+        group = self.process_group
+        buf = parts[0][0]
+        plan, (send, recv, reduced, gathered, elements) = self._plan(key, buf, world, rank)
+        m = plan.message_bytes
+        addresses = [b.data_ptr() + offset for b, offset in parts]
+        plan.encode_shards_at(addresses, send)
+        dist.all_to_all_single(recv, send, group=group)
+        plan.sum_shard(recv, reduced)
+        dist.all_gather(list(gathered.split(m)), reduced, group=group)
+        plan.decode_result_at(gathered, addresses)
+        self.bytes_sent += 2 * (world - 1) * m
+        self.fp32_bytes += 2 * (world - 1) * elements * 4 // world
+
+    def _regroup(self, layout, buf, world, rank):
+        """A bucket of a later layout: its gradients join their groups' pending parts, each
+        group that is then complete runs (in the order the groups were met, the same on
+        every rank), and the buckets whose groups all ran are returned."""
+        for key, pieces in layout.pieces:
+            parts = self._pending.setdefault(key, {})
+            for place, offset in pieces:
+                parts[place] = (buf, offset)
+        ready = [key for key, _ in layout.pieces if len(self._pending[key]) == len(key[1])]
+        for key in ready:
+            parts = self._pending.pop(key)
+            self._run_group(key, world, rank, [parts[place] for place in key[1]])
+        done = []
+        for w in self._waiting:
+            w[2].difference_update(ready)
+            if not w[2]:
+                done.append(w)
+        self._waiting = [w for w in self._waiting if w[2]]
+        return done
 
 
 class _Layout:
-    """One bucket layout: the plan it belongs to (`key`: dtype and the parameters' canonical
-    places), and the parameters, places, shapes and byte offsets in the bucket's buffer of
-    its gradients in the plan's order."""
+    """One bucket layout: its key (dtype and the parameters' canonical places), whether it is
+    a group (a plan's bucket) and then the byte offsets in the bucket's buffer of its
+    gradients in canonical order; otherwise its pieces, (group key, [(place, byte offset)])
+    for each group it holds gradients of, in the order the groups were met."""
 
-    __slots__ = ("key", "params", "places", "shapes", "offsets")
+    __slots__ = ("key", "group", "offsets", "pieces")
 
     def __init__(self, state, params, grads, buf):
         places = [state._canon.setdefault(id(p), len(state._canon)) for p in params]
-        order = sorted(range(len(params)), key=places.__getitem__)
-        self.key = (str(buf.dtype), tuple(sorted(places)))
-        self.params = [params[i] for i in order]
-        self.places = [places[i] for i in order]
-        self.shapes = [tuple(grads[i].shape) for i in order]
+        for p, place in zip(params, places):
+            state._param_of[place] = p
+        dtype = str(buf.dtype)
+        self.key = (dtype, tuple(sorted(places)))
+        new = tuple(sorted(p for p in places if p not in state._group_of))
+        if new:
+            state._groups.append((dtype, new))
+            state._group_of.update((place, (dtype, new)) for place in new)
+            state._regrouped = True
         base = buf.data_ptr()
-        self.offsets = [grads[i].data_ptr() - base for i in order]
+        at = {place: g.data_ptr() - base for place, g in zip(places, grads)}
+        self.group = self.key in state._groups
+        self.offsets = [at[place] for place in self.key[1]]
+        rank = {key: i for i, key in enumerate(state._groups)}
+        keys = sorted({state._group_of[place] for place in places}, key=rank.__getitem__)
+        self.pieces = [(key, [(place, at[place]) for place in key[1] if place in at])
+                       for key in keys]
 
 
 def _allreduce_fp32(state, buf, world):
@@ -311,27 +392,37 @@ def gift_hook(state, bucket):
     world = dist.get_world_size(group)
     buf = bucket.buffer()
     layout = state._layout(bucket, buf)
-    if state.iter < state.start_iter:
-        _allreduce_fp32(state, buf, world)
-    else:
-        plan, (send, recv, reduced, gathered) = state._plan(layout, buf, world,
-                                                            dist.get_rank(group))
-        m = plan.message_bytes
-        plan.encode_shards_in(buf, layout.offsets, send)
-        dist.all_to_all_single(recv, send, group=group)
-        plan.sum_shard(recv, reduced)
-        dist.all_gather(list(gathered.split(m)), reduced, group=group)
-        plan.decode_result_in(gathered, buf, layout.offsets)
-        state.bytes_sent += 2 * (world - 1) * m
-        state.fp32_bytes += 2 * (world - 1) * buf.numel() * 4 // world
+    # A CUDA bucket's future carries the current stream, which the work is enqueued on, to
+    # whoever waits for it.
+    fut = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
+    done = [[fut, buf]]
+    try:
+        if state.iter < state.start_iter:
+            _allreduce_fp32(state, buf, world)
+        elif layout.group:
+            state._run_group(layout.key, world, dist.get_rank(group),
+                             [(buf, offset) for offset in layout.offsets])
+        else:
+            state._waiting.append([fut, buf, {key for key, _ in layout.pieces}])
+            done = state._regroup(layout, buf, world, dist.get_rank(group))
+    except BaseException:
+        # The step is abandoned (a non-finite gradient, say): the next starts afresh.
+        state._waiting, state._pending = [], {}
+        raise
+    for w in done:
+        w[0].set_result(w[1])
     if bucket.is_last():
+        if state._waiting:
+            left = sorted({k for w in state._waiting for k in w[2]})
+            state._waiting, state._pending = [], {}
+            raise RuntimeError(f"gift_hook: the step's buckets did not hold every gradient of "
+                               f"the plans {left} (dtype, canonical places); DDP's buckets "
+                               "changed parameters or dtype since the first step")
+        state._settled = state._settled or not state._regrouped
+        state._regrouped = False
         for plan in state._plans.values():
             plan.status()
         if state._collecting():
             state._refresh_basis(world)
         state.iter += 1
-    # A CUDA bucket's future carries the current stream, which the work is enqueued on, to
-    # whoever waits for it.
-    fut = torch.futures.Future(devices=[buf.device] if buf.is_cuda else None)
-    fut.set_result(buf)
     return fut

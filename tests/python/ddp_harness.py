@@ -50,33 +50,41 @@ def _free_port():
 
 
 class Recorder:
-    """Its hook is gift_hook, keeping each compressed call's bucket before and after it (on the host,
-    as the plan's tensors) and the basis the plans held, for check_against_host_plans."""
+    """Its hook is gift_hook, keeping each plan call's tensors before and after it (on the
+    host) and the basis the plan held, for check_against_host_plans. A plan call is a bucket
+    of the state's first layout, or a group gathered from several buckets of a later one."""
 
     def __init__(self):
         self.calls = []  # (plan key, plan specs, inputs, outputs, basis)
 
     def hook(self, state, bucket):
-        buf = bucket.buffer()
-        compressed = state.iter >= state.start_iter
-        before = buf.detach().to("cpu", copy=True)
-        # The plans take a refreshed basis at the end of a step, with state.basis: what the
-        # state holds before the call is what the call's plan holds.
-        basis = state.basis
-        fut = gift.ddp.gift_hook(state, bucket)
-        if compressed:
-            layout = state._layout(bucket, buf)
-            plan = state._plans[layout.key]
-            specs = [(n, buf.dtype, shape) for n, shape in zip(plan.names, layout.shapes)]
-            self.calls.append((layout.key, specs, _pieces(before, layout),
-                               _pieces(buf.detach().to("cpu", copy=True), layout), basis))
-        return fut
+        run_group = state._run_group
+
+        def recorded(key, world, rank, parts):
+            dtype = parts[0][0].dtype
+            specs = state._specs(key, dtype)
+            before = _pieces(parts, specs)
+            # The plans take a refreshed basis at the end of a step, with state.basis: what
+            # the state holds before the call is what the call's plan holds.
+            basis = state.basis
+            run_group(key, world, rank, parts)
+            self.calls.append((key, specs, before, _pieces(parts, specs), basis))
+
+        state._run_group = recorded
+        try:
+            return gift.ddp.gift_hook(state, bucket)
+        finally:
+            del state._run_group
 
 
-def _pieces(flat, layout):
-    size = flat.element_size()
-    return [flat[at // size:at // size + torch.Size(shape).numel()].reshape(shape)
-            for at, shape in zip(layout.offsets, layout.shapes)]
+def _pieces(parts, specs):
+    """Host copies of the tensors at parts ((bucket buffer, byte offset)) of the specs'
+    shapes."""
+    out = []
+    for (buf, offset), (_, _, shape) in zip(parts, specs):
+        at = offset // buf.element_size()
+        out.append(buf[at:at + torch.Size(shape).numel()].reshape(shape).to("cpu", copy=True))
+    return out
 
 
 def check_against_host_plans(recorder, state, world, what):

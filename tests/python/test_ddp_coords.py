@@ -37,10 +37,10 @@ DEADLINE_S = 120
 
 
 class Mlp(nn.Module):
-    def __init__(self):
+    def __init__(self, width):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(),
-                                 nn.Linear(128, 8))
+        self.net = nn.Sequential(nn.Linear(64, width), nn.Tanh(), nn.Linear(width, width),
+                                 nn.Tanh(), nn.Linear(width, 8))
 
     def forward(self, x):
         return self.net(x)
@@ -64,9 +64,9 @@ def batch(rank, step, mix):
     return x, torch.tanh(x @ w)
 
 
-def new_model():
+def new_model(width=128):
     torch.manual_seed(0)
-    return Mlp()
+    return Mlp(width)
 
 
 def train(rank, state, steps, model=None, opt=None):
@@ -102,12 +102,15 @@ def test_auto_coords(rank):
 
 
 def test_checkpoint_with_basis(rank, tmp):
-    config = dict(coords="auto", refresh_every=5)
-    _, model, _ = train(rank, gift.ddp.GiftState(**config), range(14))
+    # 1.2 MB of parameters: DDP starts each wrapper with one bucket and rebuilds it into two
+    # (the first of 1 MB), so the resumed run's first step is regrouped into the saved plans.
+    config, width = dict(coords="auto", refresh_every=5), 512
+    _, model, _ = train(rank, gift.ddp.GiftState(**config), range(14), new_model(width))
     expected = flat_params(model)
 
     state = gift.ddp.GiftState(**config)
-    _, model, opt = train(rank, state, range(8))
+    _, model, opt = train(rank, state, range(8), new_model(width))
+    assert len(state._plans) == 2, f"{len(state._plans)} plans, not one per rebuilt bucket"
     assert state.basis is not None
     path = os.path.join(tmp, f"rank{rank}.pt")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
@@ -116,12 +119,14 @@ def test_checkpoint_with_basis(rank, tmp):
     del model, opt, state
 
     saved = torch.load(path)
-    model = new_model()
+    model = new_model(width)
     model.load_state_dict(saved["model"])
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     opt.load_state_dict(saved["opt"])
     state = pickle.loads(saved["hook"])
     _, model, _ = train(rank, state, range(8, 9), model, opt)
+    assert [x.group for x in state._layouts.values()] == [False], \
+        "the new wrapper's first bucket was not regrouped into the saved plans"
     assert state.tensor_coords() == saved_coords, "the choice of coordinates was not restored"
     _, model, _ = train(rank, state, range(9, 14), model, opt)
     assert torch.equal(flat_params(model), expected), "the resumed run differs"

@@ -210,9 +210,7 @@ def test_cuda_checkpoint_state_loads_into_host_plans(rank, world):
     restored = pickle.loads(pickle.dumps(state))
     config = {k: v for k, v in state.config.items() if k != "integrity"}
     for key, plan in state._plans.items():
-        layout = next(x for x in state._layouts.values() if x.key == key)
-        dtype = getattr(torch, key[0].split(".")[-1])
-        specs = [(n, dtype, shape) for n, shape in zip(plan.names, layout.shapes)]
+        specs = state._specs(key, getattr(torch, key[0].split(".")[-1]))
         host = gift.ReducePlan(world, rank, specs, integrity=False, **config)
         host.set_basis(restored.basis)
         host.load_state(restored._saved[key])
