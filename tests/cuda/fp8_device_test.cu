@@ -165,7 +165,7 @@ __global__ void ExhaustiveRnKernel(uint64_t base, uint64_t n, Mismatches* m) {
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const uint32_t bits = uint32_t(base + i);
     const float x = num::float_of(bits);
-    const uint8_t got = num::fp8_from_float_rn<K>(x);
+    const uint8_t got = num::fp8_rn_rule<K>(x);
     const uint8_t want = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, I);
     ++visited;
     if (got != want) {
@@ -185,7 +185,7 @@ __global__ void ExhaustiveRnKernel(uint64_t base, uint64_t n, Mismatches* m) {
 template <Fp8 K, __nv_fp8_interpretation_t I>
 __global__ void ProbeRnKernel(uint32_t bits, uint32_t* out) {
   const float x = num::float_of(bits);
-  out[0] = num::fp8_from_float_rn<K>(x);
+  out[0] = num::fp8_rn_rule<K>(x);
   out[1] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, I);
 }
 
