@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a machine WITH a GPU (CUDA at /usr/local/cuda or nvcc on PATH, no network
-# needed): dependencies, a CUDA build of its own (build-gpu, sm_90), the device tests, the GPU
-# benchmark and giftc --device cuda, then a table of results with the GPU figures. Run it
+# needed): dependencies, a CUDA build of its own (build-gpu, sm_90), the device tests, the NCCL
+# all-reduce, the GPU benchmark, giftc --device cuda, the Python package on CUDA tensors and
+# the DDP hook on CUDA buckets, and the device tests again under compute-sanitizer memcheck,
+# then a table of results with the GPU figures (about 100 s on an H200 machine). Run it
 # from anywhere in the repository, after tests/cuda/fetch_gpu_deps.sh on a machine with
 # network when the GPU machine has none. .gpu-deps/ is ignored by git: name it among the
 # paths carried to the GPU machine, or the script falls back to scripts/setup.sh, which needs
