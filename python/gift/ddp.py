@@ -17,9 +17,9 @@ collectives are enqueued on the current stream and write the host plans' message
 
 A plan serves one bucket of the layout DDP settles on (each bucket one binding call per
 step). DDP starts every wrapper with provisional buckets (all parameters in one, unless it
-looks for unused parameters) and rebuilds them in gradient-ready order after its first step:
-the plans follow until a layout has served a whole step after the one it appeared in. From
-then on they stay, a checkpoint's plans too, so that a run resumed in a new wrapper, whose
+looks for unused parameters) and rebuilds them in gradient-ready order after its first step
+(its second with static_graph): the plans follow until a layout has served two whole steps
+after the one it appeared in. From then on they stay, a checkpoint's plans too, so that a run resumed in a new wrapper, whose
 first step has the provisional buckets again, sends what the uninterrupted run sends: a
 bucket of another layout hands its gradients to the plans they belong to, a plan runs once
 all of its gradients are in, and a bucket's future completes once all of its plans ran (by
@@ -93,7 +93,7 @@ class GiftState:
         self.bytes_sent = 0
         self.fp32_bytes = 0
         self._groups = []  # plan keys, in the order met (see _layout)
-        self._settled = False  # whether the groups have served a whole step since they came
+        self._quiet = 0  # whole steps since the groups last changed; settled at 2
         self._saved = {}  # plan states restored from a checkpoint, until their plan exists
         self._transient()
         self._unpicklable()
@@ -254,7 +254,7 @@ class GiftState:
 
         Plans see their gradients in a canonical order, each parameter's place in the first
         layout this state met, and the plans (the groups) are the buckets of the layout DDP
-        settled on: see the module's doc. Before the groups settle, a bucket of a new layout
+        settles on: see the module's doc. Before the groups settle, a bucket of a new layout
         replaces the groups it overlaps (their plans and error feedback go); after, it is
         regrouped. Parameters never seen make a group of their own. The gradients are views
         into the bucket, so regrouping costs no copy.
@@ -267,7 +267,7 @@ class GiftState:
         layout = self._layouts.get(params)
         if layout is None:
             layout = _Layout(self, params, bucket.gradients(), buf)
-            if not layout.group and not self._settled:
+            if not layout.group and self._quiet < 2:
                 self._drop_groups(layout.key[1])
                 layout = _Layout(self, params, bucket.gradients(), buf)
             self._layouts[params] = layout
@@ -418,7 +418,7 @@ def gift_hook(state, bucket):
             raise RuntimeError(f"gift_hook: the step's buckets did not hold every gradient of "
                                f"the plans {left} (dtype, canonical places); DDP's buckets "
                                "changed parameters or dtype since the first step")
-        state._settled = state._settled or not state._regrouped
+        state._quiet = min(state._quiet + 1, 2) if not state._regrouped else 0
         state._regrouped = False
         for plan in state._plans.values():
             plan.status()
