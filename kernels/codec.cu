@@ -289,6 +289,7 @@ __device__ __forceinline__ int chunk_count(uint32_t k0, uint64_t len) {
 template <giftDType_t DT, Fp8 K, bool SR>
 __global__ void __launch_bounds__(kThreads) encode_blocks_kernel(EncodeArgs a, BlockLanes l) {
   ThreadCensus tc;
+  num::Rounding rounding(SR, a.seed, a.tensor_index);  // a lane's runs are 16 consecutive
   for (uint64_t g = l.first_group(); g < l.groups; g += l.stride()) {
     const uint64_t row = g / l.groups_per_row, c0 = (g % l.groups_per_row) * l.block;
     const uint64_t len = min64(l.block, a.cols - c0), start = row * a.cols + c0;
@@ -317,8 +318,7 @@ __global__ void __launch_bounds__(kThreads) encode_blocks_kernel(EncodeArgs a, B
       uint8_t c[16];
 #pragma unroll
       for (int k = 0; k < 16; ++k) {
-        c[k] = num::encode_element<K>(v[k], gs, a.keep_nonfinite, SR, a.seed, a.tensor_index,
-                                      start + k0 + k);
+        c[k] = num::encode_element<K>(v[k], gs, a.keep_nonfinite, rounding, start + k0 + k);
       }
       store16(a.codes, start + k0, n, c);
     }
@@ -419,6 +419,7 @@ __global__ void __launch_bounds__(kThreads) census_items_kernel(EncodeArgs a, It
 
 template <giftDType_t DT, Fp8 K>
 __global__ void __launch_bounds__(kThreads) convert_items_kernel(EncodeArgs a, Items it) {
+  num::Rounding rounding(a.stochastic, a.seed, a.tensor_index);
   for (uint64_t i = blockIdx.x; i < it.count(); i += gridDim.x) {
     uint64_t g = 0;
     const Rect r = it.rect(i, &g);
@@ -426,8 +427,8 @@ __global__ void __launch_bounds__(kThreads) convert_items_kernel(EncodeArgs a, I
     const Rect gr = it.grid.rect(g);
     if (threadIdx.x == 0 && r.r0 == gr.r0 && r.c0 == gr.c0) store_scale(a.scales, a.e8m0, g, gs);
     for_each_in(r, a.cols, [&](uint64_t e) {
-      a.codes[e] = num::encode_element<K>(load_one<DT>(a.src, e), gs, a.keep_nonfinite,
-                                          a.stochastic, a.seed, a.tensor_index, e);
+      a.codes[e] =
+          num::encode_element<K>(load_one<DT>(a.src, e), gs, a.keep_nonfinite, rounding, e);
     });
   }
 }

@@ -4,8 +4,9 @@
 // encode and decode are single streaming passes, so a copy of their own traffic is their
 // physical limit and the ratio says how close they come. 1 GiB of fp32 input (GIFT_BENCH_BYTES
 // overrides), E4M3, blocks of 128, fp32 scales, round to nearest; fp32 and bf16 input and
-// output. Also the whitener and its inverse at 1280 x 3456, r = 32 against the encode of the
-// same tensor. Each figure is the median of several timed runs after a warm-up.
+// output, and stochastic rounding of fp32. Also the whitener and its inverse at 1280 x 3456, r = 32
+// against the encode of the same tensor. Each figure is the median of several timed runs after a
+// warm-up.
 //
 //   bench_cuda [--json]
 #include <cublas_v2.h>
@@ -121,18 +122,22 @@ int main(int argc, char** argv) {
                     CHECK_CUDA(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice));
                   }),
                   2 * f32});
-  auto encode = [&](const void* in, giftDType_t dt) {
+  auto encode = [&](const giftQuantParams& q, const void* in, giftDType_t dt) {
     return median_seconds([&] {
-      CHECK_GIFT(giftEncodeDevice(&p, in, dt, 1, n, codes, scales, sb, nullptr, ws, ws_bytes, 0));
+      CHECK_GIFT(giftEncodeDevice(&q, in, dt, 1, n, codes, scales, sb, nullptr, ws, ws_bytes, 0));
     });
   };
+  giftQuantParams sr = p;
+  sr.rounding = GIFT_ROUND_STOCHASTIC;
   auto decode = [&](giftDType_t dt) {
     return median_seconds(
         [&] { CHECK_GIFT(giftDecodeDevice(&p, codes, scales, sb, 1, n, dst, dt, 0)); });
   };
-  rows.push_back({"encode fp32 -> e4m3 block:128", encode(src, GIFT_DTYPE_F32), f32 + fp8});
+  rows.push_back({"encode fp32 -> e4m3 block:128", encode(p, src, GIFT_DTYPE_F32), f32 + fp8});
   rows.push_back({"decode e4m3 block:128 -> fp32", decode(GIFT_DTYPE_F32), fp8 + f32});
-  rows.push_back({"encode bf16 -> e4m3 block:128", encode(src_bf16, GIFT_DTYPE_BF16), bf16 + fp8});
+  rows.push_back(
+      {"encode bf16 -> e4m3 block:128", encode(p, src_bf16, GIFT_DTYPE_BF16), bf16 + fp8});
+  rows.push_back({"encode fp32 -> e4m3 stochastic", encode(sr, src, GIFT_DTYPE_F32), f32 + fp8});
   rows.push_back({"decode e4m3 block:128 -> bf16", decode(GIFT_DTYPE_BF16), fp8 + bf16});
 
   // The whitener of one transformed layer against the encode of the same tensor.

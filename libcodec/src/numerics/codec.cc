@@ -56,20 +56,17 @@ GroupScale make_scale(const giftQuantParams& p, float amax, void* scales, uint64
   return gs;
 }
 
-template <Fp8 K>
-uint8_t convert_one(const giftQuantParams& p, float x, const GroupScale& gs, uint64_t index) {
-  return num::encode_element<K>(x, gs, p.nonfinite == GIFT_NONFINITE_KEEP,
-                                p.rounding == GIFT_ROUND_STOCHASTIC, p.seed, p.tensor_index, index);
-}
-
 // Per-element path: stochastic rounding and spans holding NaN/Inf.
 // Element i of the span is element origin.first_element + i of the tensor.
 template <Fp8 K>
 void convert_span_scalar(const giftQuantParams& p, const void* src, giftDType_t dtype,
                          uint64_t begin, uint64_t n, const GroupScale& gs, const BandOrigin& origin,
                          uint8_t* codes) {
+  num::Rounding rounding(p.rounding == GIFT_ROUND_STOCHASTIC, p.seed, p.tensor_index);
+  const bool keep = p.nonfinite == GIFT_NONFINITE_KEEP;
   for (uint64_t i = begin; i < begin + n; ++i) {
-    codes[i] = convert_one<K>(p, load_as_float(src, dtype, i), gs, origin.first_element + i);
+    codes[i] = num::encode_element<K>(load_as_float(src, dtype, i), gs, keep, rounding,
+                                      origin.first_element + i);
   }
 }
 

@@ -248,12 +248,39 @@ GIFT_HD U32x4 sr_uniforms(uint64_t seed, uint32_t tensor, uint64_t j) {
 
 // ---- Whole elements -----------------------------------------------------------------
 
+// How elements round: to nearest, or stochastically with each element's uniform word. One
+// generator call gives the words of 4 elements (sr_uniforms), so a Rounding asked for
+// increasing indices calls it once per 4 of them.
+class Rounding {
+ public:
+  GIFT_HD Rounding(bool stochastic, uint64_t seed, uint32_t tensor)
+      : stochastic_(stochastic), tensor_(tensor), seed_(seed) {}
+  GIFT_HD bool stochastic() const { return stochastic_; }
+  // The uniform word of element `index` of the tensor.
+  GIFT_HD uint32_t word(uint64_t index) {
+    if (!have_ || (index >> 2) != quad_) {
+      quad_ = index >> 2;
+      words_ = sr_uniforms(seed_, tensor_, quad_);
+      have_ = true;
+    }
+    // Selects rather than an indexed load keep the words in registers on a GPU.
+    const uint32_t* w = words_.v;
+    return index & 2 ? (index & 1 ? w[3] : w[2]) : (index & 1 ? w[1] : w[0]);
+  }
+
+ private:
+  bool stochastic_, have_ = false;
+  uint32_t tensor_;
+  uint64_t seed_, quad_ = 0;
+  U32x4 words_{};
+};
+
 // One element's code (FORMAT.md 1.7-1.9): element `index` (row-major) of a group scaled by
 // gs. NaN/Inf kept by request become NaN codes, or E5M2's Inf codes; otherwise they convert
 // like any value (NaN to 0x7F, Inf saturating), and the caller reports them.
 template <Fp8 K>
-GIFT_HD uint8_t encode_element(float x, const GroupScale& gs, bool keep_nonfinite, bool stochastic,
-                               uint64_t seed, uint32_t tensor, uint64_t index) {
+GIFT_HD uint8_t encode_element(float x, const GroupScale& gs, bool keep_nonfinite,
+                               Rounding& rounding, uint64_t index) {
   if (keep_nonfinite && (bits_of(x) & 0x7FFFFFFFu) >= 0x7F800000u) {
     if (x != x) return kNanCode;
     if (K == Fp8::kE5M2) return static_cast<uint8_t>(kE5M2InfCode | (x < 0 ? 0x80 : 0));
@@ -261,9 +288,7 @@ GIFT_HD uint8_t encode_element(float x, const GroupScale& gs, bool keep_nonfinit
   }
   if (gs.zero) return 0;
   const float v = gs.divide ? div_rn(x, gs.factor) : x * gs.factor;
-  if (stochastic) {
-    return fp8_from_float_sr<K>(v, sr_uniforms(seed, tensor, index >> 2).v[index & 3]);
-  }
+  if (rounding.stochastic()) return fp8_from_float_sr<K>(v, rounding.word(index));
   return fp8_from_float_rn<K>(v);
 }
 
