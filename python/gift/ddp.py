@@ -19,11 +19,13 @@ A plan serves one bucket of the layout DDP settles on (each bucket one binding c
 step). DDP starts every wrapper with provisional buckets (all parameters in one, unless it
 looks for unused parameters) and rebuilds them in gradient-ready order after its first step
 (its second with static_graph): the plans follow until a layout has served two whole steps
-after the one it appeared in. From then on they stay, a checkpoint's plans too, so that a run resumed in a new wrapper, whose
-first step has the provisional buckets again, sends what the uninterrupted run sends: a
-bucket of another layout hands its gradients to the plans they belong to, a plan runs once
-all of its gradients are in, and a bucket's future completes once all of its plans ran (by
-the step's last bucket, before DDP waits for them).
+after the one it appeared in. From then on they stay, a checkpoint's plans too, so that a
+run resumed in a new wrapper, whose first step has the provisional buckets again, sends what
+the uninterrupted run sends: a bucket of another layout hands its gradients to the plans
+they belong to, a plan runs once all of its gradients are in, and a bucket's future
+completes once all of its plans ran (by the step's last bucket, before DDP waits for them).
+Plans that can no longer fill (parameters frozen since, or cast to another dtype) give way
+to new ones at the step's last bucket, and the plans follow DDP's layout again.
 
 The hook returns the average (the sum divided by the world size, as DDP's default hook); the
 collectives run inside the hook (for CUDA buckets, enqueued on the current stream, which the
@@ -110,7 +112,7 @@ class GiftState:
         self._plans = {}
         self._canon = {}     # id(parameter) -> its place in the canonical order (see _layout)
         self._param_of = {}  # place -> parameter
-        self._group_of = {place: key for key in self._groups for place in key[1]}
+        self._group_of = self._places_of_groups()  # (dtype, place) -> its group's key
         self._layouts = {}   # a bucket's parameters, in bucket order -> _Layout
         self._messages = {}  # plan key -> the plan's message buffers (see _plan)
         self._pending = {}   # plan key -> {place: (bucket buffer, byte offset)} of this step
@@ -128,6 +130,9 @@ class GiftState:
         return d
 
     def __setstate__(self, d):
+        # States pickled before the plans followed DDP's settled layout: none settled yet.
+        d.setdefault("_groups", [])
+        d.setdefault("_quiet", 0)
         self.__dict__.update(d)
         self.process_group = None
         self._transient()
@@ -268,21 +273,49 @@ class GiftState:
         if layout is None:
             layout = _Layout(self, params, bucket.gradients(), buf)
             if not layout.group and self._quiet < 2:
-                self._drop_groups(layout.key[1])
+                dtype, places = layout.key
+                self._drop_groups({self._group_of[(dtype, p)] for p in places
+                                   if (dtype, p) in self._group_of})
                 layout = _Layout(self, params, bucket.gradients(), buf)
             self._layouts[params] = layout
         return layout
 
-    def _drop_groups(self, places):
-        """Forgets the groups holding any of `places`, with their plans and saved states."""
-        gone = {self._group_of[p] for p in places if p in self._group_of}
+    def _places_of_groups(self):
+        return {(key[0], place): key for key in self._groups for place in key[1]}
+
+    def _add_group(self, key):
+        self._groups.append(key)
+        self._group_of.update(((key[0], place), key) for place in key[1])
+        self._regrouped = True
+
+    def _drop_groups(self, gone):
+        """Forgets the groups `gone`, with their plans and saved states."""
         self._groups = [key for key in self._groups if key not in gone]
-        self._group_of = {place: key for key in self._groups for place in key[1]}
+        self._group_of = self._places_of_groups()
         for key in gone:
             for d in (self._plans, self._messages, self._saved, self._pending):
                 d.pop(key, None)
         self._layouts = {}  # their pieces named the groups gone
         self._regrouped = True
+
+    def _salvage(self, world, rank):
+        """At the step's last bucket, groups still wait for gradients that DDP's buckets no
+        longer hold (parameters frozen, or of another dtype, since the groups settled). They
+        go, with their plans and error feedback; the gradients that did come travel now, a
+        new group per bucket (in bucket order, the same on every rank), and the groups
+        follow DDP's layout again until it settles."""
+        stuck = {key for w in self._waiting for key in w[2]}
+        came = {}
+        for key in stuck:
+            came.update(self._pending.get(key, {}))
+        self._drop_groups(stuck)
+        for fut, buf, _ in self._waiting:
+            mine = sorted(place for place, (b, _) in came.items() if b is buf)
+            key = (str(buf.dtype), tuple(mine))
+            self._add_group(key)
+            self._run_group(key, world, rank, [came[place] for place in mine])
+            fut.set_result(buf)
+        self._waiting = []
 
     def _specs(self, key, dtype):
         """The plan specs of group `key`: (name, dtype, shape) in canonical order. The basis
@@ -317,6 +350,11 @@ class GiftState:
         group = self.process_group
         buf = parts[0][0]
         plan, (send, recv, reduced, gathered, elements) = self._plan(key, buf, world, rank)
+        where = buf.device if buf.is_cuda else None
+        if plan.device != where:
+            raise ValueError(f"gift_hook: a bucket on {where or 'the host'}, its plan on "
+                             f"{plan.device or 'the host'}; a GiftState serves the device it "
+                             "met first (pickle it, and unpickle it for the moved model)")
         m = plan.message_bytes
         addresses = [b.data_ptr() + offset for b, offset in parts]
         plan.encode_shards_at(addresses, send)
@@ -362,17 +400,19 @@ class _Layout:
             state._param_of[place] = p
         dtype = str(buf.dtype)
         self.key = (dtype, tuple(sorted(places)))
-        new = tuple(sorted(p for p in places if p not in state._group_of))
+        new = tuple(sorted(p for p in places if (dtype, p) not in state._group_of))
         if new:
-            state._groups.append((dtype, new))
-            state._group_of.update((place, (dtype, new)) for place in new)
-            state._regrouped = True
+            # Parameters cast to another dtype leave their old groups for good.
+            state._drop_groups({key for (d, p), key in state._group_of.items()
+                                if d != dtype and p in set(new)})
+            state._add_group((dtype, new))
         base = buf.data_ptr()
         at = {place: g.data_ptr() - base for place, g in zip(places, grads)}
         self.group = self.key in state._groups
         self.offsets = [at[place] for place in self.key[1]]
         rank = {key: i for i, key in enumerate(state._groups)}
-        keys = sorted({state._group_of[place] for place in places}, key=rank.__getitem__)
+        keys = sorted({state._group_of[(dtype, place)] for place in places},
+                      key=rank.__getitem__)
         self.pieces = [(key, [(place, at[place]) for place in key[1] if place in at])
                        for key in keys]
 
@@ -413,11 +453,10 @@ def gift_hook(state, bucket):
         w[0].set_result(w[1])
     if bucket.is_last():
         if state._waiting:
-            left = sorted({k for w in state._waiting for k in w[2]})
-            state._waiting, state._pending = [], {}
-            raise RuntimeError(f"gift_hook: the step's buckets did not hold every gradient of "
-                               f"the plans {left} (dtype, canonical places); DDP's buckets "
-                               "changed parameters or dtype since the first step")
+            try:
+                state._salvage(world, dist.get_rank(group))
+            finally:
+                state._waiting, state._pending = [], {}
         state._quiet = min(state._quiet + 1, 2) if not state._regrouped else 0
         state._regrouped = False
         for plan in state._plans.values():

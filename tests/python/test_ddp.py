@@ -129,14 +129,15 @@ def test_hook_equals_host_plans(rank, world, **ddp_options):
 
 
 class Bucket:
-    """A bucket of `count` small tensors as DDP hands it to the hook (views into one buffer),
-    counting how often the hook walks its gradients."""
+    """A bucket of the gradients of `params` as DDP hands it to the hook (views into one
+    buffer of `dtype`), counting how often the hook walks its gradients."""
 
-    def __init__(self, count, rank):
-        torch.manual_seed(count)
-        self.params = [nn.Parameter(torch.empty(4, 16)) for _ in range(count)]
-        self.buf = torch.randn(count * 64) * (rank + 1)
-        self.grads = [g.view(4, 16) for g in self.buf.split(64)]
+    def __init__(self, params, rank, dtype=torch.float32):
+        torch.manual_seed(len(params))
+        self.params = params
+        sizes = [p.numel() for p in params]
+        self.buf = (torch.randn(sum(sizes)) * (rank + 1)).to(dtype)
+        self.grads = [g.view(p.shape) for g, p in zip(self.buf.split(sizes), params)]
         self.walks = 0
 
     def parameters(self):
@@ -156,7 +157,7 @@ class Bucket:
 def test_hundreds_of_tensors_in_one_call(rank, world):
     """Per step, a bucket of 300 tensors costs a lookup of its layout and one binding call
     per step of the algorithm: the hook walks its gradients only when it meets the layout."""
-    bucket = Bucket(300, rank)
+    bucket = Bucket([nn.Parameter(torch.empty(4, 16)) for _ in range(300)], rank)
     state = gift.ddp.GiftState()
     start = time.time()
     for _ in range(5):
@@ -195,6 +196,35 @@ def test_checkpoint_resumes_bit_for_bit(rank, world, tmp):
         print("checkpoint: the resumed run matches the uninterrupted one", flush=True)
 
 
+def test_frozen_and_cast_parameters(rank, world):
+    """Plans settle on DDP's layout; a wrapper made after some parameters were frozen leaves
+    a group that can no longer fill: its gradients still travel (a new plan), replicas stay
+    identical, the training goes on. Then bf16 buckets of the same parameters (gloo in torch
+    1.13 cannot build a DDP of a bf16 model: the hook's own buckets stand in) get plans of
+    their own in place of the fp32 ones, and every rank gets the same average."""
+    state = gift.ddp.GiftState()
+    model = new_model("mlp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    train("mlp", rank, world, state, range(5), model, opt)
+    assert state._quiet == 2, "the plans did not settle"
+    for p in model.net[0].parameters():
+        p.requires_grad_(False)
+    train("mlp", rank, world, state, range(5, 9), model, opt)
+    frozen = {id(p) for p in model.net[0].parameters()}
+    assert all(id(state._param_of[q]) not in frozen for key in state._groups for q in key[1])
+    bucket = Bucket([p for p in model.parameters() if p.requires_grad], rank, torch.bfloat16)
+    for _ in range(3):
+        gift.ddp.gift_hook(state, bucket).wait()
+        mine = bucket.buf.float()
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        assert all(torch.equal(b, mine) for b in everyone), "ranks differ on the bf16 bucket"
+    assert {key[0] for key in state._groups} == {"torch.bfloat16"}, state._groups
+    if rank == 0:
+        print(f"frozen and cast: {len(state._groups)} plans after both changes, replicas "
+              "identical", flush=True)
+
+
 def test_uneven_inputs_with_join(rank, world):
     model = new_model("mlp")
     ddp = DDP(model)
@@ -222,6 +252,7 @@ def all_tests(rank, world, tmp):
     test_hook_equals_host_plans(rank, world, static_graph=True)
     test_hundreds_of_tensors_in_one_call(rank, world)
     test_checkpoint_resumes_bit_for_bit(rank, world, tmp)
+    test_frozen_and_cast_parameters(rank, world)
     test_uneven_inputs_with_join(rank, world)
 
 
