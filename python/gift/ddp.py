@@ -300,7 +300,7 @@ class GiftState:
 
     def _salvage(self, world, rank):
         """At the step's last bucket, groups still wait for gradients that DDP's buckets no
-        longer hold (parameters frozen, or of another dtype, since the groups settled). They
+        longer hold (parameters frozen since the groups settled, say). They
         go, with their plans and error feedback; the gradients that did come travel now, a
         new group per bucket (in bucket order, the same on every rank), and the groups
         follow DDP's layout again until it settles."""
@@ -344,9 +344,10 @@ class GiftState:
                                    torch.zeros_like(send), elements)
         return plan, self._messages[key]
 
-    def _run_group(self, key, world, rank, parts):
+    def _run_group(self, key, world, rank, parts, addresses=None):
         """One step of group `key`'s plan, its gradients at `parts` ((bucket buffer, byte
-        offset) in canonical order), decoded in place."""
+        offset) in canonical order; `addresses`, their data pointers, when known), decoded in
+        place."""
         group = self.process_group
         buf = parts[0][0]
         plan, (send, recv, reduced, gathered, elements) = self._plan(key, buf, world, rank)
@@ -356,7 +357,8 @@ class GiftState:
                              f"{plan.device or 'the host'}; a GiftState serves the device it "
                              "met first (pickle it, and unpickle it for the moved model)")
         m = plan.message_bytes
-        addresses = [b.data_ptr() + offset for b, offset in parts]
+        if addresses is None:
+            addresses = [b.data_ptr() + offset for b, offset in parts]
         plan.encode_shards_at(addresses, send)
         dist.all_to_all_single(recv, send, group=group)
         plan.sum_shard(recv, reduced)
@@ -392,7 +394,7 @@ class _Layout:
     gradients in canonical order; otherwise its pieces, (group key, [(place, byte offset)])
     for each group it holds gradients of, in the order the groups were met."""
 
-    __slots__ = ("key", "group", "offsets", "pieces")
+    __slots__ = ("key", "group", "offsets", "pieces", "_at")
 
     def __init__(self, state, params, grads, buf):
         places = [state._canon.setdefault(id(p), len(state._canon)) for p in params]
@@ -403,8 +405,9 @@ class _Layout:
         new = tuple(sorted(p for p in places if (dtype, p) not in state._group_of))
         if new:
             # Parameters cast to another dtype leave their old groups for good.
+            fresh = set(new)
             state._drop_groups({key for (d, p), key in state._group_of.items()
-                                if d != dtype and p in set(new)})
+                                if d != dtype and p in fresh})
             state._add_group((dtype, new))
         base = buf.data_ptr()
         at = {place: g.data_ptr() - base for place, g in zip(places, grads)}
@@ -415,6 +418,15 @@ class _Layout:
                       key=rank.__getitem__)
         self.pieces = [(key, [(place, at[place]) for place in key[1] if place in at])
                        for key in keys]
+        self._at = None
+
+    def at(self, buf):
+        """A group layout's parts and addresses in `buf` (see GiftState._run_group), kept
+        while DDP keeps the bucket's buffer, so that a step walks no tensor in Python."""
+        base = buf.data_ptr()
+        if self._at is None or self._at[0] != base:
+            self._at = (base, [(buf, o) for o in self.offsets], [base + o for o in self.offsets])
+        return self._at[1], self._at[2]
 
 
 def _allreduce_fp32(state, buf, world):
@@ -440,8 +452,7 @@ def gift_hook(state, bucket):
         if state.iter < state.start_iter:
             _allreduce_fp32(state, buf, world)
         elif layout.group:
-            state._run_group(layout.key, world, dist.get_rank(group),
-                             [(buf, offset) for offset in layout.offsets])
+            state._run_group(layout.key, world, dist.get_rank(group), *layout.at(buf))
         else:
             state._waiting.append([fut, buf, {key for key, _ in layout.pieces}])
             done = state._regroup(layout, buf, world, dist.get_rank(group))

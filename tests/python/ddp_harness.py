@@ -60,14 +60,14 @@ class Recorder:
     def hook(self, state, bucket):
         run_group = state._run_group
 
-        def recorded(key, world, rank, parts):
+        def recorded(key, world, rank, parts, addresses=None):
             dtype = parts[0][0].dtype
             specs = state._specs(key, dtype)
             before = _pieces(parts, specs)
             # The plans take a refreshed basis at the end of a step, with state.basis: what
             # the state holds before the call is what the call's plan holds.
             basis = state.basis
-            run_group(key, world, rank, parts)
+            run_group(key, world, rank, parts, addresses)
             self.calls.append((key, specs, before, _pieces(parts, specs), basis))
 
         state._run_group = recorded
