@@ -316,17 +316,41 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
                                         << " block " << block << " i " << i;
             }
           }
-          // Decoding the run gives code * scale, as decode_element does.
-          std::vector<float> y(n);
-          simd::decode_blocks(run, y.data(), GIFT_DTYPE_F32);
+          // Decoding the run gives code * scale, as decode_element does, to fp32 and bf16,
+          // with plain and with streaming stores, at several alignments of the output.
+          std::vector<float> want(n);
           for (size_t i = 0; i < n; ++i) {
             const size_t b = i / block;
             const float s = sd == GIFT_SCALE_DTYPE_E8M0
                                 ? num::e8m0_to_float(scales[b])
                                 : reinterpret_cast<const float*>(scales.data())[b];
-            const float want = kind == GIFT_FP8_E4M3 ? num::decode_element<Fp8::kE4M3>(codes[i], s)
-                                                     : num::decode_element<Fp8::kE5M2>(codes[i], s);
-            ASSERT_EQ(num::bits_of(y[i]), num::bits_of(want)) << i;
+            want[i] = kind == GIFT_FP8_E4M3 ? num::decode_element<Fp8::kE4M3>(codes[i], s)
+                                            : num::decode_element<Fp8::kE5M2>(codes[i], s);
+          }
+          std::vector<float> y(n + 64);
+          std::vector<uint16_t> yb(n + 64);
+          const auto past_line = [](void* p, size_t bytes) {
+            return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) &
+                                              ~uintptr_t(63)) +
+                   bytes;
+          };
+          for (bool stream : {false, true}) {
+            // Bytes past a 64-byte boundary: 16-byte aligned (streamed whole or in pieces)
+            // or not (stored plainly).
+            for (size_t shift : {0, 4, 16, 32, 48}) {
+              float* yf = reinterpret_cast<float*>(past_line(y.data(), shift));
+              uint16_t* yh = reinterpret_cast<uint16_t*>(past_line(yb.data(), shift));
+              simd::BlockRun decode_run = run;
+              decode_run.stream = stream;
+              simd::decode_blocks(decode_run, yf, GIFT_DTYPE_F32);
+              simd::decode_blocks(decode_run, yh, GIFT_DTYPE_BF16);
+              for (size_t i = 0; i < n; ++i) {
+                ASSERT_EQ(num::bits_of(yf[i]), num::bits_of(want[i]))
+                    << i << " stream " << stream << " shift " << shift;
+                ASSERT_EQ(yh[i], num::bf16_from_float(want[i]))
+                    << i << " stream " << stream << " shift " << shift;
+              }
+            }
           }
         }
   // A NaN ends the run at its block: the blocks before it are those of the run without it.

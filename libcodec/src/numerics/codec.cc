@@ -25,6 +25,12 @@ using num::Fp8;
 constexpr uint64_t kSplitGroupElems = uint64_t(1) << 18;
 constexpr uint64_t kChunkElems = uint64_t(1) << 16;
 
+// Decoded outputs from this size on are written with non-temporal stores
+// (simd::BlockRun::stream): beyond any core's share of the caches, where a cached store would
+// only evict other data and read each line from memory before writing it. Below it (giftc's
+// bands of at most 8 MiB, a bucket about to be read back) they stay cached.
+constexpr uint64_t kStreamBytes = uint64_t(32) << 20;
+
 const uint8_t* at(const void* base, giftDType_t dtype, uint64_t index) {
   return static_cast<const uint8_t*>(base) + index * dtype_size(dtype);
 }
@@ -198,7 +204,7 @@ void for_each_block_run(const giftQuantParams& p, const GroupGrid& grid, int thr
 
 simd::BlockRun block_run(const giftQuantParams& p, const void* src, giftDType_t dtype,
                          uint64_t first_group, uint64_t first_elem, uint64_t n, uint8_t* codes,
-                         void* scales) {
+                         void* scales, bool stream) {
   return {src ? at(src, dtype, first_elem) : nullptr,
           dtype,
           n,
@@ -206,7 +212,8 @@ simd::BlockRun block_run(const giftQuantParams& p, const void* src, giftDType_t 
           p.kind,
           p.scale_dtype,
           codes + first_elem,
-          static_cast<uint8_t*>(scales) + first_group * scale_size(p.scale_dtype)};
+          static_cast<uint8_t*>(scales) + first_group * scale_size(p.scale_dtype),
+          stream};
 }
 
 // Round to nearest in blocks, the hot path: whole runs in vector code. A run that meets
@@ -216,7 +223,9 @@ Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void
   std::vector<Census> parts(static_cast<size_t>(threads));
   for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n) {
     Census& acc = parts[static_cast<size_t>(omp_get_thread_num())];
-    const uint32_t bits = simd::encode_blocks_rn(block_run(p, src, dtype, g, e, n, codes, scales));
+    // Codes stay cached at any size: streaming them measured no faster.
+    const uint32_t bits =
+        simd::encode_blocks_rn(block_run(p, src, dtype, g, e, n, codes, scales, false));
     if (is_finite_bits(bits)) {
       acc.finite_amax = std::max(acc.finite_amax, num::float_of(bits));
       return;
@@ -292,9 +301,10 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
   uint8_t* out = static_cast<uint8_t*>(dst);
   const size_t width = dtype_size(dst_dtype);
   if (p.layout == GIFT_SCALE_BLOCK) {
+    const bool stream = rows * cols * width >= kStreamBytes;
     for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n) {
       simd::decode_blocks(block_run(p, nullptr, dst_dtype, g, e, n, const_cast<uint8_t*>(codes),
-                                    const_cast<void*>(scales)),
+                                    const_cast<void*>(scales), stream),
                           out + e * width, dst_dtype);
     });
     return;

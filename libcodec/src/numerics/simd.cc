@@ -465,8 +465,44 @@ HWY_INLINE VF DecodeScaled(DF d, VI c, VI mag, VF s) {
   return hn::BitCast(d, hn::Xor(hn::BitCast(di, v), hn::And(c, hn::Set(di, INT32_MIN))));
 }
 
+// Non-temporal stores of v at p, 16-byte aligned: whole where p is aligned to the vector,
+// else in 16-byte pieces (the write-combining buffers still fill whole lines, since a decode
+// writes them in order). Vectors under 16 bytes are stored plainly.
+template <class D>
+HWY_INLINE void StreamAligned16(hn::Vec<D> v, D d, hn::TFromD<D>* p) {
+#if HWY_TARGET == HWY_SCALAR
+  hn::StoreU(v, d, p);
+#else
+  constexpr size_t kBytes = hn::MaxLanes(d) * sizeof(hn::TFromD<D>);
+  if constexpr (kBytes < 16) {
+    hn::StoreU(v, d, p);
+  } else if constexpr (kBytes == 16) {
+    hn::Stream(v, d, p);
+  } else {
+    if (reinterpret_cast<uintptr_t>(p) % kBytes == 0) return hn::Stream(v, d, p);
+    const hn::Half<D> dh;
+    StreamAligned16(hn::LowerHalf(dh, v), dh, p);
+    StreamAligned16(hn::UpperHalf(dh, v), dh, p + hn::Lanes(dh));
+  }
+#endif
+}
+
+// A decoded vector stored at p: with stream, through non-temporal stores, which write a line
+// without reading it first (a decode's output is four times its input, so that read is a
+// third of a cached decode's memory traffic); p is then 16-byte aligned.
+template <class D>
+HWY_INLINE void StoreDecoded(hn::Vec<D> v, D d, hn::TFromD<D>* p, bool stream) {
+  if (stream) {
+    StreamAligned16(v, d, p);
+  } else {
+    hn::StoreU(v, d, p);
+  }
+}
+
+// stream: as StoreDecoded, where dst is 16-byte aligned (plain stores otherwise).
 template <Fp8 K>
-void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype) {
+void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype,
+                 bool stream) {
   const DF d;
   const DI di;
   const hn::Rebind<int8_t, DI> d8;
@@ -476,25 +512,31 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
   // Codes that are NaN or Inf (E5M2) take the scalar path, which spells them out.
   const VI special = hn::Set(di, (K == Fp8::kE4M3 ? 0x7F : 0x7C) - 1);
   const int8_t* signed_codes = reinterpret_cast<const int8_t*>(codes);
+  // Whether the vector at i was stored (no NaN or Inf code among its lanes).
+  const auto vector_at = [&](size_t i, bool streamed) {
+    const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
+    const VI mag = hn::And(c, hn::Set(di, 0x7F));
+    if (!hn::AllFalse(di, hn::Gt(mag, special))) return false;
+    const VF v = DecodeScaled<K>(d, c, mag, s);
+    if (dtype == GIFT_DTYPE_F32) {
+      StoreDecoded(v, d, static_cast<float*>(dst) + i, streamed);
+    } else {
+      // bf16, round to nearest even; v is finite here, so no NaN case.
+      const VI u = hn::BitCast(di, v);
+      const VI r = hn::ShiftRight<16>(
+          hn::Add(hn::Add(u, hn::Set(di, 0x7FFF)), hn::And(hn::ShiftRight<16>(u), hn::Set(di, 1))));
+      StoreDecoded(hn::DemoteTo(d16, hn::And(r, hn::Set(di, 0xFFFF))), d16,
+                   static_cast<uint16_t*>(dst) + i, streamed);
+    }
+    return true;
+  };
   size_t i = 0;
   // fp16 output is on no hot path, and a non-finite scale (a damaged frame) needs the NaN
   // handling of the scalar rule: both take the scalar loop below.
   if (dtype != GIFT_DTYPE_F16 && std::isfinite(scale)) {
+    stream = stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
     for (; i + lanes <= n; i += lanes) {
-      const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
-      const VI mag = hn::And(c, hn::Set(di, 0x7F));
-      if (!hn::AllFalse(di, hn::Gt(mag, special))) break;
-      const VF v = DecodeScaled<K>(d, c, mag, s);
-      if (dtype == GIFT_DTYPE_F32) {
-        hn::StoreU(v, d, static_cast<float*>(dst) + i);
-      } else {
-        // bf16, round to nearest even; v is finite here, so no NaN case.
-        const VI u = hn::BitCast(di, v);
-        const VI r = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(di, 0x7FFF)),
-                                                hn::And(hn::ShiftRight<16>(u), hn::Set(di, 1))));
-        hn::StoreU(hn::DemoteTo(d16, hn::And(r, hn::Set(di, 0xFFFF))), d16,
-                   static_cast<uint16_t*>(dst) + i);
-      }
+      if (!vector_at(i, stream)) break;
     }
   }
   for (; i < n; ++i) {
@@ -509,13 +551,18 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
   }
 }
 
+void DequantizeRun(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
+                   giftDType_t dtype, bool stream) {
+  if (kind == GIFT_FP8_E4M3) {
+    DequantizeK<Fp8::kE4M3>(codes, n, scale, dst, dtype, stream);
+  } else {
+    DequantizeK<Fp8::kE5M2>(codes, n, scale, dst, dtype, stream);
+  }
+}
+
 void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
                 giftDType_t dtype) {
-  if (kind == GIFT_FP8_E4M3) {
-    DequantizeK<Fp8::kE4M3>(codes, n, scale, dst, dtype);
-  } else {
-    DequantizeK<Fp8::kE5M2>(codes, n, scale, dst, dtype);
-  }
+  DequantizeRun(codes, n, scale, kind, dst, dtype, false);
 }
 
 // Blocks are taken in batches: first the amax of each block of the batch, then the codes of
@@ -603,9 +650,12 @@ void DecodeBlocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
     const float s = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0
                         ? num::e8m0_to_float(static_cast<const uint8_t*>(run.scales)[g])
                         : static_cast<const float*>(run.scales)[g];
-    Dequantize(run.codes + b0, len, s, run.kind, static_cast<uint8_t*>(dst) + b0 * width,
-               dst_dtype);
+    DequantizeRun(run.codes + b0, len, s, run.kind, static_cast<uint8_t*>(dst) + b0 * width,
+                  dst_dtype, run.stream);
   }
+  // Streamed stores are ordered before anything this thread does next (an OpenMP barrier,
+  // a release to another thread).
+  if (run.stream) hwy::FlushStream();
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }

@@ -49,6 +49,9 @@ struct BlockRun {
   giftScaleDType_t scale_dtype;
   uint8_t* codes;  // first code of the run
   void* scales;    // scale of the run's first block
+  // decode_blocks only: non-temporal stores of the decoded values, which leave them out of
+  // the caches: for outputs too large to stay there (codec.cc, kStreamBytes).
+  bool stream = false;
 };
 
 // Round-to-nearest encode of a run: amax, scale (FORMAT.md's rule) and codes per block.
