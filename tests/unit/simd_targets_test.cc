@@ -317,15 +317,19 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
             }
           }
           // Decoding the run gives code * scale, as decode_element does, to fp32 and bf16,
-          // with plain and with streaming stores, at several alignments of the output.
+          // with plain and with streaming stores, at several alignments of the output, with
+          // a NaN code in the second block (the scalar path after vectors); nothing is
+          // written past the run.
+          std::vector<uint8_t> in = codes;
+          in[block + 3] = 0x7F;  // NaN in both kinds
           std::vector<float> want(n);
           for (size_t i = 0; i < n; ++i) {
             const size_t b = i / block;
             const float s = sd == GIFT_SCALE_DTYPE_E8M0
                                 ? num::e8m0_to_float(scales[b])
                                 : reinterpret_cast<const float*>(scales.data())[b];
-            want[i] = kind == GIFT_FP8_E4M3 ? num::decode_element<Fp8::kE4M3>(codes[i], s)
-                                            : num::decode_element<Fp8::kE5M2>(codes[i], s);
+            want[i] = kind == GIFT_FP8_E4M3 ? num::decode_element<Fp8::kE4M3>(in[i], s)
+                                            : num::decode_element<Fp8::kE5M2>(in[i], s);
           }
           std::vector<float> y(n + 64);
           std::vector<uint16_t> yb(n + 64);
@@ -334,22 +338,32 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
                                               ~uintptr_t(63)) +
                    bytes;
           };
+          simd::BlockRun decode_run = run;
+          decode_run.codes = in.data();
           for (bool stream : {false, true}) {
+            decode_run.stream = stream;
             // Bytes past a 64-byte boundary: 16-byte aligned (streamed whole or in pieces)
             // or not (stored plainly).
             for (size_t shift : {0, 4, 16, 32, 48}) {
+              std::fill(y.begin(), y.end(), -7.0f);
+              std::fill(yb.begin(), yb.end(), uint16_t(0xBEEF));
               float* yf = reinterpret_cast<float*>(past_line(y.data(), shift));
               uint16_t* yh = reinterpret_cast<uint16_t*>(past_line(yb.data(), shift));
-              simd::BlockRun decode_run = run;
-              decode_run.stream = stream;
               simd::decode_blocks(decode_run, yf, GIFT_DTYPE_F32);
               simd::decode_blocks(decode_run, yh, GIFT_DTYPE_BF16);
+              simd::stream_fence();
               for (size_t i = 0; i < n; ++i) {
                 ASSERT_EQ(num::bits_of(yf[i]), num::bits_of(want[i]))
                     << i << " stream " << stream << " shift " << shift;
                 ASSERT_EQ(yh[i], num::bf16_from_float(want[i]))
                     << i << " stream " << stream << " shift " << shift;
               }
+              ASSERT_TRUE(
+                  std::all_of(yf + n, y.data() + y.size(), [](float v) { return v == -7.0f; }))
+                  << "stream " << stream << " shift " << shift;
+              ASSERT_TRUE(std::all_of(yh + n, yb.data() + yb.size(),
+                                      [](uint16_t v) { return v == 0xBEEF; }))
+                  << "stream " << stream << " shift " << shift;
             }
           }
         }

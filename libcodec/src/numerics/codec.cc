@@ -25,10 +25,11 @@ using num::Fp8;
 constexpr uint64_t kSplitGroupElems = uint64_t(1) << 18;
 constexpr uint64_t kChunkElems = uint64_t(1) << 16;
 
-// Decoded outputs from this size on are written with non-temporal stores
+// Decoded outputs of the block layout from this size on are written with non-temporal stores
 // (simd::BlockRun::stream): beyond any core's share of the caches, where a cached store would
-// only evict other data and read each line from memory before writing it. Below it (giftc's
-// bands of at most 8 MiB, a bucket about to be read back) they stay cached.
+// only evict other data and read each line from memory before writing it. Smaller ones
+// (giftc's bands of usually 8 MiB, most transport shards), which their reader is more likely
+// to find in cache, stay cached.
 constexpr uint64_t kStreamBytes = uint64_t(32) << 20;
 
 const uint8_t* at(const void* base, giftDType_t dtype, uint64_t index) {
@@ -182,9 +183,11 @@ Census encode_group_split(const giftQuantParams& p, const GroupGrid& grid, uint6
 }
 
 // Block layout: the groups of all rows, in order, cut into tasks of about kChunkElems
-// elements; each task is walked as runs of whole blocks within one row.
-template <typename F>
-void for_each_block_run(const giftQuantParams& p, const GroupGrid& grid, int threads, F&& f) {
+// elements; each task is walked as runs of whole blocks within one row, then end_task runs on
+// the task's thread.
+template <typename F, typename G = void (*)()>
+void for_each_block_run(
+    const giftQuantParams& p, const GroupGrid& grid, int threads, F&& f, G&& end_task = [] {}) {
   const uint64_t nb = grid.grid_cols, groups = grid.count();
   const uint64_t per_task = std::max<uint64_t>(1, kChunkElems / p.block);
   const int64_t tasks = static_cast<int64_t>(ceil_div(groups, per_task));
@@ -199,6 +202,7 @@ void for_each_block_run(const giftQuantParams& p, const GroupGrid& grid, int thr
       f(g, row * grid.cols + c0, c1 - c0);  // first group, first element, elements
       g += last - first;
     }
+    end_task();
   }
 }
 
@@ -301,12 +305,20 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
   uint8_t* out = static_cast<uint8_t*>(dst);
   const size_t width = dtype_size(dst_dtype);
   if (p.layout == GIFT_SCALE_BLOCK) {
-    const bool stream = rows * cols * width >= kStreamBytes;
-    for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n) {
-      simd::decode_blocks(block_run(p, nullptr, dst_dtype, g, e, n, const_cast<uint8_t*>(codes),
-                                    const_cast<void*>(scales), stream),
-                          out + e * width, dst_dtype);
-    });
+    // Streamed where rows and blocks keep every store 16-byte aligned, so that no line is
+    // written partly by plain stores and partly by streamed ones.
+    const bool stream =
+        rows * cols * width >= kStreamBytes && cols * width % 16 == 0 && p.block * width % 16 == 0;
+    for_each_block_run(
+        p, grid, threads,
+        [&](uint64_t g, uint64_t e, uint64_t n) {
+          simd::decode_blocks(block_run(p, nullptr, dst_dtype, g, e, n, const_cast<uint8_t*>(codes),
+                                        const_cast<void*>(scales), stream),
+                              out + e * width, dst_dtype);
+        },
+        [&] {
+          if (stream) simd::stream_fence();
+        });
     return;
   }
   auto scale_of = [&](uint64_t g) {

@@ -49,8 +49,10 @@ struct BlockRun {
   giftScaleDType_t scale_dtype;
   uint8_t* codes;  // first code of the run
   void* scales;    // scale of the run's first block
-  // decode_blocks only: non-temporal stores of the decoded values, which leave them out of
-  // the caches: for outputs too large to stay there (codec.cc, kStreamBytes).
+  // decode_blocks only: non-temporal stores of the decoded values where the output is
+  // 16-byte aligned, which leave them out of the caches: for outputs too large to stay there
+  // (codec.cc, kStreamBytes). Other threads may read them only after this thread's
+  // stream_fence().
   bool stream = false;
 };
 
@@ -61,6 +63,10 @@ uint32_t encode_blocks_rn(const BlockRun& run);
 
 // Decode of a run of blocks (`src` unused) into `dst` of `dst_dtype`.
 void decode_blocks(const BlockRun& run, void* dst, giftDType_t dst_dtype);
+
+// Orders this thread's non-temporal stores before its later stores (BlockRun::stream): once
+// per batch of runs, before another thread (or the caller) reads the output.
+void stream_fence();
 
 // Name of the instruction set the dispatcher picked, for benchmarks and --version.
 const char* target_name();
