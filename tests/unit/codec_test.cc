@@ -229,32 +229,38 @@ TEST(Codec, LargeGroupsSplitAcrossThreadsGiveTheSameBytes) {
 
 // Decoded outputs of 32 MiB and more are written with non-temporal stores (codec.cc,
 // kStreamBytes): the same values as the cached stores of smaller decodes give, here the
-// two halves of the tensor decoded apart, for an output aligned to 64 and to 16 bytes.
+// two halves of the tensor decoded apart, in every layout (each of decode_tensor's paths),
+// for an output aligned to 64 and to 16 bytes.
 TEST(Codec, LargeDecodesGiveTheValuesOfSmallOnes) {
   const Shape s{2048, 4224}, half{1024, 4224};  // 34.6 MiB of fp32
   const std::vector<float> x = gradient_like(s, 7);
-  const giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32);
   use_threads(0);
-  const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s);
-  std::vector<float> want(s.rows * s.cols);
-  const uint64_t half_scales = e.scales.size() / 2;
-  for (uint64_t h = 0; h < 2; ++h) {
-    const uint64_t first = h * half.rows * half.cols;
-    ASSERT_EQ(giftDecode(test_ctx(), &p, e.codes.data() + first, e.scales.data() + h * half_scales,
-                         half_scales, half.rows, half.cols, want.data() + first, GIFT_DTYPE_F32),
-              GIFT_OK)
-        << giftGetLastErrorMessage();
-  }
-  std::vector<float> buffer(s.rows * s.cols + 32);
-  for (size_t shift : {0, 4}) {  // floats past a 64-byte boundary
-    float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) &
-                                          ~uintptr_t(63)) +
-                 shift;
-    ASSERT_EQ(giftDecode(test_ctx(), &p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows,
-                         s.cols, out, GIFT_DTYPE_F32),
-              GIFT_OK)
-        << giftGetLastErrorMessage();
-    ASSERT_EQ(0, std::memcmp(out, want.data(), want.size() * 4)) << "shift " << shift;
+  std::vector<float> want(s.rows * s.cols), buffer(s.rows * s.cols + 32);
+  for (auto layout : {GIFT_SCALE_BLOCK, GIFT_SCALE_TENSOR, GIFT_SCALE_ROW, GIFT_SCALE_TILE}) {
+    const giftQuantParams p = params(GIFT_FP8_E4M3, layout, GIFT_SCALE_DTYPE_F32, 128, 32, 32);
+    const Encoded e = encode(p, x.data(), GIFT_DTYPE_F32, s);
+    // Halves hold whole rows of groups, their scales in order; a tensor's one scale is both's.
+    const uint64_t half_scales =
+        layout == GIFT_SCALE_TENSOR ? e.scales.size() : e.scales.size() / 2;
+    for (uint64_t h = 0; h < 2; ++h) {
+      const uint64_t first = h * half.rows * half.cols;
+      const uint8_t* sc = e.scales.data() + (layout == GIFT_SCALE_TENSOR ? 0 : h * half_scales);
+      ASSERT_EQ(giftDecode(test_ctx(), &p, e.codes.data() + first, sc, half_scales, half.rows,
+                           half.cols, want.data() + first, GIFT_DTYPE_F32),
+                GIFT_OK)
+          << giftGetLastErrorMessage();
+    }
+    for (size_t shift : {0, 4}) {  // floats past a 64-byte boundary
+      float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) &
+                                            ~uintptr_t(63)) +
+                   shift;
+      ASSERT_EQ(giftDecode(test_ctx(), &p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows,
+                           s.cols, out, GIFT_DTYPE_F32),
+                GIFT_OK)
+          << giftGetLastErrorMessage();
+      ASSERT_EQ(0, std::memcmp(out, want.data(), want.size() * 4))
+          << describe(p, s) << " shift " << shift;
+    }
   }
 }
 

@@ -25,8 +25,8 @@ using num::Fp8;
 constexpr uint64_t kSplitGroupElems = uint64_t(1) << 18;
 constexpr uint64_t kChunkElems = uint64_t(1) << 16;
 
-// Decoded outputs of the block layout from this size on are written with non-temporal stores
-// (simd::BlockRun::stream): beyond any core's share of the caches, where a cached store would
+// Decoded outputs from this size on are written with non-temporal stores (simd::dequantize,
+// simd::BlockRun::stream): beyond any core's share of the caches, where a cached store would
 // only evict other data and read each line from memory before writing it. Smaller ones
 // (giftc's bands of usually 8 MiB, most transport shards), which their reader is more likely
 // to find in cache, stay cached.
@@ -304,11 +304,17 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
   const int64_t groups = static_cast<int64_t>(grid.count());
   uint8_t* out = static_cast<uint8_t*>(dst);
   const size_t width = dtype_size(dst_dtype);
+  // Streamed where every row, and every block or tile row, starts 16-byte aligned, so that
+  // no line is written partly by plain stores and partly by streamed ones.
+  const uint64_t span = p.layout == GIFT_SCALE_BLOCK  ? p.block
+                        : p.layout == GIFT_SCALE_TILE ? p.tile_cols
+                                                      : cols;
+  const bool stream =
+      rows * cols * width >= kStreamBytes && cols * width % 16 == 0 && span * width % 16 == 0;
+  const auto fence = [&] {
+    if (stream) simd::stream_fence();
+  };
   if (p.layout == GIFT_SCALE_BLOCK) {
-    // Streamed where rows and blocks keep every store 16-byte aligned, so that no line is
-    // written partly by plain stores and partly by streamed ones.
-    const bool stream =
-        rows * cols * width >= kStreamBytes && cols * width % 16 == 0 && p.block * width % 16 == 0;
     for_each_block_run(
         p, grid, threads,
         [&](uint64_t g, uint64_t e, uint64_t n) {
@@ -316,9 +322,7 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
                                         const_cast<void*>(scales), stream),
                               out + e * width, dst_dtype);
         },
-        [&] {
-          if (stream) simd::stream_fence();
-        });
+        fence);
     return;
   }
   auto scale_of = [&](uint64_t g) {
@@ -327,23 +331,29 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
                : static_cast<const float*>(scales)[g];
   };
   auto decode_span = [&](uint64_t b, uint64_t n, float s) {
-    simd::dequantize(codes + b, n, s, p.kind, out + b * width, dst_dtype);
+    simd::dequantize(codes + b, n, s, p.kind, out + b * width, dst_dtype, stream);
   };
   if (split_groups(grid, threads)) {
     for (int64_t g = 0; g < groups; ++g) {
       const Rect r = grid.rect(uint64_t(g));
       const float s = scale_of(uint64_t(g));
-      parallel_chunks(r.r0 * cols, r.count(), threads,
-                      [&](uint64_t b, uint64_t n) { decode_span(b, n, s); });
+      parallel_chunks(r.r0 * cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
+        decode_span(b, n, s);
+        fence();
+      });
     }
     return;
   }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t g = 0; g < groups; ++g) {
-    const num::FpEnvGuard fp_env;
-    const float s = scale_of(uint64_t(g));
-    for_each_row_span(grid, grid.rect(uint64_t(g)),
-                      [&](uint64_t b, uint64_t n) { decode_span(b, n, s); });
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t g = 0; g < groups; ++g) {
+      const num::FpEnvGuard fp_env;
+      const float s = scale_of(uint64_t(g));
+      for_each_row_span(grid, grid.rect(uint64_t(g)),
+                        [&](uint64_t b, uint64_t n) { decode_span(b, n, s); });
+    }
+    fence();  // each thread, before the region's closing barrier
   }
 }
 

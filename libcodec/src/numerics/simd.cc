@@ -552,18 +552,13 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
   }
 }
 
-void DequantizeRun(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
-                   giftDType_t dtype, bool stream) {
+void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
+                giftDType_t dtype, bool stream) {
   if (kind == GIFT_FP8_E4M3) {
     DequantizeK<Fp8::kE4M3>(codes, n, scale, dst, dtype, stream);
   } else {
     DequantizeK<Fp8::kE5M2>(codes, n, scale, dst, dtype, stream);
   }
-}
-
-void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
-                giftDType_t dtype) {
-  DequantizeRun(codes, n, scale, kind, dst, dtype, false);
 }
 
 // Blocks are taken in batches: first the amax of each block of the batch, then the codes of
@@ -651,8 +646,8 @@ void DecodeBlocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
     const float s = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0
                         ? num::e8m0_to_float(static_cast<const uint8_t*>(run.scales)[g])
                         : static_cast<const float*>(run.scales)[g];
-    DequantizeRun(run.codes + b0, len, s, run.kind, static_cast<uint8_t*>(dst) + b0 * width,
-                  dst_dtype, run.stream);
+    Dequantize(run.codes + b0, len, s, run.kind, static_cast<uint8_t*>(dst) + b0 * width, dst_dtype,
+               run.stream);
   }
 }
 
@@ -694,8 +689,8 @@ void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float fac
 }
 
 void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
-                giftDType_t dtype) {
-  HWY_DYNAMIC_DISPATCH(Dequantize)(codes, n, scale, kind, dst, dtype);
+                giftDType_t dtype, bool stream) {
+  HWY_DYNAMIC_DISPATCH(Dequantize)(codes, n, scale, kind, dst, dtype, stream);
 }
 
 uint32_t encode_blocks_rn(const BlockRun& run) { return HWY_DYNAMIC_DISPATCH(EncodeBlocksRN)(run); }
