@@ -304,8 +304,9 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
   const int64_t groups = static_cast<int64_t>(grid.count());
   uint8_t* out = static_cast<uint8_t*>(dst);
   const size_t width = dtype_size(dst_dtype);
-  // Streamed where every row, and every block or tile row, starts 16-byte aligned, so that
-  // no line is written partly by plain stores and partly by streamed ones.
+  // Streamed where every row, and every block or tile row, starts 16-byte aligned, as the
+  // streamed stores need; a span's last elements short of a whole vector are stored plainly,
+  // into a line whose rest may be streamed (correct, only slower).
   const uint64_t span = p.layout == GIFT_SCALE_BLOCK  ? p.block
                         : p.layout == GIFT_SCALE_TILE ? p.tile_cols
                                                       : cols;
