@@ -421,12 +421,13 @@ class _Layout:
         self._at = None
 
     def at(self, buf):
-        """A group layout's parts and addresses in `buf` (see GiftState._run_group), kept
-        while DDP keeps the bucket's buffer, so that a step walks no tensor in Python."""
+        """A group layout's parts and addresses in `buf` (see GiftState._run_group), the
+        addresses kept while DDP keeps the bucket's buffer, so that a step walks no tensor in
+        Python. Only integers are kept: a layout DDP no longer uses holds no buffer alive."""
         base = buf.data_ptr()
         if self._at is None or self._at[0] != base:
-            self._at = (base, [(buf, o) for o in self.offsets], [base + o for o in self.offsets])
-        return self._at[1], self._at[2]
+            self._at = (base, [base + o for o in self.offsets])
+        return [(buf, o) for o in self.offsets], self._at[1]
 
 
 def _allreduce_fp32(state, buf, world):
