@@ -133,6 +133,56 @@ TEST_P(ForEachTarget, BoundedConversionOfEveryBf16Pattern) {
     }
 }
 
+// Division by an fp32 scale where the code hangs on the quotient's last bit: x / s within a
+// few ulps of each FP8 halfway point (a quotient one ulp off moves the code there), for scales
+// of every kind the encoder makes (amax / 448 and amax / 57344 of random amax over the whole
+// range, powers of two, the ends of the reciprocal's domain and just past them), plus signed
+// zeros and the smallest inputs.
+TEST_P(ForEachTarget, DivisionAtHalfwayPointsEqualsScalarRule) {
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<uint32_t> mantissa(0, 0x7FFFFF);
+  std::vector<float> scales = {1.0f,
+                               0x1p-80f,
+                               num::float_of(num::bits_of(0x1p-80f) - 1),
+                               0x1p+125f,
+                               num::float_of(num::bits_of(0x1p+125f) + 1),
+                               0x1.fffffep-1f,
+                               3.0f};
+  for (int e = -126; e <= 120; e += 6)
+    scales.push_back(std::ldexp(float(0x800000 | mantissa(gen)), e - 23));
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
+    const float max = num::fp8_max(kind == GIFT_FP8_E4M3 ? Fp8::kE4M3 : Fp8::kE5M2);
+    for (float s : scales) {
+      if (num::float_of(num::bits_of(s) & 0x7F800000u) * max > 0x1p+126f) continue;
+      std::vector<float> x = {0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1p-126f, -0x1p-126f};
+      for (uint32_t code = 0; code < 0x7F; ++code) {  // each halfway point above a code
+        const float lo = kind == GIFT_FP8_E4M3 ? num::fp8_to_float<Fp8::kE4M3>(uint8_t(code))
+                                               : num::fp8_to_float<Fp8::kE5M2>(uint8_t(code));
+        const float hi = kind == GIFT_FP8_E4M3 ? num::fp8_to_float<Fp8::kE4M3>(uint8_t(code + 1))
+                                               : num::fp8_to_float<Fp8::kE5M2>(uint8_t(code + 1));
+        if (!std::isfinite(hi) || hi > max) break;
+        const uint32_t near = num::bits_of((lo + hi) * 0.5f * s);
+        for (int k = -6; k <= 6; ++k) {
+          const float v = num::float_of(near + uint32_t(k));
+          if (std::isfinite(v) && std::fabs(v / s) < 131072.0f) {
+            x.push_back(v);
+            x.push_back(-v);
+          }
+        }
+      }
+      std::vector<uint8_t> codes(x.size());
+      simd::quantize_rn_bounded(x.data(), GIFT_DTYPE_F32, x.size(), s, true, kind, codes.data());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float q = x[i] / s;
+        const uint8_t want = kind == GIFT_FP8_E4M3 ? num::fp8_from_float_rn<Fp8::kE4M3>(q)
+                                                   : num::fp8_from_float_rn<Fp8::kE5M2>(q);
+        ASSERT_EQ(codes[i], want) << "kind " << kind << " scale bits 0x" << std::hex
+                                  << num::bits_of(s) << " x bits 0x" << num::bits_of(x[i]);
+      }
+    }
+  }
+}
+
 TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
   std::vector<uint8_t> codes;
   for (int rep = 0; rep < 3; ++rep)

@@ -374,16 +374,55 @@ HWY_INLINE void StoreCodes4(const VI (&c)[4], const VF (&v)[4], uint8_t* codes) 
 #endif
 }
 
+// How x is scaled before its conversion: x * f, or x / f (FORMAT.md's rule: the quotient
+// rounded to fp32, then to FP8).
+enum class Scaling { kMultiply, kDivide };
+
+// x / s rounded to nearest, bit for bit what hn::Div gives, from z = RN(1/s) in one
+// multiplication and four fused multiply-adds: a division costs more than all five (AVX-512:
+// one vdivps per 8 to 10 cycles, against two FMAs per cycle). Valid for finite x and s in
+// [kReciprocalMin, kReciprocalMax], where z is normal:
+// - q0 = RN(x z) is within 1.5 ulp of x/s; q1 = RN(q0 + RN(x - q0 s) z) then is within
+//   0.5 ulp plus 2^-21 ulp of it, so q1 is one of the two fp32 neighbours of x/s (faithful).
+// - For a faithful q1, x - q1 s is exact in one FMA and RN(q1 + (x - q1 s) z) = RN(x/s)
+//   (Markstein's theorem; IBM J. Res. Dev. 34(1), 1990) while nothing underflows. Nothing
+//   does where the code can be nonzero: |x/s| >= 2^-20 gives |x| >= 2^-100 and a remainder on
+//   a grid of 2^-147 or coarser.
+// - Where |x/s| < 2^-20 the code is a signed zero on both paths: each step stays within a
+//   few fp32 ulps (or subnormal steps) of x/s, so q2 stays below 2^-19.
+// - The sign is x's, as the quotient's is (s > 0), signed zeros included: RN(a + b) of an
+//   exact cancellation is +0 whatever x's sign, so it is copied from x.
+// Only where the target has a true FMA (HWY_NATIVE_FMA); elsewhere MulAdd rounds twice.
+constexpr float kReciprocalMin = 0x1p-80f, kReciprocalMax = 0x1p+125f;
+
+HWY_INLINE bool ReciprocalApplies(float s) {
+  return HWY_NATIVE_FMA && s >= kReciprocalMin && s <= kReciprocalMax;
+}
+
+HWY_INLINE VF QuotientRN(VF x, VF s, VF z) {
+  const VF q0 = hn::Mul(x, z);
+  const VF q1 = hn::MulAdd(hn::NegMulAdd(q0, s, x), z, q0);
+  const VF q2 = hn::MulAdd(hn::NegMulAdd(q1, s, x), z, q1);
+  return hn::CopySign(q2, x);
+}
+
 // Inlined (as AbsMaxBitsT) so that the block encoder, which calls it once per block, sets its
-// constants once per run.
-template <typename T, Fp8 K, bool kDivide, bool kBounded>
+// constants once per run. With kReciprocal, x / factor comes from QuotientRN, whose domain
+// the caller checked (ReciprocalApplies); it needs kBounded (finite x).
+template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kReciprocal = false>
 HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
+  static_assert(!kReciprocal || (kS == Scaling::kDivide && kBounded), "QuotientRN's domain");
   const DF d;
   const size_t lanes = hn::Lanes(d);
   const VF f = hn::Set(d, factor);
+  const VF z = hn::Set(d, kReciprocal ? 1.0f / factor : 1.0f);
+  const auto scaled = [&](VF x) {
+    if constexpr (kS == Scaling::kMultiply) return hn::Mul(x, f);
+    if constexpr (kReciprocal) return QuotientRN(x, f, z);
+    return hn::Div(x, f);
+  };
   const auto code_at = [&](size_t i) {
-    const VF x = Source<T>::load(d, src + i);
-    const VF v = kDivide ? hn::Div(x, f) : hn::Mul(x, f);
+    const VF v = scaled(Source<T>::load(d, src + i));
     return kBounded ? ConvertRNBounded<K>(d, v) : ConvertRN<K>(d, v);
   };
   size_t i = 0;
@@ -392,7 +431,7 @@ HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) 
     VI c[4];
     Source<T>::load4(d, src + i, x);
     for (size_t k = 0; k < 4; ++k) {
-      v[k] = kDivide ? hn::Div(x[k], f) : hn::Mul(x[k], f);
+      v[k] = scaled(x[k]);
       c[k] = kBounded ? MagnitudeRNBounded<K>(d, v[k]) : ConvertRN<K>(d, v[k]);
     }
     StoreCodes4<K, Source<T>::kZipped, kBounded>(c, v, codes + i);
@@ -400,7 +439,26 @@ HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) 
   for (; i + lanes <= n; i += lanes) StoreCodes(code_at(i), codes + i);
   for (; i < n; ++i) {
     const float x = Source<T>::scalar(src + i);
-    codes[i] = num::fp8_from_float_rn<K>(kDivide ? x / factor : x * factor);
+    codes[i] = num::fp8_from_float_rn<K>(kS == Scaling::kDivide ? x / factor : x * factor);
+  }
+}
+
+// The bounded conversion divides through QuotientRN wherever its domain allows.
+template <typename T, Fp8 K, Scaling kS>
+HWY_INLINE void QuantizeBoundedT(const T* src, size_t n, float factor, uint8_t* codes) {
+  if (kS == Scaling::kDivide && ReciprocalApplies(factor)) {
+    QuantizeT<T, K, Scaling::kDivide, true, true>(src, n, factor, codes);
+  } else {
+    QuantizeT<T, K, kS, true>(src, n, factor, codes);
+  }
+}
+
+template <typename T, Fp8 K, Scaling kS, bool kBounded>
+HWY_INLINE void QuantizeAnyT(const T* src, size_t n, float factor, uint8_t* codes) {
+  if constexpr (kBounded) {
+    QuantizeBoundedT<T, K, kS>(src, n, factor, codes);
+  } else {
+    QuantizeT<T, K, kS, false>(src, n, factor, codes);
   }
 }
 
@@ -409,11 +467,11 @@ void QuantizeOf(const void* src, size_t n, float factor, bool divide, giftFp8Kin
                 uint8_t* codes) {
   const T* s = static_cast<const T*>(src);
   if (kind == GIFT_FP8_E4M3) {
-    divide ? QuantizeT<T, Fp8::kE4M3, true, kBounded>(s, n, factor, codes)
-           : QuantizeT<T, Fp8::kE4M3, false, kBounded>(s, n, factor, codes);
+    divide ? QuantizeAnyT<T, Fp8::kE4M3, Scaling::kDivide, kBounded>(s, n, factor, codes)
+           : QuantizeAnyT<T, Fp8::kE4M3, Scaling::kMultiply, kBounded>(s, n, factor, codes);
   } else {
-    divide ? QuantizeT<T, Fp8::kE5M2, true, kBounded>(s, n, factor, codes)
-           : QuantizeT<T, Fp8::kE5M2, false, kBounded>(s, n, factor, codes);
+    divide ? QuantizeAnyT<T, Fp8::kE5M2, Scaling::kDivide, kBounded>(s, n, factor, codes)
+           : QuantizeAnyT<T, Fp8::kE5M2, Scaling::kMultiply, kBounded>(s, n, factor, codes);
   }
 }
 
@@ -603,12 +661,13 @@ uint32_t EncodeBlocksT(const BlockRun& run) {
         const uint8_t e = num::scale_e8m0(amax, K);
         static_cast<uint8_t*>(run.scales)[g] = e;
         zero = amax_bits[k] == 0;
-        if (!zero) QuantizeT<T, K, false, true>(src + b0, len, num::e8m0_reciprocal(e), codes);
+        if (!zero)
+          QuantizeT<T, K, Scaling::kMultiply, true>(src + b0, len, num::e8m0_reciprocal(e), codes);
       } else {
         const float s = num::scale_f32(amax, K);
         static_cast<float*>(run.scales)[g] = s;
         zero = !(s > 0.0f);
-        if (!zero) QuantizeT<T, K, true, true>(src + b0, len, s, codes);
+        if (!zero) QuantizeBoundedT<T, K, Scaling::kDivide>(src + b0, len, s, codes);
       }
       if (zero) memset(codes, 0, len);
     }
