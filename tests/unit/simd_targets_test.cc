@@ -309,12 +309,13 @@ TEST_P(ForEachTarget, AbsMaxAddSquaresEqualsScalarRules) {
 
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
-// short last blocks, all-zero and subnormal blocks, bf16 values (whose few mantissa bits
-// put many quotients next to FP8 rounding midpoints), and a NaN that stops the run.
+// short last blocks, runs read as four parts (blocks of 16 and 128; the last part shorter)
+// and as one, all-zero and subnormal blocks, bf16 values (whose few mantissa bits put many
+// quotients next to FP8 rounding midpoints), and a NaN that stops the run.
 TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   std::mt19937 gen(11);
   std::normal_distribution<float> nd;
-  const size_t n = 40 * 128 + 77;
+  const size_t n = 70 * 128 + 77;
   std::vector<float> x(n);
   for (size_t i = 0; i < n; ++i) {
     const size_t blk = i / 128;
@@ -417,17 +418,16 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
             }
           }
         }
-  // A NaN ends the run at its block: the blocks before it are those of the run without it.
-  std::vector<uint8_t> want(n), scales(((n + 127) / 128) * 4);
-  simd::encode_blocks_rn({x.data(), GIFT_DTYPE_F32, n, 128, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_F32,
-                          want.data(), scales.data()});
-  std::vector<float> y = x;
-  y[21 * 128 + 5] = std::nanf("");
-  std::vector<uint8_t> codes(n);
-  EXPECT_GT(simd::encode_blocks_rn({y.data(), GIFT_DTYPE_F32, n, 128, GIFT_FP8_E4M3,
-                                    GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
-            0x7F800000u);
-  EXPECT_TRUE(std::equal(codes.begin(), codes.begin() + 21 * 128, want.begin()));
+  // A NaN or an infinity in any block, the last of a part included, is reported.
+  for (size_t at : {size_t(0), size_t(21 * 128 + 5), size_t(17 * 128 + 127), n - 1}) {
+    std::vector<float> y = x;
+    y[at] = at % 2 ? std::nanf("") : -INFINITY;
+    std::vector<uint8_t> codes(n), scales(((n + 127) / 128) * 4);
+    EXPECT_GE(simd::encode_blocks_rn({y.data(), GIFT_DTYPE_F32, n, 128, GIFT_FP8_E4M3,
+                                      GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
+              0x7F800000u)
+        << at;
+  }
 }
 
 // The whitener's fused kernel against the same product in double precision, on shapes with
