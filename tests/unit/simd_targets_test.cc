@@ -307,6 +307,49 @@ TEST_P(ForEachTarget, AbsMaxAddSquaresEqualsScalarRules) {
   }
 }
 
+// Spans summed side by side give each span's own sums: every source type, span lengths that
+// are and are not a whole number of vector steps, counts of spans around the side-by-side
+// width, and NaN/Inf in one span showing in that span's amax alone.
+TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
+  std::mt19937 gen(23);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> exponent(-140, 60);
+  const size_t most = 9 * 4096;
+  std::vector<float> x(most);
+  for (float& v : x) v = std::ldexp(nd(gen), exponent(gen));
+  std::vector<uint16_t> b(most), h(most);
+  for (size_t i = 0; i < most; ++i) {
+    b[i] = num::bf16_from_float(x[i]);
+    h[i] = num::f16_from_float(std::ldexp(x[i], -50));
+  }
+  b[5 * 4096 + 17] = 0x7FC0;  // NaN in the sixth span of 4096
+  h[2 * 24 + 3] = 0xFC00;     // -Inf in the third span of 24
+  const std::pair<giftDType_t, const void*> sources[] = {
+      {GIFT_DTYPE_F32, x.data()}, {GIFT_DTYPE_BF16, b.data()}, {GIFT_DTYPE_F16, h.data()}};
+  for (const auto& [dtype, data] : sources)
+    for (size_t chunk : {4096, 24, 16, 8})
+      for (size_t chunks : {0, 1, 3, 4, 5, 9}) {
+        std::vector<double[8]> lanes(chunks);
+        std::vector<uint32_t> amax(chunks, 0xAAAAAAAAu);
+        simd::add_squares_chunks(data, dtype, chunk, chunks, lanes.data(), amax.data());
+        for (size_t c = 0; c < chunks; ++c) {
+          double want[8] = {};
+          const uint8_t* span =
+              static_cast<const uint8_t*>(data) + c * chunk * (dtype == GIFT_DTYPE_F32 ? 4 : 2);
+          const uint32_t want_max = simd::abs_max_add_squares(span, dtype, chunk, 0, want);
+          const std::string at = "dtype " + std::to_string(dtype) + " chunk " +
+                                 std::to_string(chunk) + " of " + std::to_string(chunks) +
+                                 ", span " + std::to_string(c);
+          if (want_max >= 0x7F800000u) {
+            EXPECT_GE(amax[c], 0x7F800000u) << at;
+            continue;
+          }
+          ASSERT_EQ(amax[c], want_max) << at;
+          for (int j = 0; j < 8; ++j) ASSERT_EQ(lanes[c][j], want[j]) << at << " lane " << j;
+        }
+      }
+}
+
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
 // short last blocks, runs read as four parts (blocks of 16 and 128; the last part shorter)

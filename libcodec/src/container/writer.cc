@@ -49,11 +49,30 @@ struct Census {
   // Elements [base, base + n) of the tensor, after those before base.
   void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n) {
     const num::FpEnvGuard fp_env;  // the same sums whatever the caller's rounding mode
-    float chunk[kChunk];
     const uint8_t* bytes = static_cast<const uint8_t*>(data);
     for (uint64_t i0 = 0; i0 < n;) {
-      const uint64_t at = base + i0, m = std::min(kChunk - at % kChunk, n - i0);
+      const uint64_t at = base + i0;
       const uint8_t* src = bytes + i0 * dtype_size(dtype);
+      if (at % kChunk == 0 && n - i0 >= kChunk) {  // whole chunks, summed side by side
+        constexpr uint64_t kMost = 16;
+        double chunk_lanes[kMost][8];
+        uint32_t bits[kMost];
+        const uint64_t whole = std::min(kMost, (n - i0) / kChunk);
+        simd::add_squares_chunks(src, dtype, kChunk, whole, chunk_lanes, bits);
+        for (uint64_t c = 0; c < whole; ++c) {
+          if (bits[c] < 0x7F800000u) {
+            std::copy(chunk_lanes[c], chunk_lanes[c] + 8, lanes);
+            finite += kChunk;
+            stats.amax = std::max(stats.amax, num::float_of(bits[c]));
+          } else {
+            add_finite_alone(src + c * kChunk * dtype_size(dtype), dtype, at + c * kChunk, kChunk);
+          }
+          end_chunk();
+        }
+        i0 += whole * kChunk;
+        continue;
+      }
+      const uint64_t m = std::min(kChunk - at % kChunk, n - i0);
       double before[8];
       std::copy(lanes, lanes + 8, before);
       const uint32_t bits = simd::abs_max_add_squares(src, dtype, m, at % 8, lanes);
@@ -61,24 +80,31 @@ struct Census {
         finite += m;
         stats.amax = std::max(stats.amax, num::float_of(bits));
       } else {
-        std::copy(before, before + 8, lanes);  // again, the finite elements alone
-        convert_elements(src, dtype, chunk, GIFT_DTYPE_F32, m);
-        for (uint64_t k = 0; k < m; ++k) {  // rare: chunks holding NaN or Inf
-          if (std::isfinite(chunk[k])) {
-            lanes[(at + k) % 8] += double(chunk[k]) * double(chunk[k]);
-            ++finite;
-            stats.amax = std::max(stats.amax, std::fabs(chunk[k]));
-          } else if (stats.nonfinite_count++ == 0) {
-            stats.first_nonfinite = at + k;
-          }
-        }
+        std::copy(before, before + 8, lanes);
+        add_finite_alone(src, dtype, at, m);
       }
-      if ((at + m) % kChunk == 0) {
-        sum += folded();
-        for (double& l : lanes) l = 0;
-      }
+      if ((at + m) % kChunk == 0) end_chunk();
       i0 += m;
     }
+  }
+  // Rare: m elements from `at` that hold NaN or Inf, added again element by element, the
+  // finite ones alone.
+  void add_finite_alone(const void* src, giftDType_t dtype, uint64_t at, uint64_t m) {
+    float chunk[kChunk];
+    convert_elements(src, dtype, chunk, GIFT_DTYPE_F32, m);
+    for (uint64_t k = 0; k < m; ++k) {
+      if (std::isfinite(chunk[k])) {
+        lanes[(at + k) % 8] += double(chunk[k]) * double(chunk[k]);
+        ++finite;
+        stats.amax = std::max(stats.amax, std::fabs(chunk[k]));
+      } else if (stats.nonfinite_count++ == 0) {
+        stats.first_nonfinite = at + k;
+      }
+    }
+  }
+  void end_chunk() {
+    sum += folded();
+    for (double& l : lanes) l = 0;
   }
   double folded() const {
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +

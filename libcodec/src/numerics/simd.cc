@@ -177,10 +177,74 @@ HWY_INLINE uint32_t AbsMaxBitsT(const hwy::float16_t* src, size_t n) {
   return AbsMaxBits16(src, n);
 }
 
+#undef GIFT_SQUARE_LANES
+#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && HWY_HAVE_FLOAT64
+#define GIFT_SQUARE_LANES 1
+// The census's eight lanes of squares in double, held in vectors, and the largest sign-cleared
+// fp32 pattern seen. add() takes kStep elements (a multiple of 8) whose first goes to lane 0:
+// a half vector of squares at a time, each lane's in element order. The square of an fp32
+// value is exact in double, so a fused multiply-add rounds like the scalar sum.
+struct SquareLanes {
+  using DD = hn::Rebind<double, hn::Half<DF>>;
+  // Doubles per half vector: 8 (one accumulator for all lanes), 4 (two) or 2 (four).
+  static constexpr size_t kHalf = hn::MaxLanes(DD()), kAcc = 8 / kHalf;
+  static_assert(kAcc * kHalf == 8 && kAcc <= 4, "lane layout");
+  static constexpr size_t kStep = 2 * kHalf * (kAcc == 4 ? 2 : 1);
+
+  hn::Vec<DD> a0, a1, a2, a3;
+  VI vmax;
+
+  explicit SquareLanes(const double* lanes) : vmax(hn::Zero(DI())) {
+    const DD dd;
+    a0 = a1 = a2 = a3 = hn::LoadU(dd, lanes);
+    if constexpr (kAcc >= 2) a1 = hn::LoadU(dd, lanes + kHalf);
+    if constexpr (kAcc == 4) {
+      a2 = hn::LoadU(dd, lanes + 2 * kHalf);
+      a3 = hn::LoadU(dd, lanes + 3 * kHalf);
+    }
+  }
+  template <typename T>
+  HWY_INLINE void add(const T* p) {
+    const DF d;
+    const VF v = Source<T>::load(d, p);
+    if constexpr (kAcc == 1) {
+      square_into(v, a0, a0);
+    } else if constexpr (kAcc == 2) {
+      square_into(v, a0, a1);
+    } else {
+      square_into(v, a0, a1);
+      square_into(Source<T>::load(d, p + 2 * kHalf), a2, a3);
+    }
+  }
+  HWY_INLINE void square_into(VF v, hn::Vec<DD>& lo_acc, hn::Vec<DD>& hi_acc) {
+    const DI di;
+    const DD dd;
+    const hn::Half<DF> dh;
+    vmax = hn::Max(vmax, hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF)));
+    const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, v));
+    const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, v));
+    lo_acc = hn::MulAdd(lo, lo, lo_acc);
+    hi_acc = hn::MulAdd(hi, hi, hi_acc);
+  }
+  // Writes the lanes back; returns the largest magnitude's bits.
+  uint32_t store(double* lanes) const {
+    const DD dd;
+    hn::StoreU(a0, dd, lanes);
+    if constexpr (kAcc >= 2) hn::StoreU(a1, dd, lanes + kHalf);
+    if constexpr (kAcc == 4) {
+      hn::StoreU(a2, dd, lanes + 2 * kHalf);
+      hn::StoreU(a3, dd, lanes + 3 * kHalf);
+    }
+    return static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(DI(), vmax)));
+  }
+};
+#else
+#define GIFT_SQUARE_LANES 0
+#endif
+
 // lanes[(phase + k) % 8] += x[k]^2 in double for k in order, and the largest sign-cleared
-// fp32 pattern, in one pass (the frame statistics' census: one read of the input). The square
-// of an fp32 value is exact in double, so a fused multiply-add rounds like the scalar sum;
-// each lane adds its elements in the same order whatever the vector width.
+// fp32 pattern, in one pass (the frame statistics' census: one read of the input); each lane
+// adds its elements in the same order whatever the vector width.
 template <typename T>
 HWY_INLINE uint32_t AbsMaxAddSquaresT(const T* src, size_t n, size_t phase, double* lanes) {
   uint32_t m = 0;
@@ -191,48 +255,10 @@ HWY_INLINE uint32_t AbsMaxAddSquaresT(const T* src, size_t n, size_t phase, doub
   };
   size_t k = 0;
   for (; k < n && (phase + k) % 8; ++k) scalar(k);
-#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && HWY_HAVE_FLOAT64
-  const DF d;
-  const DI di;
-  const hn::Half<DF> dh;
-  const hn::Rebind<double, decltype(dh)> dd;
-  // Doubles per half vector: 8 (one accumulator for all lanes), 4 (two) or 2 (four).
-  constexpr size_t kHalf = hn::MaxLanes(dd), kAcc = 8 / kHalf;
-  static_assert(kAcc * kHalf == 8 && kAcc <= 4, "lane layout");
-  const VI abs_mask = hn::Set(di, 0x7FFFFFFF);
-  VI vmax = hn::Zero(di);
-  auto a0 = hn::LoadU(dd, lanes), a1 = a0, a2 = a0, a3 = a0;
-  if constexpr (kAcc >= 2) a1 = hn::LoadU(dd, lanes + kHalf);
-  if constexpr (kAcc == 4) {
-    a2 = hn::LoadU(dd, lanes + 2 * kHalf);
-    a3 = hn::LoadU(dd, lanes + 3 * kHalf);
-  }
-  const auto square_into = [&](VF v, auto& lo_acc, auto& hi_acc) {
-    vmax = hn::Max(vmax, hn::And(hn::BitCast(di, v), abs_mask));
-    const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, v));
-    const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, v));
-    lo_acc = hn::MulAdd(lo, lo, lo_acc);
-    hi_acc = hn::MulAdd(hi, hi, hi_acc);
-  };
-  constexpr size_t kStep = 2 * kHalf * (kAcc == 4 ? 2 : 1);  // a multiple of 8 elements
-  for (; k + kStep <= n; k += kStep) {
-    const VF v = Source<T>::load(d, src + k);
-    if constexpr (kAcc == 1) {
-      square_into(v, a0, a0);
-    } else if constexpr (kAcc == 2) {
-      square_into(v, a0, a1);
-    } else {
-      square_into(v, a0, a1);
-      square_into(Source<T>::load(d, src + k + 2 * kHalf), a2, a3);
-    }
-  }
-  hn::StoreU(a0, dd, lanes);
-  if constexpr (kAcc >= 2) hn::StoreU(a1, dd, lanes + kHalf);
-  if constexpr (kAcc == 4) {
-    hn::StoreU(a2, dd, lanes + 2 * kHalf);
-    hn::StoreU(a3, dd, lanes + 3 * kHalf);
-  }
-  m = std::max(m, static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, vmax))));
+#if GIFT_SQUARE_LANES
+  SquareLanes acc(lanes);
+  for (; k + SquareLanes::kStep <= n; k += SquareLanes::kStep) acc.add(src + k);
+  m = std::max(m, acc.store(lanes));
 #endif
   for (; k < n; ++k) scalar(k);
   return m;
@@ -247,6 +273,49 @@ uint32_t AbsMaxAddSquares(const void* src, giftDType_t dtype, size_t n, size_t p
       return AbsMaxAddSquaresT(static_cast<const hwy::float16_t*>(src), n, phase, lanes);
     default:
       return AbsMaxAddSquaresT(static_cast<const float*>(src), n, phase, lanes);
+  }
+}
+
+// Spans summed side by side in AddSquaresChunksT: each lane's additions are a chain of
+// dependent FMAs (4 cycles each, 0.5 cycle per element with all eight lanes in one vector),
+// which independent chains overlap; the spans are also read as that many streams.
+constexpr size_t kSideBySide = 4;
+
+template <typename T>
+void AddSquaresChunksT(const T* src, size_t chunk, size_t chunks, double (*lanes)[8],
+                       uint32_t* amax_bits) {
+  size_t c = 0;
+#if GIFT_SQUARE_LANES
+  if (chunk % SquareLanes::kStep == 0) {
+    static const double kZeros[8] = {};
+    for (; c + kSideBySide <= chunks; c += kSideBySide) {
+      SquareLanes acc[kSideBySide] = {SquareLanes(kZeros), SquareLanes(kZeros), SquareLanes(kZeros),
+                                      SquareLanes(kZeros)};
+      static_assert(kSideBySide == 4, "one initializer per span");
+      const T* p = src + c * chunk;
+      for (size_t k = 0; k < chunk; k += SquareLanes::kStep) {
+        for (size_t j = 0; j < kSideBySide; ++j) acc[j].add(p + j * chunk + k);
+      }
+      for (size_t j = 0; j < kSideBySide; ++j) amax_bits[c + j] = acc[j].store(lanes[c + j]);
+    }
+  }
+#endif
+  for (; c < chunks; ++c) {
+    std::fill(lanes[c], lanes[c] + 8, 0.0);
+    amax_bits[c] = AbsMaxAddSquaresT(src + c * chunk, chunk, 0, lanes[c]);
+  }
+}
+
+void AddSquaresChunks(const void* src, giftDType_t dtype, size_t chunk, size_t chunks,
+                      double (*lanes)[8], uint32_t* amax_bits) {
+  switch (dtype) {
+    case GIFT_DTYPE_BF16:
+      return AddSquaresChunksT(static_cast<const uint16_t*>(src), chunk, chunks, lanes, amax_bits);
+    case GIFT_DTYPE_F16:
+      return AddSquaresChunksT(static_cast<const hwy::float16_t*>(src), chunk, chunks, lanes,
+                               amax_bits);
+    default:
+      return AddSquaresChunksT(static_cast<const float*>(src), chunk, chunks, lanes, amax_bits);
   }
 }
 
@@ -748,6 +817,7 @@ namespace gift::simd {
 
 HWY_EXPORT(AbsMaxBits);
 HWY_EXPORT(AbsMaxAddSquares);
+HWY_EXPORT(AddSquaresChunks);
 HWY_EXPORT(QuantizeRN);
 HWY_EXPORT(QuantizeRNBounded);
 HWY_EXPORT(Dequantize);
@@ -762,6 +832,11 @@ uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n) {
 uint32_t abs_max_add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase,
                              double lanes[8]) {
   return HWY_DYNAMIC_DISPATCH(AbsMaxAddSquares)(src, dtype, n, phase, lanes);
+}
+
+void add_squares_chunks(const void* src, giftDType_t dtype, size_t chunk, size_t chunks,
+                        double (*lanes)[8], uint32_t* amax_bits) {
+  HWY_DYNAMIC_DISPATCH(AddSquaresChunks)(src, dtype, chunk, chunks, lanes, amax_bits);
 }
 
 void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,

@@ -23,6 +23,12 @@ uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n);
 uint32_t abs_max_add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase,
                              double lanes[8]);
 
+// abs_max_add_squares of `chunks` consecutive spans of `chunk` elements, each from phase 0
+// and lanes of zero: lanes[c] and amax_bits[c] are what that call on span c gives, the same
+// doubles. Faster than one call per span (several spans summed side by side).
+void add_squares_chunks(const void* src, giftDType_t dtype, size_t chunk, size_t chunks,
+                        double (*lanes)[8], uint32_t* amax_bits);
+
 // codes[i] = fp8_from_float_rn(x[i] / factor) when `divide`, else fp8_from_float_rn(x[i] *
 // factor), for any input.
 void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
