@@ -461,11 +461,20 @@ enum class Scaling { kMultiply, kDivide };
 //   few fp32 ulps (or subnormal steps) of x/s, so q2 stays below 2^-19.
 // - The sign is x's, as the quotient's is (s > 0), signed zeros included: RN(a + b) of an
 //   exact cancellation is +0 whatever x's sign, so it is copied from x.
-// Only where the target has a true FMA (HWY_NATIVE_FMA); elsewhere MulAdd rounds twice.
+// It needs a true FMA (HWY_NATIVE_FMA; elsewhere MulAdd rounds twice), and is used where it
+// measured faster: AVX-512, whose vdivps costs as much per lane as the 256-bit one while the
+// rest of the work is twice as fast (encode in cache 12 to 14% faster). On AVX2 the division
+// stays (the five operations measured 25% slower); other targets are unmeasured.
+#undef GIFT_RECIPROCAL_PAYS
+#if HWY_NATIVE_FMA && HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define GIFT_RECIPROCAL_PAYS 1
+#else
+#define GIFT_RECIPROCAL_PAYS 0
+#endif
 constexpr float kReciprocalMin = 0x1p-80f, kReciprocalMax = 0x1p+125f;
 
 HWY_INLINE bool ReciprocalApplies(float s) {
-  return HWY_NATIVE_FMA && s >= kReciprocalMin && s <= kReciprocalMax;
+  return GIFT_RECIPROCAL_PAYS && s >= kReciprocalMin && s <= kReciprocalMax;
 }
 
 HWY_INLINE VF QuotientRN(VF x, VF s, VF z) {
@@ -693,46 +702,35 @@ void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind,
 // scale's division; batching lets those latencies of one block overlap the others' work.
 constexpr uint64_t kBatchBlocks = 16;
 
-// A run of at least kStreamedBlocks blocks is read as 2^kReadStreamsLog2 contiguous parts side by
-// side, one block of each in turn. One thread reading memory is bound by the lines it has in
-// flight: the hardware prefetcher follows each part's stream (within its 4 KiB page) on its
-// own, so four parts keep about four times as many lines coming. 256 MiB of fp32 from memory
-// encodes about 1.3 times as fast so (one thread, AVX-512); in cache the order costs nothing.
-constexpr uint64_t kReadStreamsLog2 = 2, kStreamedBlocks = kBatchBlocks << kReadStreamsLog2;
-
-// The order in which a run's blocks are visited: visit j is block (j % streams) * part +
-// j / streams, where that is below blocks (the last part may be shorter).
-struct VisitOrder {
-  uint64_t blocks, shift, part;  // 2^shift streams
-  explicit VisitOrder(uint64_t b)
-      : blocks(b),
-        shift(b >= kStreamedBlocks ? kReadStreamsLog2 : 0),
-        part((b + (uint64_t(1) << shift) - 1) >> shift) {}
-  uint64_t visits() const { return part << shift; }
-  // The block of visit j, or `blocks` for a visit past the end of the last part.
-  uint64_t block(uint64_t j) const {
-    const uint64_t b = (j & ((uint64_t(1) << shift) - 1)) * part + (j >> shift);
-    return b < blocks ? b : blocks;
-  }
-};
+// A run of at least kStreamedBlocks blocks is read as kReadStreams contiguous parts side by
+// side: the batch takes kBatchBlocks / kReadStreams consecutive blocks of each part. One
+// thread reading memory is bound by the lines it has in flight: the hardware prefetcher
+// follows each part's stream (within its 4 KiB page) on its own, so four parts keep about
+// four times as many lines coming. 256 MiB of fp32 from memory encodes about 1.3 times as
+// fast so (one thread, AVX-512, AVX2 and SSE4).
+constexpr uint64_t kReadStreams = 4, kStreamedBlocks = kBatchBlocks * kReadStreams;
+static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 
 template <typename T, Fp8 K, bool kE8M0>
 uint32_t EncodeBlocksT(const BlockRun& run) {
   const T* src = static_cast<const T*>(run.src);
-  const VisitOrder order((run.n + run.block - 1) / run.block);
+  const uint64_t blocks = (run.n + run.block - 1) / run.block;
+  const uint64_t streams = blocks >= kStreamedBlocks ? kReadStreams : 1;
+  const uint64_t part = (blocks + streams - 1) / streams;  // blocks per part; the last fewer
+  const uint64_t rounds = kBatchBlocks / streams;          // blocks of each part per batch
   const auto len_of = [&](uint64_t b) {
     return static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b * run.block));
   };
   uint32_t run_max = 0;
   uint64_t batch[kBatchBlocks];
   uint32_t amax_bits[kBatchBlocks];
-  for (uint64_t j = 0; j < order.visits();) {
+  for (uint64_t r0 = 0; r0 < part; r0 += rounds) {
     size_t count = 0;
-    for (; count < kBatchBlocks && j < order.visits(); ++j) {
-      const uint64_t b = order.block(j);
-      if (b == order.blocks) continue;
-      batch[count] = b;
-      amax_bits[count++] = AbsMaxBitsT(src + b * run.block, len_of(b));
+    for (uint64_t r = r0; r < std::min(part, r0 + rounds); ++r) {
+      for (uint64_t b = r; b < blocks; b += part) {
+        batch[count] = b;
+        amax_bits[count++] = AbsMaxBitsT(src + b * run.block, len_of(b));
+      }
     }
     for (size_t k = 0; k < count; ++k) {
       const uint64_t b = batch[k], b0 = b * run.block;
@@ -741,11 +739,11 @@ uint32_t EncodeBlocksT(const BlockRun& run) {
       if (amax_bits[k] >= 0x7F800000u) return run_max;
       // Finite x over a positive scale stays below 2^17 in magnitude: the bounded conversion
       // applies. A zero scale (amax == 0 or fp32 underflow) means all codes +0.
-      // A block of the next batch is fetched while this one's codes are computed, so that
-      // the next amax pass finds it in cache instead of waiting on memory with nothing to
-      // overlap (bf16 encode from DRAM measured about 15% faster; fp32 within noise).
-      const uint64_t ahead = j + k < order.visits() ? order.block(j + k) : order.blocks;
-      if (ahead < order.blocks) {
+      // The block that the next batch takes in its place is fetched while this one's codes
+      // are computed, so that the next amax pass finds it in cache instead of waiting on
+      // memory with nothing to overlap (bf16 encode from DRAM measured about 15% faster).
+      const uint64_t ahead = b + rounds;
+      if (ahead < blocks) {
         const char* p = reinterpret_cast<const char*>(src + ahead * run.block);
         const size_t bytes = len_of(ahead) * sizeof(T);
         for (size_t i = 0; i < bytes; i += 64) hwy::Prefetch(p + i);
