@@ -166,9 +166,10 @@ struct ClosingFd {
 
 // Bands of about this many elements: the codes written at once.
 constexpr uint64_t kBandElems = uint64_t(1) << 20;
-// Elements per thread of the pieces a band is encoded in, each right after its census, while
-// it is in the cores' own caches (a whole band is not: 1 MiB fp32 per core measured 10%
-// slower for one thread). Still one encoder task (codec.cc, kChunkElems) per thread.
+// Elements per thread of the pieces a band of blocks is encoded in, each right after its
+// census, while it is in the cores' own caches (a whole band is not: 1 MiB fp32 per core
+// measured 10% slower for one thread). Still one encoder task (codec.cc, kChunkElems) per
+// thread.
 constexpr uint64_t kPieceElems = uint64_t(1) << 16;
 
 void merge_stats(giftEncodeStats* total, const giftEncodeStats& band, uint64_t base) {
@@ -364,8 +365,10 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     census = Census{};
     t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
     uint64_t scales_at = 0;
-    // The CPU encoder takes each band in pieces (kPieceElems); another encoder whole bands.
-    const uint64_t piece = encoder_ == &giftEncode
+    // The CPU encoder takes a band of blocks in pieces (kPieceElems); other layouts, whose
+    // groups may need a whole band to be shared out among the threads (a row or the tensor
+    // split across them), and another encoder take whole bands.
+    const uint64_t piece = encoder_ == &giftEncode && p.layout == GIFT_SCALE_BLOCK
                                ? band_rows(unit, cols, kPieceElems * uint64_t(thread_count(&ctx_)))
                                : band;
     return for_each_band([&](uint64_t r0, uint64_t n, const void* src) {

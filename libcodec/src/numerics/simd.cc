@@ -473,9 +473,7 @@ enum class Scaling { kMultiply, kDivide };
 #endif
 constexpr float kReciprocalMin = 0x1p-80f, kReciprocalMax = 0x1p+125f;
 
-HWY_INLINE bool ReciprocalApplies(float s) {
-  return GIFT_RECIPROCAL_PAYS && s >= kReciprocalMin && s <= kReciprocalMax;
-}
+HWY_INLINE bool ReciprocalApplies(float s) { return s >= kReciprocalMin && s <= kReciprocalMax; }
 
 HWY_INLINE VF QuotientRN(VF x, VF s, VF z) {
   const VF q0 = hn::Mul(x, z);
@@ -524,11 +522,12 @@ HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) 
 // The bounded conversion divides through QuotientRN wherever its domain allows.
 template <typename T, Fp8 K, Scaling kS>
 HWY_INLINE void QuantizeBoundedT(const T* src, size_t n, float factor, uint8_t* codes) {
-  if (kS == Scaling::kDivide && ReciprocalApplies(factor)) {
-    QuantizeT<T, K, Scaling::kDivide, true, true>(src, n, factor, codes);
-  } else {
-    QuantizeT<T, K, kS, true>(src, n, factor, codes);
+  if constexpr (kS == Scaling::kDivide && GIFT_RECIPROCAL_PAYS) {
+    if (ReciprocalApplies(factor)) {
+      return QuantizeT<T, K, Scaling::kDivide, true, true>(src, n, factor, codes);
+    }
   }
+  QuantizeT<T, K, kS, true>(src, n, factor, codes);
 }
 
 template <typename T, Fp8 K, Scaling kS, bool kBounded>
