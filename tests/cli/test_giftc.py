@@ -263,7 +263,10 @@ class Giftc(unittest.TestCase):
         p.send_signal(signal.SIGINT)
         rc = p.wait()
         left = sorted(os.listdir(self.dir))
-        if rc == 0:
+        if rc == 0 or "out.gift" in left:
+            # Finished: the signal came too late, or after the frame was named (then it still
+            # ends the process, with the whole frame in place).
+            self.assertIn(rc, (0, -signal.SIGINT))
             self.assertEqual(run("inspect", out, "--verify", "-q").returncode, 0)
             self.assertEqual(left, ["big.safetensors", "in.safetensors", "out.gift"])
         else:
