@@ -227,7 +227,8 @@ Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void
   std::vector<Census> parts(static_cast<size_t>(threads));
   for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n) {
     Census& acc = parts[static_cast<size_t>(omp_get_thread_num())];
-    // Codes stay cached at any size: streaming them measured no faster.
+    // Codes stay cached at any size: streaming them gained about 7% (256 MiB, one thread) at
+    // sizes that giftc's pieces and transport shards never reach, and evicts what is sent next.
     const uint32_t bits =
         simd::encode_blocks_rn(block_run(p, src, dtype, g, e, n, codes, scales, false));
     if (is_finite_bits(bits)) {

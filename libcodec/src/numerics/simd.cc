@@ -482,11 +482,10 @@ HWY_INLINE VF QuotientRN(VF x, VF s, VF z) {
   return hn::CopySign(q2, x);
 }
 
-// Inlined (as AbsMaxBitsT) so that the block encoder, which calls it once per block, sets its
-// constants once per run. With kReciprocal, x / factor comes from QuotientRN, whose domain
-// the caller checked (ReciprocalApplies); it needs kBounded (finite x).
-template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kReciprocal = false>
-HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
+// The loop of QuantizeT. With kReciprocal, x / factor comes from QuotientRN, whose domain
+// QuantizeT checked; it needs kBounded (finite x).
+template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kReciprocal>
+HWY_INLINE void QuantizeLoop(const T* src, size_t n, float factor, uint8_t* codes) {
   static_assert(!kReciprocal || (kS == Scaling::kDivide && kBounded), "QuotientRN's domain");
   const DF d;
   const size_t lanes = hn::Lanes(d);
@@ -519,24 +518,17 @@ HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) 
   }
 }
 
-// The bounded conversion divides through QuotientRN wherever its domain allows.
-template <typename T, Fp8 K, Scaling kS>
-HWY_INLINE void QuantizeBoundedT(const T* src, size_t n, float factor, uint8_t* codes) {
-  if constexpr (kS == Scaling::kDivide && GIFT_RECIPROCAL_PAYS) {
+// Inlined (as AbsMaxBitsT) so that the block encoder, which calls it once per block, sets its
+// constants once per run. The bounded conversion divides through QuotientRN wherever that
+// pays and its domain allows.
+template <typename T, Fp8 K, Scaling kS, bool kBounded>
+HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
+  if constexpr (kS == Scaling::kDivide && kBounded && GIFT_RECIPROCAL_PAYS) {
     if (ReciprocalApplies(factor)) {
-      return QuantizeT<T, K, Scaling::kDivide, true, true>(src, n, factor, codes);
+      return QuantizeLoop<T, K, Scaling::kDivide, true, true>(src, n, factor, codes);
     }
   }
-  QuantizeT<T, K, kS, true>(src, n, factor, codes);
-}
-
-template <typename T, Fp8 K, Scaling kS, bool kBounded>
-HWY_INLINE void QuantizeAnyT(const T* src, size_t n, float factor, uint8_t* codes) {
-  if constexpr (kBounded) {
-    QuantizeBoundedT<T, K, kS>(src, n, factor, codes);
-  } else {
-    QuantizeT<T, K, kS, false>(src, n, factor, codes);
-  }
+  QuantizeLoop<T, K, kS, kBounded, false>(src, n, factor, codes);
 }
 
 template <bool kBounded, typename T>
@@ -544,11 +536,11 @@ void QuantizeOf(const void* src, size_t n, float factor, bool divide, giftFp8Kin
                 uint8_t* codes) {
   const T* s = static_cast<const T*>(src);
   if (kind == GIFT_FP8_E4M3) {
-    divide ? QuantizeAnyT<T, Fp8::kE4M3, Scaling::kDivide, kBounded>(s, n, factor, codes)
-           : QuantizeAnyT<T, Fp8::kE4M3, Scaling::kMultiply, kBounded>(s, n, factor, codes);
+    divide ? QuantizeT<T, Fp8::kE4M3, Scaling::kDivide, kBounded>(s, n, factor, codes)
+           : QuantizeT<T, Fp8::kE4M3, Scaling::kMultiply, kBounded>(s, n, factor, codes);
   } else {
-    divide ? QuantizeAnyT<T, Fp8::kE5M2, Scaling::kDivide, kBounded>(s, n, factor, codes)
-           : QuantizeAnyT<T, Fp8::kE5M2, Scaling::kMultiply, kBounded>(s, n, factor, codes);
+    divide ? QuantizeT<T, Fp8::kE5M2, Scaling::kDivide, kBounded>(s, n, factor, codes)
+           : QuantizeT<T, Fp8::kE5M2, Scaling::kMultiply, kBounded>(s, n, factor, codes);
   }
 }
 
@@ -760,7 +752,7 @@ uint32_t EncodeBlocksT(const BlockRun& run) {
         const float s = num::scale_f32(amax, K);
         static_cast<float*>(run.scales)[b] = s;
         zero = !(s > 0.0f);
-        if (!zero) QuantizeBoundedT<T, K, Scaling::kDivide>(src + b0, len, s, codes);
+        if (!zero) QuantizeT<T, K, Scaling::kDivide, true>(src + b0, len, s, codes);
       }
       if (zero) memset(codes, 0, len);
     }
