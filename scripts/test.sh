@@ -7,6 +7,6 @@ build=${BUILD_DIR:-$root/build}
 
 "$root/scripts/build.sh"
 ctest --test-dir "$build" --output-on-failure --parallel "$(nproc)" --timeout 900 "$@"
-# The library and giftc built again under sanitizers (Clang and GCC with ASan and UBSan, Clang
-# with TSan), and their tests on them.
+# The library and giftc built again under sanitizers (Clang with ASan and UBSan, Clang with
+# TSan), and their tests on them.
 "$root/scripts/sanitize.sh"
