@@ -22,6 +22,10 @@ giftResult_t read_config(const giftAllReduceConfig* config, giftAllReduceConfig*
   if (op != GIFT_REDUCE_SUM && op != GIFT_REDUCE_AVG) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown reduce op %d", op);
   }
+  const int nonfinite = enum_int(out->nonfinite);
+  if (nonfinite != GIFT_NONFINITE_ERROR && nonfinite != GIFT_NONFINITE_KEEP) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown non-finite policy %d", nonfinite);
+  }
   return GIFT_OK;
 }
 
@@ -36,6 +40,11 @@ giftResult_t read_device_config(const giftAllReduceConfig* config, giftAllReduce
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
                 "dumps are not written from the device: set dump_every to 0");
   }
+  if (out->nonfinite != GIFT_NONFINITE_ERROR) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "device plans do not carry non-finite values yet: set nonfinite to "
+                "GIFT_NONFINITE_ERROR");
+  }
   return GIFT_OK;
 }
 
@@ -47,6 +56,7 @@ giftQuantParams quant_params(const giftAllReduceConfig& c) {
   q.block = c.block;
   q.scale_dtype = c.scale_dtype;
   q.rounding = c.rounding;
+  q.nonfinite = c.nonfinite;
   return q;
 }
 

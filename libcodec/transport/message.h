@@ -24,7 +24,7 @@ struct MessageHeader {
   uint64_t count;        // elements of the shard
   uint8_t basis_id[16];  // the plan's basis; zero: none (every tensor Euclidean)
   uint32_t coords_hash;  // which tensors are in GIFT coordinates; zero: none of them
-  uint32_t flags;        // kCarriesEstimates / kCarriesDecision
+  uint32_t flags;        // kCarriesEstimates / kCarriesDecision / kHoldsNonFinite
 };
 static_assert(sizeof(MessageHeader) == 64, "header keeps the payload 64-byte aligned");
 
@@ -36,6 +36,9 @@ constexpr uint64_t kAlign = 64;
 // rank 0; rank 0's reduced message then carries the decision (one byte per tensor) to all.
 constexpr uint32_t kCarriesEstimates = 1;
 constexpr uint32_t kCarriesDecision = 2;
+// The message's codes hold NaN or Inf (GIFT_NONFINITE_KEEP): on a reduced message, the
+// call's result is not finite and the call commits no state (giftReduceDecodeResult).
+constexpr uint32_t kHoldsNonFinite = 4;
 
 inline uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 

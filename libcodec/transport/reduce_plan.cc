@@ -33,6 +33,7 @@ namespace {
 using gift::transport::kCarriesDecision;
 using gift::transport::kCarriesEstimates;
 using gift::transport::kGather;
+using gift::transport::kHoldsNonFinite;
 using gift::transport::kMessageMagic;
 using gift::transport::kScatter;
 using gift::transport::MessageHeader;
@@ -54,11 +55,16 @@ struct giftReducePlan {
 
   gift::transport::PlanCoords coords;  // GIFT coordinates (transport/plan_coords.h)
 
+  // A call's residuals wait in the work buffers until step 5 commits them by a swap (see
+  // giftReduceDecodeResult): flat holds this call's encode residual from step 1, sum the
+  // reduced shard's from step 3, each while its flag is set.
   std::vector<float> flat;            // the bucket in fp32 (input, then result)
   std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
   std::vector<float> sum;             // this rank's shard: the sum being reduced
   std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
   std::vector<float> scratch;         // one decoded shard
+  bool residual_pending = false;
+  bool shard_residual_pending = false;
 
   uint64_t shard_count(int r) const { return layout.shard_count(r); }
 };
@@ -88,8 +94,9 @@ void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {
 }
 
 // Applies a new choice of coordinates; the reduced shard's residual of a tensor that changes
-// coordinates no longer means anything and is dropped.
+// coordinates no longer means anything and is dropped (a call's uncommitted one with it).
 void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift) {
+  p.shard_residual_pending = false;
   if (!p.shard_residual.empty()) {
     for (const auto& [b, e] : p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift)) {
       std::fill(p.shard_residual.begin() + b, p.shard_residual.begin() + e, 0.0f);
@@ -106,7 +113,7 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
 
 // Encodes values[0, count) into `msg` and, with error feedback, leaves values - decoded in
 // `residual` (which may be `values` itself): what the next call adds back so that rounding
-// errors do not accumulate.
+// errors do not accumulate. Kept NaN or Inf (GIFT_NONFINITE_KEEP) mark the message.
 giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const float* values,
                             uint64_t count, float* residual, uint8_t* msg, uint32_t flags = 0,
                             const void* extra = nullptr, uint64_t extra_bytes = 0) {
@@ -136,6 +143,7 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const f
           stats.nonfinite_count, step == kScatter ? "in the input" : "in the reduced sum",
           at - p.bucket.offset[t], p.bucket.names[t].c_str());
     }
+    if (stats.nonfinite_count) h.flags |= kHoldsNonFinite;
     if (residual) {
       giftDecode(&p.ctx, &q, msg + p.layout.codes_at, msg + p.layout.scales_at, scale_bytes, 1,
                  count, p.scratch.data(), GIFT_DTYPE_F32);
@@ -291,6 +299,7 @@ giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* state, ui
   }
   const uint8_t* in = static_cast<const uint8_t*>(state);
   p.call = call;
+  p.residual_pending = p.shard_residual_pending = false;
   if (!p.residual.empty()) {
     memcpy(p.residual.data(), in + l.residual_at(), p.residual.size() * sizeof(float));
   }
@@ -310,6 +319,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // Every call advances the counter, failed ones too, so that ranks stay on the same call
   // number after an error on one of them.
   ++p.call;
+  p.residual_pending = p.shard_residual_pending = false;
   if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, tensors)) return rc;
   if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
   for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
@@ -323,9 +333,8 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
   if (p.coords.has_basis) ++p.coords.calls_with_basis;
   apply_coords(p, p.flat.data(), false);
-  // This call's residuals replace the values they come from in the work buffer, and become
-  // the plan's only once every shard is encoded: a call that fails here (a NaN in a later
-  // shard) leaves the error feedback as it was, in original coordinates.
+  // This call's residuals replace the values they come from in the work buffer, in original
+  // coordinates, until step 5 commits them.
   const bool feedback = !p.residual.empty();
   for (int r = 0; r < p.world; ++r) {
     float* values = p.flat.data() + p.layout.shard_begin[r];
@@ -339,7 +348,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   }
   if (feedback) {
     apply_coords(p, p.flat.data(), true);
-    std::swap(p.flat, p.residual);  // the old residual's memory is the next work buffer
+    p.residual_pending = true;
   }
   return GIFT_OK;
 }
@@ -366,20 +375,24 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
     const float w = float(p.world);
     for (uint64_t i = 0; i < count; ++i) p.sum[i] /= w;
   }
-  float* residual = p.shard_residual.empty() ? nullptr : p.shard_residual.data();
+  // The new residual replaces the sum it comes from, until step 5 commits it.
+  float* residual = p.shard_residual.empty() ? nullptr : p.sum.data();
   if (residual) {
-    for (uint64_t i = 0; i < count; ++i) p.sum[i] += residual[i];
+    for (uint64_t i = 0; i < count; ++i) p.sum[i] += p.shard_residual[i];
   }
   // Rank 0 receives every rank's estimates on a measuring call and sends back the decision.
   MessageHeader first;
   memcpy(&first, recv, sizeof first);
-  if (!(first.flags & kCarriesEstimates)) {
-    return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg);
+  uint32_t flags = 0;
+  std::vector<uint8_t> d;
+  if (first.flags & kCarriesEstimates) {
+    d = p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);
+    flags = kCarriesDecision;
   }
-  const std::vector<uint8_t> d =
-      p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);
-  return encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg,
-                        kCarriesDecision, d.data(), d.size());
+  const giftResult_t rc = encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg,
+                                         flags, d.data(), d.size());
+  p.shard_residual_pending = rc == GIFT_OK && residual;
+  return rc;
 }
 
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
@@ -396,6 +409,16 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
       return rc;
     }
   }
+  bool finite = true;
+  for (int s = 0; s < p.world; ++s) {
+    MessageHeader h;
+    memcpy(&h, gathered + uint64_t(s) * p.layout.message_bytes, sizeof h);
+    finite = finite && !(h.flags & kHoldsNonFinite);
+  }
+  // Commits the call's residuals; without a commit they are dropped (flat is overwritten).
+  if (finite && p.residual_pending) std::swap(p.flat, p.residual);
+  if (finite && p.shard_residual_pending) std::swap(p.sum, p.shard_residual);
+  p.residual_pending = p.shard_residual_pending = false;
   for (int s = 0; s < p.world; ++s) {
     decode_message(p, gathered + uint64_t(s) * p.layout.message_bytes, p.shard_count(s),
                    p.flat.data() + p.layout.shard_begin[s]);
@@ -408,11 +431,11 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   // Every rank reads rank 0's decision from the same gathered bytes, so all switch together.
   MessageHeader zero;
   memcpy(&zero, gathered, sizeof zero);
-  if (zero.flags & kCarriesDecision) {
+  if (finite && (zero.flags & kCarriesDecision)) {
     set_coords(p, std::vector<uint8_t>(gathered + p.layout.extra_at,
                                        gathered + p.layout.extra_at + p.coords.in_gift.size()));
   }
-  if (p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
+  if (finite && p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     std::vector<gift::transport::DumpTensor> tensors;
     for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
       tensors.push_back(

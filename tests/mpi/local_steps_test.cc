@@ -311,6 +311,87 @@ TEST(LocalSteps, NonFiniteInputNamesTheTensor) {
   giftReducePlanDestroy(p);
 }
 
+// Places a value in tensor `t`, element `e` of a bucket, in the tensor's dtype.
+void put(const std::vector<TensorSpec>& specs, Bucket& b, size_t t, uint64_t e, float v) {
+  gift::test::store(specs[t].dtype, v, b[t].data() + e * gift::test::dtype_bytes(specs[t].dtype));
+}
+
+// GIFT_NONFINITE_KEEP: a NaN on one rank and an Inf on another reach every rank as an fp32
+// all-reduce would leave them (NaN, and Inf where E5M2 holds it), every other element stays
+// finite, and the call commits nothing: the next calls give the bytes of a run that never
+// had it. A sum that overflows only on its shard's owner (two finite halves of 3e38) does
+// the same.
+TEST(LocalSteps, KeptNonFiniteReachesEveryRankAndLeavesNoTrace) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  for (const giftFp8Kind_t kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
+    SCOPED_TRACE(kind == GIFT_FP8_E4M3 ? "e4m3" : "e5m2");
+    giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+    c.kind = kind;
+    c.nonfinite = GIFT_NONFINITE_KEEP;
+    const int world = 3;
+    SimulatedWorld clean(c, world, specs), hit(c, world, specs);
+    EXPECT_EQ(clean.allreduce(inputs_for(specs, world, 1)),
+              hit.allreduce(inputs_for(specs, world, 1)));
+    std::vector<Bucket> bad = inputs_for(specs, world, 2);
+    put(specs, bad[1], 5, 17, NAN);      // big.fp32: the second shard
+    put(specs, bad[2], 1, 3, INFINITY);  // b.bf16: the first shard
+    put(specs, bad[0], 6, 100, 3e38f);   // tail.bf16, the last shard: 3e38 + 3e38 = Inf
+    put(specs, bad[1], 6, 100, 3e38f);
+    const std::vector<Bucket> out = hit.allreduce(bad);
+    const std::vector<double> got = gift::test::flat(specs, out[0]);
+    // Flat indices: big.fp32 starts at 231 + 130 + 45 + 1, tail.bf16 999 further.
+    const uint64_t nan_at = 407 + 17, inf_at = 231 + 3, sum_at = 1406 + 100;
+    for (uint64_t i = 0; i < got.size(); ++i) {
+      if (i == nan_at || ((i == inf_at || i == sum_at) && kind == GIFT_FP8_E4M3)) {
+        EXPECT_TRUE(std::isnan(got[i])) << "element " << i;
+      } else if (i == inf_at || i == sum_at) {
+        EXPECT_EQ(got[i], INFINITY) << "element " << i;
+      } else {
+        EXPECT_TRUE(std::isfinite(got[i])) << "element " << i << ": " << got[i];
+      }
+    }
+    for (int r = 1; r < world; ++r) EXPECT_EQ(out[size_t(r)], out[0]) << "rank " << r;
+    for (uint64_t seed = 3; seed < 5; ++seed) {
+      EXPECT_EQ(clean.allreduce(inputs_for(specs, world, seed)),
+                hit.allreduce(inputs_for(specs, world, seed)));
+    }
+  }
+}
+
+// GIFT_NONFINITE_ERROR: the ranks whose step 1 succeeded keep their error feedback as it was
+// when another rank's step 1 fails and the call is abandoned, as a communicator does.
+TEST(LocalSteps, CallAbandonedAfterStepOneLeavesEveryRanksErrorFeedback) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  const int world = 3;
+  SimulatedWorld clean(c, world, specs), hit(c, world, specs);
+  EXPECT_EQ(clean.allreduce(inputs_for(specs, world, 1)),
+            hit.allreduce(inputs_for(specs, world, 1)));
+  std::vector<Bucket> bad = inputs_for(specs, world, 2);
+  put(specs, bad[1], 0, 5, NAN);
+  std::vector<uint8_t> send(uint64_t(world) * hit.message_bytes());
+  for (int r = 0; r < world; ++r) {
+    std::vector<const void*> ptrs;
+    for (const auto& t : bad[size_t(r)]) ptrs.push_back(t.data());
+    EXPECT_EQ(giftReduceEncodeShards(hit.plan(r), ptrs.data(), send.data()),
+              r == 1 ? GIFT_ERROR_NONFINITE_INPUT : GIFT_OK);
+  }
+  for (uint64_t seed = 3; seed < 5; ++seed) {
+    EXPECT_EQ(clean.allreduce(inputs_for(specs, world, seed)),
+              hit.allreduce(inputs_for(specs, world, seed)));
+  }
+}
+
+TEST(LocalSteps, UnknownNonFinitePolicyIsRefused) {
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.nonfinite = giftNonFinite_t(7);
+  const std::vector<TensorSpec> specs = gift::test::tiny_bucket();
+  const std::vector<giftBucketTensor> d = gift::test::describe(specs);
+  giftReducePlan* p = nullptr;
+  EXPECT_EQ(giftReducePlanCreate(&c, 1, 0, d.data(), d.size(), &p), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+}
+
 // ---- GIFT coordinates --------------------------------------------------------------------
 
 using gift::test::BasisPtr;

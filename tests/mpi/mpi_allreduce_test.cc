@@ -261,6 +261,57 @@ void test_dump(const std::string& dir) {
   CHECK(files == 1, "%zu dump files in %s, expected 1 (call 2)", files, dir.c_str());
 }
 
+size_t frames_in(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    n += e.path().extension() == ".gift";
+  }
+  return n;
+}
+
+// A NaN on the last rank: under GIFT_NONFINITE_ERROR every rank fails naming it, and the
+// communicator goes on; under GIFT_NONFINITE_KEEP every rank completes with NaN there and
+// finite values elsewhere, the same bytes everywhere, and no dump of that call.
+void test_nonfinite(const std::string& dir) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  const Bucket in = gift::test::make_input(specs, 5, g_rank);
+  Bucket bad = in;
+  const uint64_t tensor = 5, element = 17, flat_at = 407 + element;  // big.fp32
+  if (g_rank == g_world - 1) gift::test::store(specs[tensor].dtype, NAN, &bad[tensor][4 * element]);
+  giftResult_t rc;
+  {
+    Comm comm(base_config());
+    allreduce(comm.c, specs, bad, &rc);
+    const std::string msg = giftGetLastErrorMessage();
+    const std::string named = "rank " + std::to_string(g_world - 1) + " failed";
+    CHECK(rc == GIFT_ERROR_NONFINITE_INPUT && msg.find(named) != std::string::npos,
+          "error policy: got %d (%s)", int(rc), msg.c_str());
+    allreduce(comm.c, specs, in, &rc);
+    CHECK(rc == GIFT_OK, "after a non-finite call: %s", giftGetLastErrorMessage());
+  }
+  if (g_rank == 0) std::filesystem::create_directories(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  giftAllReduceConfig c = base_config();
+  c.nonfinite = GIFT_NONFINITE_KEEP;
+  c.dump_every = 1;
+  c.dump_path = dir.c_str();
+  Comm comm(c);
+  const Bucket out = allreduce(comm.c, specs, bad, &rc);
+  CHECK(rc == GIFT_OK, "keep policy: %s", giftGetLastErrorMessage());
+  CHECK(same_on_every_rank(out), "keep policy: replicas differ");
+  const std::vector<double> got = gift::test::flat(specs, out);
+  size_t odd = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    odd += i == flat_at ? !std::isnan(got[i]) : !std::isfinite(got[i]);
+  CHECK(odd == 0, "keep policy: %zu elements are not NaN where the input was, finite elsewhere",
+        odd);
+  // Rank 0 dumps; the calls end on every rank when its decode did.
+  if (g_rank == 0) CHECK(frames_in(dir) == 0, "a non-finite result was dumped to %s", dir.c_str());
+  allreduce(comm.c, specs, in, &rc);
+  CHECK(rc == GIFT_OK, "keep policy, the next call: %s", giftGetLastErrorMessage());
+  if (g_rank == 0) CHECK(frames_in(dir) == 1, "no dump in %s of a finite call", dir.c_str());
+}
+
 // A dim x dim second moment of a rank's activations: a shared low-rank part (so every rank's
 // fit is alike) plus the rank's own diagonal, so the ranks' statistics differ.
 std::vector<float> moment(uint32_t dim, int rank) {
@@ -370,6 +421,7 @@ int main(int argc, char** argv) {
   test_error_feedback();
   test_corruption_is_reported_everywhere();
   test_dump(dump_dir);
+  test_nonfinite(dump_dir + "/nonfinite");
   test_basis_agreement();
   int failures = 0;
   MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -57,13 +57,22 @@ typedef struct {
    * ranks by rank 0); EUCLIDEAN never. */
   giftCoordsMode_t coords;
   uint32_t reselect_every;
+  /* NaN or Inf in a bucket. GIFT_NONFINITE_ERROR: the call fails with
+   * GIFT_ERROR_NONFINITE_INPUT naming the tensor and element (on every rank, through a
+   * communicator). GIFT_NONFINITE_KEEP: they travel as the FP8 kind's NaN codes (Inf codes
+   * in E5M2; block scales come from the finite values) and the call completes, every rank
+   * holding a non-finite value wherever a rank had one, as after an fp32 all-reduce (Inf
+   * arrives as NaN in E4M3), so that a loss scaler sees the overflow on every rank and skips
+   * the step. Either way the error feedback and the choice of coordinates stay as they were
+   * (see giftReduceDecodeResult). */
+  giftNonFinite_t nonfinite;
 } giftAllReduceConfig;
 
 #define GIFT_ALLREDUCE_CONFIG_INITIALIZER                                                          \
   {                                                                                                \
     sizeof(giftAllReduceConfig), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, GIFT_FP8_E4M3,            \
         GIFT_BLOCK_DEFAULT, GIFT_SCALE_DTYPE_F32, GIFT_ROUND_NEAREST, 0, GIFT_REDUCE_SUM, 1, 1, 0, \
-        NULL, 0, GIFT_COORDS_MODE_AUTO, 50                                                         \
+        NULL, 0, GIFT_COORDS_MODE_AUTO, 50, GIFT_NONFINITE_ERROR                                   \
   }
 
 /* One tensor of a bucket. ndim 0 is a scalar; a zero in shape makes it empty. */
@@ -104,8 +113,7 @@ GIFT_API giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoord
 GIFT_API uint64_t giftReducePlanMessageBytes(const giftReducePlan* plan);
 
 /* Step 1: tensors[i] is the i-th tensor of the bucket in its dtype; send receives `world`
- * messages, message r for rank r. A step 1 that fails (a non-finite input: NaN or Inf)
- * leaves this rank's error-feedback residual as it was. */
+ * messages, message r for rank r. */
 GIFT_API giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
                                              uint8_t* send);
 
@@ -117,7 +125,13 @@ GIFT_API giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* re
                                          uint8_t* out_msg);
 
 /* Step 5: gathered holds the `world` reduced messages in rank order; out_tensors[i] receives
- * tensor i in its dtype (it may be the input of step 1: in place). */
+ * tensor i in its dtype (it may be the input of step 1: in place).
+ * The error feedback a call computes (both residuals), and the choice of coordinates a
+ * measuring call makes, become the plan's here, and only when the result is finite, which
+ * every rank reads from the same gathered bytes. So a call abandoned before step 5 completes
+ * (a step failed on this rank or another) or whose result holds a NaN or Inf
+ * (GIFT_NONFINITE_KEEP) leaves them as they were on every rank: a loss scaler's skipped step
+ * leaves no trace in the next. Such a result is not dumped either. */
 GIFT_API giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                              void* const* out_tensors);
 
@@ -166,8 +180,8 @@ GIFT_API void giftCommDestroy(giftComm* comm);
 
 /* All-reduce of one flat buffer (send == recv allowed). stream must be NULL for host
  * backends. Collective: every rank calls it with the same count and dtype. An error on any
- * rank is returned on every rank, and the message names the rank and step that failed; each
- * rank keeps the error feedback of the steps it completed (see giftReduceEncodeShards). */
+ * rank is returned on every rank, and the message names the rank and step that failed; the
+ * error feedback then stays as it was (see giftReduceDecodeResult). */
 GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
                                     giftDType_t dtype, void* stream);
 
