@@ -163,6 +163,36 @@ __global__ void record_nonfinite_kernel(const giftEncodeStats* stats, int n, uin
   }
 }
 
+__device__ bool any_holds_nonfinite(const uint8_t* msgs, uint64_t message_bytes, int n) {
+  for (int s = 0; s < n; ++s) {
+    const MessageHeader& h =
+        *reinterpret_cast<const MessageHeader*>(msgs + uint64_t(s) * message_bytes);
+    if (h.flags & transport::kHoldsNonFinite) return true;
+  }
+  return false;
+}
+
+__global__ void mark_nonfinite_kernel(const giftEncodeStats* stats, int n, uint8_t* msgs,
+                                      uint64_t message_bytes, const uint8_t* pieces, int world) {
+  const bool inherited = pieces && any_holds_nonfinite(pieces, message_bytes, world);
+  for (int i = 0; i < n; ++i) {
+    if (inherited || stats[i].nonfinite_count) {
+      reinterpret_cast<MessageHeader*>(msgs + uint64_t(i) * message_bytes)->flags |=
+          transport::kHoldsNonFinite;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    commit_if_finite_kernel(const uint8_t* msgs, uint64_t message_bytes, int world,
+                            const float* src, float* dst, uint64_t count) {
+  __shared__ bool finite;
+  if (threadIdx.x == 0) finite = !any_holds_nonfinite(msgs, message_bytes, world);
+  __syncthreads();
+  if (!finite) return;
+  for (uint64_t i = thread_index(); i < count; i += thread_stride()) dst[i] = src[i];
+}
+
 // Thread blocks for a grid-stride loop over `work` items: enough to fill the device, no
 // more than there is work for.
 giftResult_t blocks_for(uint64_t work, unsigned* out) {
@@ -259,6 +289,25 @@ giftResult_t record_nonfinite(const giftEncodeStats* stats, int n, uint64_t call
                               ReduceRecord* record, cudaStream_t stream) {
   record_nonfinite_kernel<<<1, 1, 0, stream>>>(stats, n, call, step, record);
   GIFT_CUDA_LAUNCHED(record_nonfinite_kernel);
+  return GIFT_OK;
+}
+
+giftResult_t mark_nonfinite(const giftEncodeStats* stats, int n, uint8_t* msgs,
+                            uint64_t message_bytes, const uint8_t* pieces, int world,
+                            cudaStream_t stream) {
+  mark_nonfinite_kernel<<<1, 1, 0, stream>>>(stats, n, msgs, message_bytes, pieces, world);
+  GIFT_CUDA_LAUNCHED(mark_nonfinite_kernel);
+  return GIFT_OK;
+}
+
+giftResult_t commit_if_finite(const uint8_t* msgs, uint64_t message_bytes, int world,
+                              const float* src, float* dst, uint64_t count, cudaStream_t stream) {
+  if (count == 0) return GIFT_OK;
+  unsigned blocks = 0;
+  if (const giftResult_t r = blocks_for(count, &blocks)) return r;
+  commit_if_finite_kernel<<<blocks, kThreads, 0, stream>>>(msgs, message_bytes, world, src, dst,
+                                                           count);
+  GIFT_CUDA_LAUNCHED(commit_if_finite_kernel);
   return GIFT_OK;
 }
 

@@ -89,4 +89,17 @@ giftResult_t check_headers(const uint8_t* msgs, uint64_t message_bytes, int worl
 giftResult_t record_nonfinite(const giftEncodeStats* stats, int n, uint64_t call, uint32_t step,
                               ReduceRecord* record, cudaStream_t stream);
 
+// Sets transport::kHoldsNonFinite in the header of message i of the n at msgs whose encode's
+// statistics stats[i] counted a non-finite value, or in all n when one of the `world` pieces
+// (NULL: none) they were summed from carries it: the CPU plan's header flags.
+giftResult_t mark_nonfinite(const giftEncodeStats* stats, int n, uint8_t* msgs,
+                            uint64_t message_bytes, const uint8_t* pieces, int world,
+                            cudaStream_t stream);
+
+// dst[i] = src[i] for count elements unless one of the `world` messages at msgs carries
+// transport::kHoldsNonFinite: a call's residual becomes the plan's only when its result is
+// finite (dst may not overlap src).
+giftResult_t commit_if_finite(const uint8_t* msgs, uint64_t message_bytes, int world,
+                              const float* src, float* dst, uint64_t count, cudaStream_t stream);
+
 }  // namespace gift::kernels

@@ -15,7 +15,7 @@ namespace gift::transport {
 giftResult_t read_config(const giftAllReduceConfig* config, giftAllReduceConfig* out);
 
 // read_config for the device path: NULL gives the defaults without integrity checksums,
-// and what the device does not do (checksums, dumps, carrying non-finite values) is refused.
+// and what the device does not do (checksums, dumps) is refused.
 giftResult_t read_device_config(const giftAllReduceConfig* config, giftAllReduceConfig* out);
 
 // The codec parameters of every encode of a plan: block scales as the config says.

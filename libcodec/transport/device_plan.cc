@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cinttypes>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -44,10 +45,16 @@ struct giftReduceDevicePlan {
   std::vector<uint8_t> host_extra;  // the estimates or the decision read back from messages
 
   std::vector<void*> allocations;
-  float* flat = nullptr;             // the bucket in fp32 plus the residual (see encode_source)
-  float* residual = nullptr;         // error feedback of this rank's encode, over the bucket
-  float* sum = nullptr;              // this rank's shard: the sum being reduced
-  float* shard_residual = nullptr;   // error feedback of the reduced shard's encode
+  // A call's residuals wait in the work buffers until step 5 copies them over the plan's, if
+  // the result is finite (as on the CPU, which swaps instead: the device decides without the
+  // host): flat holds this call's encode residual from step 1, sum the reduced shard's from
+  // step 3, each while its flag is set.
+  float* flat = nullptr;            // the bucket in fp32 plus the residual
+  float* residual = nullptr;        // error feedback of this rank's encode, over the bucket
+  float* sum = nullptr;             // this rank's shard: the sum being reduced
+  float* shard_residual = nullptr;  // error feedback of the reduced shard's encode
+  bool residual_pending = false;
+  bool shard_residual_pending = false;
   uint64_t* shard_begin = nullptr;   // layout.shard_begin, for the header kernels
   giftEncodeStats* stats = nullptr;  // world scatter encodes, then the gather encode
   void* workspace = nullptr;
@@ -148,6 +155,7 @@ giftResult_t set_coords(giftReduceDevicePlan& p, const std::vector<uint8_t>& in_
                         cudaStream_t stream) {
   std::vector<std::pair<uint64_t, uint64_t>> changed;
   if (p.shard_residual) changed = p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift);
+  p.shard_residual_pending = false;  // a call's uncommitted one goes with it
   // Chosen first, so that the choice matches the whiteners even if a reset below fails.
   p.coords.choose(in_gift);
   for (const auto& [b, e] : changed) {
@@ -185,6 +193,19 @@ giftResult_t encode_message(giftReduceDevicePlan& p, uint32_t step, int shard, c
   if (!residual) return GIFT_OK;
   return kn::encode_residual(codes, scales, p.e8m0(), p.params.kind, p.params.block,
                              static_cast<const float*>(values), residual, count, stream);
+}
+
+// After a step's encodes (n statistics, for the n messages at msgs, summed from `pieces` or
+// NULL): the messages that hold a non-finite value say so, and under GIFT_NONFINITE_ERROR the
+// record counts them for the status query.
+giftResult_t note_nonfinite(giftReduceDevicePlan& p, uint32_t step, const giftEncodeStats* stats,
+                            int n, uint8_t* msgs, const uint8_t* pieces, cudaStream_t stream) {
+  if (const giftResult_t rc =
+          kn::mark_nonfinite(stats, n, msgs, p.layout.message_bytes, pieces, p.world, stream)) {
+    return rc;
+  }
+  if (p.params.nonfinite == GIFT_NONFINITE_KEEP) return GIFT_OK;
+  return kn::record_nonfinite(stats, n, p.call, step, p.record, stream);
 }
 
 // A step's end on its stream: the plan's `done` event is recorded there however the step
@@ -363,6 +384,7 @@ giftResult_t giftReduceDevicePlanLoadState(giftReduceDevicePlan* plan, const voi
   GIFT_CUDA_TRY(cudaDeviceSynchronize());
   p.call = call;
   p.measuring = false;
+  p.residual_pending = p.shard_residual_pending = false;
   tr::load_state_coords(l, state, &p.coords);
   return GIFT_OK;
 }
@@ -374,6 +396,7 @@ giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void
   StepEnd end(p, stream);
   // Every call advances the counter, failed ones too, as on the CPU.
   ++p.call;
+  p.residual_pending = p.shard_residual_pending = false;
   if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, tensors)) return rc;
   if (const giftResult_t rc = check_messages(send, "send")) return rc;
   const void* src = p.flat;
@@ -427,20 +450,22 @@ giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void
   for (int r = 0; r < p.world; ++r) {
     const uint64_t begin = p.layout.shard_begin[r];
     const void* values = static_cast<const char*>(src) + begin * dtype_size(dtype);
+    // The residual replaces the values in flat (with error feedback, src is flat).
     if (const giftResult_t rc = encode_message(p, tr::kScatter, r, values, dtype, p.count(r),
-                                               p.residual ? p.residual + begin : nullptr,
-                                               p.stats + r, send + uint64_t(r) * m, stream)) {
+                                               p.residual ? p.flat + begin : nullptr, p.stats + r,
+                                               send + uint64_t(r) * m, stream)) {
       return rc;
     }
   }
   // The residual goes back to original coordinates, as on the CPU.
   if (p.residual) {
-    if (const giftResult_t rc = apply_coords(p, p.residual, true, stream)) return rc;
+    if (const giftResult_t rc = apply_coords(p, p.flat, true, stream)) return rc;
   }
   if (const giftResult_t rc =
-          kn::record_nonfinite(p.stats, p.world, p.call, tr::kScatter, p.record, stream)) {
+          note_nonfinite(p, tr::kScatter, p.stats, p.world, send, nullptr, stream)) {
     return rc;
   }
+  p.residual_pending = p.residual != nullptr;
   return end.finish();
 }
 
@@ -496,15 +521,17 @@ giftResult_t giftReduceSumShardDevice(giftReduceDevicePlan* plan, const uint8_t*
     GIFT_CUDA_TRY(cudaMemcpyAsync(out_msg + p.layout.extra_at, decision.data(), decision.size(),
                                   cudaMemcpyHostToDevice, stream));
   }
-  if (const giftResult_t rc =
-          encode_message(p, tr::kGather, p.rank, p.sum, GIFT_DTYPE_F32, count, p.shard_residual,
-                         p.stats + p.world, out_msg, stream)) {
+  // The new residual replaces the sum it comes from.
+  float* residual = p.shard_residual ? p.sum : nullptr;
+  if (const giftResult_t rc = encode_message(p, tr::kGather, p.rank, p.sum, GIFT_DTYPE_F32, count,
+                                             residual, p.stats + p.world, out_msg, stream)) {
     return rc;
   }
   if (const giftResult_t rc =
-          kn::record_nonfinite(p.stats + p.world, 1, p.call, tr::kGather, p.record, stream)) {
+          note_nonfinite(p, tr::kGather, p.stats + p.world, 1, out_msg, recv, stream)) {
     return rc;
   }
+  p.shard_residual_pending = residual != nullptr;
   return end.finish();
 }
 
@@ -521,6 +548,20 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
                             header(p, tr::kGather), p.record, stream)) {
     return rc;
   }
+  // The residuals are committed before flat receives the result.
+  if (p.residual_pending) {
+    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.flat, p.residual,
+                                                     p.bucket.offset.back(), stream)) {
+      return rc;
+    }
+  }
+  if (p.shard_residual_pending) {
+    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.sum, p.shard_residual,
+                                                     p.count(p.rank), stream)) {
+      return rc;
+    }
+  }
+  p.residual_pending = p.shard_residual_pending = false;
   // One tensor in original coordinates is decoded straight into its dtype: the decoder rounds
   // each fp32 value as the conversion from the fp32 buffer would.
   const bool direct = p.bucket.dtypes.size() == 1 && !p.coords.in_gift[0];
@@ -547,17 +588,22 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
     }
   }
   // Every rank reads rank 0's decision from the same gathered bytes, so all switch together
-  // (read back only on measuring calls: only those carry one).
+  // (read back only on measuring calls: only those carry one), unless the result is not
+  // finite, as on the CPU.
   if (p.measuring) {
     p.measuring = false;
-    tr::MessageHeader zero;
     const size_t n = p.coords.in_gift.size();
     p.host_extra.resize(n);
-    GIFT_CUDA_TRY(cudaMemcpyAsync(&zero, gathered, sizeof zero, cudaMemcpyDeviceToHost, stream));
+    std::vector<uint32_t> flags(size_t(p.world));
+    GIFT_CUDA_TRY(cudaMemcpy2DAsync(
+        flags.data(), sizeof(uint32_t), gathered + offsetof(tr::MessageHeader, flags), m,
+        sizeof(uint32_t), size_t(p.world), cudaMemcpyDeviceToHost, stream));
     GIFT_CUDA_TRY(cudaMemcpyAsync(p.host_extra.data(), gathered + p.layout.extra_at, n,
                                   cudaMemcpyDeviceToHost, stream));
     GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
-    if (zero.flags & tr::kCarriesDecision) {
+    bool finite = true;
+    for (const uint32_t f : flags) finite = finite && !(f & tr::kHoldsNonFinite);
+    if (finite && (flags[0] & tr::kCarriesDecision)) {
       if (const giftResult_t rc = set_coords(p, p.host_extra, stream)) return rc;
     }
   }

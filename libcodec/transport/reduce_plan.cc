@@ -180,6 +180,16 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
   return p.coords.check_header(h, sender, step);
 }
 
+// Whether any of the `world` messages at `msgs` holds a non-finite value.
+bool holds_nonfinite(const giftReducePlan& p, const uint8_t* msgs) {
+  for (int s = 0; s < p.world; ++s) {
+    MessageHeader h;
+    memcpy(&h, msgs + uint64_t(s) * p.layout.message_bytes, sizeof h);
+    if (h.flags & kHoldsNonFinite) return true;
+  }
+  return false;
+}
+
 void decode_message(const giftReducePlan& p, const uint8_t* msg, uint64_t count, float* dst) {
   if (count == 0) return;
   giftDecode(&p.ctx, &p.params, msg + p.layout.codes_at, msg + p.layout.scales_at,
@@ -380,14 +390,15 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   if (residual) {
     for (uint64_t i = 0; i < count; ++i) p.sum[i] += p.shard_residual[i];
   }
+  // A reduced shard holds what its pieces held, whatever its own encode saw.
+  uint32_t flags = holds_nonfinite(p, recv) ? kHoldsNonFinite : 0;
   // Rank 0 receives every rank's estimates on a measuring call and sends back the decision.
   MessageHeader first;
   memcpy(&first, recv, sizeof first);
-  uint32_t flags = 0;
   std::vector<uint8_t> d;
   if (first.flags & kCarriesEstimates) {
     d = p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);
-    flags = kCarriesDecision;
+    flags |= kCarriesDecision;
   }
   const giftResult_t rc = encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg,
                                          flags, d.data(), d.size());
@@ -409,12 +420,7 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
       return rc;
     }
   }
-  bool finite = true;
-  for (int s = 0; s < p.world; ++s) {
-    MessageHeader h;
-    memcpy(&h, gathered + uint64_t(s) * p.layout.message_bytes, sizeof h);
-    finite = finite && !(h.flags & kHoldsNonFinite);
-  }
+  const bool finite = !holds_nonfinite(p, gathered);
   // Commits the call's residuals; without a commit they are dropped (flat is overwritten).
   if (finite && p.residual_pending) std::swap(p.flat, p.residual);
   if (finite && p.shard_residual_pending) std::swap(p.sum, p.shard_residual);

@@ -498,21 +498,29 @@ class ReducePlan:
     on it, whose buffers are CUDA tensors there and whose steps are enqueued on the current
     torch stream, writing the host plan's message bytes (without integrity checksums, which
     device plans do not have: integrity defaults to False there and True on the host). What
-    a device plan's data held (non-finite values, messages of another call or basis) is
-    reported by status(), which waits for its steps. Device plans take a basis and save and
-    load their state as host plans do, with the same bytes: a state saved from a host plan
-    loads into a device plan of the same bucket, and back (set_basis, save_state and
-    load_state wait for a device plan's enqueued steps). Buffers are used in place.
+    a device plan's data held (non-finite values unless kept, messages of another call or
+    basis) is reported by status(), which waits for its steps. Device plans take a basis and
+    save and load their state as host plans do, with the same bytes: a state saved from a
+    host plan loads into a device plan of the same bucket, and back (set_basis, save_state
+    and load_state wait for a device plan's enqueued steps). Buffers are used in place.
 
     coords (auto, gift or euclidean) and reselect_every take effect once a basis is set
     (set_basis): a matrix the basis covers by name, whose last dimension is its whitener's
     width, travels whitened always (gift) or where the estimates summed over the ranks say it
     helps (auto: measured on the first call after set_basis and every reselect_every calls,
-    decided by rank 0 for all). Every rank must set the same basis."""
+    decided by rank 0 for all). Every rank must set the same basis.
+
+    keep_nonfinite False: a NaN or Inf in the bucket fails encode_shards (GiftError naming
+    the tensor and element; the other ranks then wait in their exchange unless the caller
+    tells them). True: they travel as FP8 NaN codes (Inf in E5M2) and every rank's result
+    holds a NaN or Inf wherever a rank had one, as after an fp32 all-reduce. Either way a
+    call whose result is not finite, or that never reaches decode_result, leaves the error
+    feedback and the choice of coordinates as they were."""
 
     def __init__(self, world, rank, tensors, fp8="e4m3", block=128, scale_dtype="f32",
                  rounding="nearest", seed=0, op="avg", error_feedback=True, integrity=None,
-                 threads=0, coords="auto", reselect_every=50, device=None):
+                 threads=0, coords="auto", reselect_every=50, keep_nonfinite=False,
+                 device=None):
         if device is not None:
             import torch
             device = torch.device(device)
@@ -529,6 +537,7 @@ class ReducePlan:
             "op": _choice("op", _REDUCE_OPS, op), "error_feedback": bool(error_feedback),
             "integrity": bool(integrity), "threads": int(threads),
             "coords": _choice("coords", _COORDS, coords), "reselect_every": int(reselect_every),
+            "nonfinite": 1 if keep_nonfinite else 0,
         }
         self._specs = []
         for name, dtype, shape in tensors:
@@ -631,8 +640,9 @@ class ReducePlan:
 
     def status(self):
         """Raises GiftError for what a device plan's steps saw since the last status (a
-        non-finite value in an input or a sum, a message of another call or shard), after
-        waiting for them. Host steps raise at once, so on the host this does nothing."""
+        non-finite value in an input or a sum unless kept, a message of another call or
+        shard), after waiting for them. Host steps raise at once, so on the host this does
+        nothing."""
         with _on(self.device):
             self._plan.status()
 

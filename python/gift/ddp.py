@@ -29,7 +29,11 @@ to new ones at the step's last bucket, and the plans follow DDP's layout again.
 
 The hook returns the average (the sum divided by the world size, as DDP's default hook); the
 collectives run inside the hook (for CUDA buckets, enqueued on the current stream, which the
-future carries). Device plans report what their data held (non-finite values) once per
+future carries). Non-finite gradients travel as through DDP's own all-reduce: every rank
+ends the step with a NaN (or Inf) wherever a rank had one, so that a loss scaler (GradScaler)
+sees the overflow on every rank and skips the step everywhere, and such a step leaves the
+error feedback and the choice of coordinates as they were (ReducePlan's keep_nonfinite).
+Device plans report what else their data held (messages of another call or basis) once per
 step, at the last bucket, which waits for the device; the error is raised there.
 
 GIFT coordinates (coords="auto" or "gift"): state.attach(model) puts a forward pre-hook on
@@ -84,7 +88,7 @@ class GiftState:
         self.config = dict(fp8=fp8, block=block, scale_dtype=scale_dtype, rounding=rounding,
                            seed=seed, op="avg", error_feedback=error_feedback,
                            integrity=integrity, threads=threads, coords=coords,
-                           reselect_every=reselect_every)
+                           reselect_every=reselect_every, keep_nonfinite=True)
         self.coords = coords
         self.start_iter = start_iter
         self.refresh_every = refresh_every
@@ -133,6 +137,8 @@ class GiftState:
         # States pickled before the plans followed DDP's settled layout: none settled yet.
         d.setdefault("_groups", [])
         d.setdefault("_quiet", 0)
+        # States pickled before non-finite gradients travelled.
+        d["config"].setdefault("keep_nonfinite", True)
         self.__dict__.update(d)
         self.process_group = None
         self._transient()
@@ -458,7 +464,7 @@ def gift_hook(state, bucket):
             state._waiting.append([fut, buf, {key for key, _ in layout.pieces}])
             done = state._regroup(layout, buf, world, dist.get_rank(group))
     except BaseException:
-        # The step is abandoned (a non-finite gradient, say): the next starts afresh.
+        # The step is abandoned (a failed exchange, say): the next starts afresh.
         state._waiting, state._pending = [], {}
         raise
     for w in done:

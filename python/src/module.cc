@@ -444,6 +444,7 @@ class ReducePlan {
     c.threads = config["threads"].cast<int>();
     c.coords = giftCoordsMode_t(config["coords"].cast<int>());
     c.reselect_every = config["reselect_every"].cast<uint32_t>();
+    c.nonfinite = giftNonFinite_t(config["nonfinite"].cast<int>());
     std::vector<giftBucketTensor> d;
     for (const auto& [name, dtype, shape] : tensors_) {
       d.push_back({name.c_str(), giftDType_t(dtype), uint32_t(shape.size()), shape.data()});

@@ -282,6 +282,62 @@ TEST_F(DevicePlanStatus, ReportsNonFiniteInputAndMisroutedMessages) {
   giftReduceDevicePlanDestroy(p);
 }
 
+// GIFT_NONFINITE_KEEP: a NaN travels (its messages say so), the status reports nothing, the
+// result holds the NaN there, and the call commits no residual: the next call's result is
+// the first call's without it.
+TEST_F(DevicePlanStatus, KeptNonFiniteIsNoErrorAndCommitsNothing) {
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.integrity = 0;
+  c.nonfinite = GIFT_NONFINITE_KEEP;
+  uint64_t n = 300;
+  const giftBucketTensor t = {"x", GIFT_DTYPE_F32, 1, &n};
+  giftReduceDevicePlan* p = nullptr;
+  ASSERT_EQ(giftReduceDevicePlanCreate(&c, 1, 0, &t, 1, &p), GIFT_OK) << giftGetLastErrorMessage();
+  const uint64_t m = giftReduceDevicePlanMessageBytes(p);
+  std::vector<float> x(n);
+  for (uint64_t i = 0; i < n; ++i) x[i] = 0.1f * float(i % 7) - 0.3f;  // not all exact in FP8
+  DeviceBuffer<float> d_x;
+  DeviceBuffer<uint8_t> send, reduced;
+  CUDA_CHECK(d_x.Alloc(n));
+  CUDA_CHECK(send.Alloc(m));
+  CUDA_CHECK(reduced.Alloc(m));
+  const void* in[] = {d_x.get()};
+  void* out[] = {d_x.get()};
+  const auto call = [&](const std::vector<float>& values, std::vector<float>* result) {
+    CUDA_CHECK(d_x.Upload(values));
+    EXPECT_EQ(giftReduceEncodeShardsDevice(p, in, send.get(), nullptr), GIFT_OK);
+    EXPECT_EQ(giftReduceSumShardDevice(p, send.get(), reduced.get(), nullptr), GIFT_OK);
+    EXPECT_EQ(giftReduceDecodeResultDevice(p, reduced.get(), out, nullptr), GIFT_OK);
+    EXPECT_EQ(giftReduceDevicePlanStatus(p), GIFT_OK) << giftGetLastErrorMessage();
+    CUDA_CHECK(d_x.Download(result));
+  };
+  std::vector<float> first, poisoned, after;
+  call(x, &first);
+  std::vector<float> bad = x;
+  bad[17] = NAN;
+  call(bad, &poisoned);
+  std::vector<uint8_t> msgs;
+  CUDA_CHECK(reduced.Download(&msgs));
+  gift::transport::MessageHeader h;
+  memcpy(&h, msgs.data(), sizeof h);
+  EXPECT_TRUE(h.flags & gift::transport::kHoldsNonFinite);
+  for (uint64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(std::isnan(poisoned[i]), i == 17) << "element " << i;
+  }
+  // A fresh plan's second call on x equals this plan's next call: the NaN call left nothing.
+  giftReduceDevicePlan* q = nullptr;
+  ASSERT_EQ(giftReduceDevicePlanCreate(&c, 1, 0, &t, 1, &q), GIFT_OK);
+  std::swap(p, q);
+  std::vector<float> expected;
+  call(x, &first);
+  call(x, &expected);
+  std::swap(p, q);
+  call(x, &after);
+  EXPECT_EQ(after, expected);
+  giftReduceDevicePlanDestroy(q);
+  giftReduceDevicePlanDestroy(p);
+}
+
 // Refused before any device work, so this runs without a GPU.
 TEST(DevicePlanConfig, RefusesIntegrityAndDumps) {
   uint64_t n = 10;

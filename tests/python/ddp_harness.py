@@ -43,6 +43,56 @@ def train_steps(ddp, model, opt, steps, batch_of, world, what):
     return loss.item() / world
 
 
+def _scaled_steps(ddp, batch_of, bias, steps, world, overflow_at):
+    """Steps under a loss scaler's rule (GradScaler's: a step whose gradients are not all
+    finite is skipped), through the gift hook, on `ddp` (a fresh wrapper of a fresh model).
+    At step `overflow_at` the last rank's gradient of element 3 of `bias` overflows to Inf.
+    Returns the parameters and the steps skipped."""
+    model = ddp.module
+    ddp.register_comm_hook(gift.ddp.GiftState(), gift.ddp.gift_hook)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    names = {id(p): name for name, p in model.named_parameters()}
+    skipped = []
+    for step in steps:
+        hook = None
+        if step == overflow_at and dist.get_rank() == world - 1:
+            hook = bias.register_hook(lambda g: g.index_fill(0, torch.tensor([3], device=g.device),
+                                                              float("inf")))
+        x, y = batch_of(step)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if hook is not None:
+            hook.remove()
+        if all(torch.isfinite(p.grad).all() for p in model.parameters()):
+            opt.step()
+        else:
+            skipped.append(step)
+            bad = [(names[id(p)], (~torch.isfinite(p.grad)).nonzero().reshape(-1).tolist())
+                   for p in model.parameters() if not torch.isfinite(p.grad).all()]
+            assert bad == [(names[id(bias)], [3])], f"step {step}: non-finite gradients {bad}"
+        check_replicas(model, world, f"loss scaler, step {step}")
+    return flat_params(model), skipped
+
+
+def check_overflow_skips_the_step(rank, world, new_ddp, batch_of, bias_of):
+    """One rank's overflow reaches every rank as the NaN at its place (E4M3 has no Inf), as
+    through DDP's own all-reduce, and nowhere else; every rank skips that step, and the run
+    then goes on exactly as a run that never had the step: it left no error feedback.
+    new_ddp() gives a fresh DDP wrapper of a freshly seeded model, batch_of(step) a step's
+    batch, bias_of(model) the parameter that overflows."""
+    ddp = new_ddp()
+    got, skipped = _scaled_steps(ddp, batch_of, bias_of(ddp.module), range(8), world, 5)
+    assert skipped == [5], f"skipped steps {skipped}, expected [5]"
+    ddp = new_ddp()
+    expected, _ = _scaled_steps(ddp, batch_of, bias_of(ddp.module),
+                                [s for s in range(8) if s != 5], world, None)
+    assert torch.equal(got, expected), "the run with the skipped step differs from the one without"
+    if rank == 0:
+        print("loss scaler: the overflow reached every rank at its place, the step was skipped "
+              "everywhere and left no trace", flush=True)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

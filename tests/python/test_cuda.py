@@ -54,6 +54,11 @@ def sample(shape, dtype, seed):
     return x.to(dtype)
 
 
+def bits(t):
+    """The tensor's bits, so that equal NaNs compare equal."""
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
 class Cuda(unittest.TestCase):
     def test_encode_and_decode_tensor_give_the_hosts_bytes_and_values(self):
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -105,9 +110,16 @@ class Cuda(unittest.TestCase):
                         f.decode("a.weight", dtype="float16"))))
 
     def test_device_plan_writes_the_host_plans_bytes(self):
+        self._compare_plans(dict(rounding="stochastic", seed=5, integrity=False))
+        # Kept NaN and Inf on two ranks in call 1: the same NaN codes, header flags and
+        # results as the host plans, and no residual committed (calls 2 and 3 agree too).
+        for fp8 in ("e4m3", "e5m2"):
+            self._compare_plans(dict(fp8=fp8, integrity=False, keep_nonfinite=True),
+                                nonfinite_call=1)
+
+    def _compare_plans(self, config, nonfinite_call=None):
         world = 3
         specs = [("w", "float32", (40, 50)), ("b", "float16", (50,)), ("e", "bfloat16", (7, 33))]
-        config = dict(rounding="stochastic", seed=5, integrity=False)
         hosts = [gift.ReducePlan(world, r, specs, **config) for r in range(world)]
         devices = [gift.ReducePlan(world, r, specs, device="cuda", **config)
                    for r in range(world)]
@@ -116,6 +128,9 @@ class Cuda(unittest.TestCase):
         for call in range(4):
             inputs = [[sample(shape, getattr(torch, dtype), 100 * call + r)
                        for _, dtype, shape in specs] for r in range(world)]
+            if call == nonfinite_call:
+                inputs[1][0][3, 7] = float("nan")
+                inputs[2][1][49] = float("-inf")
             results = []
             for plans, where in ((hosts, "cpu"), (devices, "cuda")):
                 values = [[t.to(where, copy=True) for t in x] for x in inputs]
@@ -133,7 +148,18 @@ class Cuda(unittest.TestCase):
                 self.assertTrue(torch.equal(d_reduced[r].cpu(), h_reduced[r]),
                                 f"{where}: reduced shard")
                 for (name, _, _), want, got in zip(specs, h_values[r], d_values[r]):
-                    self.assertTrue(torch.equal(got.cpu(), want), f"{where}: {name}")
+                    self.assertTrue(torch.equal(bits(got.cpu()), bits(want)), f"{where}: {name}")
+            if call == nonfinite_call:
+                w, b = h_values[0][0], h_values[0][1]
+                self.assertEqual((~torch.isfinite(w)).nonzero().tolist(), [[3, 7]])
+                self.assertTrue(w[3, 7].isnan())
+                self.assertEqual((~torch.isfinite(b)).nonzero().reshape(-1).tolist(), [49])
+                if config["fp8"] == "e5m2":
+                    self.assertEqual(b[49].item(), float("-inf"))
+                else:
+                    self.assertTrue(b[49].isnan())
+        if nonfinite_call is not None:
+            return
         bad = gift.ReducePlan(1, 0, specs[:1], device="cuda")
         x = [torch.full((40, 50), float("inf"), device="cuda")]
         send = bad.encode_shards(x)

@@ -8,7 +8,9 @@ compressed bucket ends as the host plans' steps replayed on every rank's recorde
 (stochastic rounding, error feedback, DDP's bucket rebuild after the first step), and that a
 bucket of 300 tensors has its gradients walked once, not every step. Then that
 a run checkpointed mid-way (the state pickled, a new DDP wrapper) continues exactly as the
-uninterrupted run, and that uneven inputs under DDP.join() finish with identical replicas.
+uninterrupted run, that uneven inputs under DDP.join() finish with identical replicas, and
+that one rank's overflowing gradient makes every rank skip the step under a loss scaler's
+rule, without a trace in the steps after.
 
 Usage: test_ddp.py --world N (with PYTHONPATH=<build>/python). Exits 77 (skipped) without
 torch.
@@ -245,6 +247,12 @@ def test_uneven_inputs_with_join(rank, world):
               flush=True)
 
 
+def test_overflow_skips_the_step_everywhere(rank, world):
+    ddp_harness.check_overflow_skips_the_step(
+        rank, world, lambda: DDP(new_model("mlp")), lambda step: batch("mlp", rank, step),
+        lambda model: model.net[2].bias)
+
+
 def all_tests(rank, world, tmp):
     test_convergence_and_bytes(rank, world, "mlp")
     test_convergence_and_bytes(rank, world, "transformer")
@@ -254,6 +262,7 @@ def all_tests(rank, world, tmp):
     test_checkpoint_resumes_bit_for_bit(rank, world, tmp)
     test_frozen_and_cast_parameters(rank, world)
     test_uneven_inputs_with_join(rank, world)
+    test_overflow_skips_the_step_everywhere(rank, world)
 
 
 def main():

@@ -8,7 +8,8 @@ every rank's recorded input (so the device path gives the CPU path's values, wit
 feedback and stochastic rounding, through DDP's bucket rebuild); the loss going down; in GIFT
 coordinates (coords="auto", moments collected on the GPU, bases refitted and broadcast over
 the process group), the same replay with the plans' bases, the same basis and coordinates on
-every rank and some weight whitened; and a run checkpointed mid-way (the GiftState pickled
+every rank and some weight whitened; one rank's overflowing gradient skipped by every rank
+under a loss scaler's rule, leaving no trace; and a run checkpointed mid-way (the GiftState pickled
 with its device plans' states) resuming bit for bit, on the GPU and, from the same
 checkpoint, on host plans (the hook's state bytes are the same on CPU and GPU).
 
@@ -221,8 +222,17 @@ def test_cuda_checkpoint_state_loads_into_host_plans(rank, world):
               flush=True)
 
 
+def test_overflow_on_cuda_buckets(rank, world):
+    device = torch.device("cuda", torch.cuda.current_device())
+    ddp_harness.check_overflow_skips_the_step(
+        rank, world,
+        lambda: DDP(new_model(device), device_ids=[device.index], bucket_cap_mb=0.05),
+        lambda step: batch(rank, step, device), lambda model: model[2].bias)
+
+
 def all_tests(rank, world, tmp):
     test_hook_on_cuda_buckets(rank, world)
+    test_overflow_on_cuda_buckets(rank, world)
     test_coords_on_cuda_buckets(rank, world)
     test_checkpoint_on_cuda_buckets(rank, world, tmp)
     test_cuda_checkpoint_state_loads_into_host_plans(rank, world)

@@ -16,8 +16,9 @@
  * into the other.
  *
  * Like gift_cuda.h, each step enqueues work on `stream` and returns once it is enqueued:
- * argument and launch errors come back at once; what the data holds (non-finite values,
- * messages that are not this call's shard or are in another basis) is recorded on the device
+ * argument and launch errors come back at once; what the data holds (non-finite values under
+ * GIFT_NONFINITE_ERROR, messages that are not this call's shard or are in another basis) is
+ * recorded on the device
  * and reported by giftReduceDevicePlanStatus, which waits for the plan's work. Nothing else
  * synchronizes, except: with GIFT_COORDS_MODE_AUTO, a measuring call (the first with a basis
  * and every reselect_every-th) waits for `stream` three times (the input read back for the
@@ -73,8 +74,8 @@ GIFT_API giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan,
  * status: GIFT_ERROR_CORRUPT_INPUT (a received message was not this call's shard),
  * GIFT_ERROR_BASIS_MISSING (a received message was in another basis or chose other tensors
  * for GIFT coordinates) or GIFT_ERROR_NONFINITE_INPUT (NaN or Inf in an input or a reduced
- * sum), in that order, naming the first call, step and rank; GIFT_OK otherwise. The record is
- * cleared. */
+ * sum, under GIFT_NONFINITE_ERROR), in that order, naming the first call, step and rank;
+ * GIFT_OK otherwise. The record is cleared. */
 GIFT_API giftResult_t giftReduceDevicePlanStatus(giftReduceDevicePlan* plan);
 
 /* giftReducePlanSetBasis for a device plan: the same eligibility, modes and residual rules;
