@@ -185,11 +185,15 @@ __global__ void mark_nonfinite_kernel(const giftEncodeStats* stats, int n, uint8
 
 __global__ void __launch_bounds__(kThreads)
     commit_if_finite_kernel(const uint8_t* msgs, uint64_t message_bytes, int world,
-                            const float* src, float* dst, uint64_t count) {
-  __shared__ bool finite;
-  if (threadIdx.x == 0) finite = !any_holds_nonfinite(msgs, message_bytes, world);
+                            const ReduceRecord* record, const float* src, float* dst,
+                            uint64_t count) {
+  __shared__ bool commit;
+  if (threadIdx.x == 0) {
+    commit = !any_holds_nonfinite(msgs, message_bytes, world) && record->bad_messages == 0 &&
+             record->bad_basis == 0;
+  }
   __syncthreads();
-  if (!finite) return;
+  if (!commit) return;
   for (uint64_t i = thread_index(); i < count; i += thread_stride()) dst[i] = src[i];
 }
 
@@ -301,12 +305,13 @@ giftResult_t mark_nonfinite(const giftEncodeStats* stats, int n, uint8_t* msgs,
 }
 
 giftResult_t commit_if_finite(const uint8_t* msgs, uint64_t message_bytes, int world,
-                              const float* src, float* dst, uint64_t count, cudaStream_t stream) {
+                              const ReduceRecord* record, const float* src, float* dst,
+                              uint64_t count, cudaStream_t stream) {
   if (count == 0) return GIFT_OK;
   unsigned blocks = 0;
   if (const giftResult_t r = blocks_for(count, &blocks)) return r;
-  commit_if_finite_kernel<<<blocks, kThreads, 0, stream>>>(msgs, message_bytes, world, src, dst,
-                                                           count);
+  commit_if_finite_kernel<<<blocks, kThreads, 0, stream>>>(msgs, message_bytes, world, record, src,
+                                                           dst, count);
   GIFT_CUDA_LAUNCHED(commit_if_finite_kernel);
   return GIFT_OK;
 }

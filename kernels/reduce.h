@@ -97,9 +97,12 @@ giftResult_t mark_nonfinite(const giftEncodeStats* stats, int n, uint8_t* msgs,
                             cudaStream_t stream);
 
 // dst[i] = src[i] for count elements unless one of the `world` messages at msgs carries
-// transport::kHoldsNonFinite: a call's residual becomes the plan's only when its result is
-// finite (dst may not overlap src).
+// transport::kHoldsNonFinite or the record holds a received message that was not this
+// call's shard or was in another basis since the last status: a call's residual becomes the
+// plan's only when its result is finite and its messages were in order (dst may not overlap
+// src).
 giftResult_t commit_if_finite(const uint8_t* msgs, uint64_t message_bytes, int world,
-                              const float* src, float* dst, uint64_t count, cudaStream_t stream);
+                              const ReduceRecord* record, const float* src, float* dst,
+                              uint64_t count, cudaStream_t stream);
 
 }  // namespace gift::kernels

@@ -155,11 +155,14 @@ giftResult_t set_coords(giftReduceDevicePlan& p, const std::vector<uint8_t>& in_
                         cudaStream_t stream) {
   std::vector<std::pair<uint64_t, uint64_t>> changed;
   if (p.shard_residual) changed = p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift);
-  p.shard_residual_pending = false;  // a call's uncommitted one goes with it
   // Chosen first, so that the choice matches the whiteners even if a reset below fails.
   p.coords.choose(in_gift);
   for (const auto& [b, e] : changed) {
     GIFT_CUDA_TRY(cudaMemsetAsync(p.shard_residual + b, 0, (e - b) * sizeof(float), stream));
+    // A call's uncommitted one too.
+    if (p.shard_residual_pending) {
+      GIFT_CUDA_TRY(cudaMemsetAsync(p.sum + b, 0, (e - b) * sizeof(float), stream));
+    }
   }
   return GIFT_OK;
 }
@@ -548,16 +551,17 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
                             header(p, tr::kGather), p.record, stream)) {
     return rc;
   }
-  // The residuals are committed before flat receives the result.
+  // The residuals are committed before flat receives the result (not after a message that
+  // the record holds against this step: the host plan would have refused the call).
   if (p.residual_pending) {
-    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.flat, p.residual,
-                                                     p.bucket.offset.back(), stream)) {
+    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.record, p.flat,
+                                                     p.residual, p.bucket.offset.back(), stream)) {
       return rc;
     }
   }
   if (p.shard_residual_pending) {
-    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.sum, p.shard_residual,
-                                                     p.count(p.rank), stream)) {
+    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.record, p.sum,
+                                                     p.shard_residual, p.count(p.rank), stream)) {
       return rc;
     }
   }
@@ -603,8 +607,13 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
     GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
     bool finite = true;
     for (const uint32_t f : flags) finite = finite && !(f & tr::kHoldsNonFinite);
-    if (finite && (flags[0] & tr::kCarriesDecision)) {
-      if (const giftResult_t rc = set_coords(p, p.host_extra, stream)) return rc;
+    // A measuring call whose result is not finite does not count: the next call measures.
+    if (flags[0] & tr::kCarriesDecision) {
+      if (!finite) {
+        --p.coords.calls_with_basis;
+      } else if (const giftResult_t rc = set_coords(p, p.host_extra, stream)) {
+        return rc;
+      }
     }
   }
   return end.finish();

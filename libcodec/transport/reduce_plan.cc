@@ -94,12 +94,12 @@ void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {
 }
 
 // Applies a new choice of coordinates; the reduced shard's residual of a tensor that changes
-// coordinates no longer means anything and is dropped (a call's uncommitted one with it).
+// coordinates no longer means anything and is dropped (a call's uncommitted one too).
 void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift) {
-  p.shard_residual_pending = false;
   if (!p.shard_residual.empty()) {
     for (const auto& [b, e] : p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift)) {
       std::fill(p.shard_residual.begin() + b, p.shard_residual.begin() + e, 0.0f);
+      if (p.shard_residual_pending) std::fill(p.sum.begin() + b, p.sum.begin() + e, 0.0f);
     }
   }
   p.coords.choose(in_gift);
@@ -435,11 +435,16 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
                            p.bucket.dtypes[i], tensor_elements(p, i));
   }
   // Every rank reads rank 0's decision from the same gathered bytes, so all switch together.
+  // A measuring call whose result is not finite does not count: the next call measures.
   MessageHeader zero;
   memcpy(&zero, gathered, sizeof zero);
-  if (finite && (zero.flags & kCarriesDecision)) {
-    set_coords(p, std::vector<uint8_t>(gathered + p.layout.extra_at,
-                                       gathered + p.layout.extra_at + p.coords.in_gift.size()));
+  if (zero.flags & kCarriesDecision) {
+    if (finite) {
+      set_coords(p, std::vector<uint8_t>(gathered + p.layout.extra_at,
+                                         gathered + p.layout.extra_at + p.coords.in_gift.size()));
+    } else {
+      --p.coords.calls_with_basis;
+    }
   }
   if (finite && p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     std::vector<gift::transport::DumpTensor> tensors;

@@ -510,12 +510,13 @@ class ReducePlan:
     helps (auto: measured on the first call after set_basis and every reselect_every calls,
     decided by rank 0 for all). Every rank must set the same basis.
 
-    keep_nonfinite False: a NaN or Inf in the bucket fails encode_shards (GiftError naming
-    the tensor and element; the other ranks then wait in their exchange unless the caller
-    tells them). True: they travel as FP8 NaN codes (Inf in E5M2) and every rank's result
-    holds a NaN or Inf wherever a rank had one, as after an fp32 all-reduce. Either way a
-    call whose result is not finite, or that never reaches decode_result, leaves the error
-    feedback and the choice of coordinates as they were."""
+    keep_nonfinite False: a NaN or Inf in the bucket fails encode_shards on a host plan
+    (GiftError naming the tensor and element; the other ranks then wait in their exchange
+    unless the caller tells them) and status() on a device plan. True: they travel as FP8
+    NaN codes (Inf in E5M2) and every rank's result holds a NaN or Inf wherever a rank had
+    one, as after an fp32 all-reduce. Either way a call whose result is not finite, or that
+    never reaches decode_result, leaves this plan's error feedback and choice of
+    coordinates as they were."""
 
     def __init__(self, world, rank, tensors, fp8="e4m3", block=128, scale_dtype="f32",
                  rounding="nearest", seed=0, op="avg", error_feedback=True, integrity=None,

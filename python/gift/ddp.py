@@ -30,9 +30,11 @@ to new ones at the step's last bucket, and the plans follow DDP's layout again.
 The hook returns the average (the sum divided by the world size, as DDP's default hook); the
 collectives run inside the hook (for CUDA buckets, enqueued on the current stream, which the
 future carries). Non-finite gradients travel as through DDP's own all-reduce: every rank
-ends the step with a NaN (or Inf) wherever a rank had one, so that a loss scaler (GradScaler)
-sees the overflow on every rank and skips the step everywhere, and such a step leaves the
-error feedback and the choice of coordinates as they were (ReducePlan's keep_nonfinite).
+ends the step with a NaN (or Inf) wherever a rank had one (across the row, for a weight in
+GIFT coordinates), so that a loss scaler (GradScaler) sees the overflow on every rank and
+skips the step everywhere; the plan of the bucket that held it keeps its error feedback and
+choice of coordinates as they were (ReducePlan's keep_nonfinite), the other buckets' plans
+keep the step's residuals (one FP8 rounding error of gradients the step did not apply).
 Device plans report what else their data held (messages of another call or basis) once per
 step, at the last bucket, which waits for the device; the error is raised there.
 
@@ -48,6 +50,8 @@ collected on the model's device and cross the process group where its backend wa
 (on the current CUDA device for NCCL, on the host otherwise), and the GiftState pickles
 with the device plans' states, which load into host or device plans alike.
 """
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -197,6 +201,12 @@ class GiftState:
         flat = flat.cpu()
         self.bytes_sent += 2 * (world - 1) * flat.numel() * 4 // world
         counts = flat[-len(names):]
+        # Activations that overflowed this step: every rank holds the same sums, so every
+        # rank skips this refresh alike (the basis stays until the next).
+        finite = bool(torch.isfinite(flat).all())
+        if not finite and dist.get_rank(group) == 0:
+            warnings.warn(f"gift: step {self.iter}: non-finite activation statistics; the "
+                          "basis is not refitted this time", RuntimeWarning)
         moments, at = {}, 0
         for name, ranks in zip(names, counts.tolist()):
             d = self._moments[name][0].shape[0]
@@ -204,14 +214,26 @@ class GiftState:
                 moments[name] = (flat[at:at + d * d].reshape(d, d) / ranks).double().numpy()
             at += d * d
             self._moments[name] = [torch.zeros_like(self._moments[name][0]), 0]
-        if not moments:
+        if not moments or not finite:
             return
-        size = torch.zeros(1, dtype=torch.int64, device=comm)
+        # The basis' size, or 0 and rank 0's error code: a fit that fails there fails every
+        # rank, instead of leaving them in the broadcast below.
+        size = torch.zeros(2, dtype=torch.int64, device=comm)
+        failure = None
         if dist.get_rank(group) == 0:
-            data = Basis.fit(moments, rank=self.basis_rank, damping=self.damping).to_bytes()
-            size[0] = len(data)
+            try:
+                data = Basis.fit(moments, rank=self.basis_rank, damping=self.damping).to_bytes()
+                size[0] = len(data)
+            except GiftError as e:
+                failure = e
+                size[1] = e.code
         dist.broadcast(size, src=self._global_rank(0), group=group)
-        size = int(size.cpu())
+        size, code = size.cpu().tolist()
+        if failure is not None:
+            raise failure
+        if code:
+            raise GiftError(code, _gift.error_string(code),
+                            "rank 0 could not fit the basis (its own error says why)")
         if dist.get_rank(group) == 0:
             buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(comm)
         else:

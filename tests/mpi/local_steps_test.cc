@@ -471,6 +471,38 @@ TEST(LocalStepsCoords, MeasuredChoiceIsMadeOnceForAllRanksAfterTheFirstCall) {
   EXPECT_LT(rel_error(in, second[0], 0), 0.6 * rel_error(in, first[0], 0));
 }
 
+// A measuring call whose result is not finite (GIFT_NONFINITE_KEEP) decides nothing and
+// does not count: the next call measures and decides, and the run then equals one that never
+// had that call (round to nearest: the call counter does not change the bytes).
+TEST(LocalStepsCoords, NonFiniteMeasuringCallIsMeasuredAgain) {
+  const int world = 2;
+  const BasisPtr basis = fit_basis(16);
+  giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_AUTO);
+  c.error_feedback = 1;
+  c.nonfinite = GIFT_NONFINITE_KEEP;
+  c.reselect_every = 3;
+  SimulatedWorld clean(c, world, kCoordsBucket), hit(c, world, kCoordsBucket);
+  std::vector<Bucket> in;
+  for (int r = 0; r < world; ++r) {
+    in.push_back(coords_input(r));
+    ASSERT_EQ(giftReducePlanSetBasis(clean.plan(r), basis.get()), GIFT_OK);
+    ASSERT_EQ(giftReducePlanSetBasis(hit.plan(r), basis.get()), GIFT_OK);
+  }
+  std::vector<Bucket> bad = in;
+  const float nan = NAN;
+  memcpy(bad[1][2].data() + 4 * 3, &nan, 4);  // the bias, a vector: one NaN stays one NaN
+  hit.allreduce(bad);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(coords_of(hit.plan(r)), coords_of(clean.plan(r))) << "rank " << r;
+  }
+  // Calls 1-4 of the clean run against calls 2-5 of the other: measuring at 1 and 4.
+  for (int call = 1; call <= 4; ++call) {
+    EXPECT_EQ(hit.allreduce(in), clean.allreduce(in)) << "call " << call;
+    EXPECT_EQ(coords_of(hit.plan(0)), coords_of(clean.plan(0))) << "call " << call;
+  }
+  EXPECT_EQ(coords_of(hit.plan(0))[0], GIFT_COORDS_GIFT);
+}
+
 TEST(LocalStepsCoords, ARankInAnotherBasisIsNamedByTheReceiver) {
   const int world = 2;
   const BasisPtr a = fit_basis(16), b = fit_basis(8);

@@ -8,8 +8,10 @@ some weight in GIFT coordinates at the end (the measured choice follows the grad
 first Linear's weight is whitened after the first fit, a hidden one after the later fits),
 the final loss within 2% of the fp32 all-reduce's;
 a run checkpointed mid-way (basis and choice of coordinates in the pickled state) continuing
-bit for bit; and a rank holding another basis failing every rank with the same error
-instead of hanging (the harness gives up after a deadline).
+bit for bit; a rank holding another basis failing every rank with the same error
+instead of hanging (the harness gives up after a deadline); an overflow in one rank's
+activations at a refresh step skipping that refit on every rank; and a fit that fails on
+rank 0 failing every rank.
 
 Usage: test_ddp_coords.py (with PYTHONPATH=<build>/python). Exits 77 (skipped) without torch.
 """
@@ -152,10 +154,59 @@ def test_basis_mismatch_fails_every_rank(rank):
     raise AssertionError("a rank in another basis trained on")
 
 
+def test_overflowing_activations_skip_the_refresh(rank):
+    """An Inf in the last rank's input at a refresh step: every rank skips that refit alike
+    (no basis yet after it, no rank left waiting), the step's gradients reach every rank
+    non-finite and the step is skipped; the next refresh fits one basis everywhere."""
+    mix = mixing()
+    model = new_model()
+    ddp = DDP(model)
+    state = gift.ddp.GiftState(coords="auto", refresh_every=3)
+    state.attach(ddp)
+    ddp.register_comm_hook(state, gift.ddp.gift_hook)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(4):
+        x, y = batch(rank, step, mix)
+        if step == 0 and rank == WORLD - 1:
+            x[5, 7] = float("inf")
+        loss = nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        finite = all(torch.isfinite(p.grad).all() for p in model.parameters())
+        assert finite == (step != 0), f"step {step}: gradients finite: {finite}"
+        if finite:
+            opt.step()
+        ddp_harness.check_replicas(model, WORLD, f"overflow at a refresh, step {step}")
+        if step == 0:
+            assert state.basis is None, "a basis was fitted to non-finite statistics"
+    ids = [None] * WORLD
+    dist.all_gather_object(ids, state.basis.id if state.basis is not None else None)
+    assert ids[0] is not None and all(i == ids[0] for i in ids), f"bases after step 3: {ids}"
+    if rank == 0:
+        print("overflow at a refresh: skipped on every rank, the next refresh fitted one basis",
+              flush=True)
+
+
+def test_failed_fit_fails_every_rank(rank):
+    """Rank 0's fit fails (a basis rank of 0 is refused): every rank raises, none waits."""
+    state = gift.ddp.GiftState(coords="auto", refresh_every=3, basis_rank=0)
+    try:
+        train(rank, state, range(2))
+    except RuntimeError as e:  # DDP may wrap the hook's GiftError
+        want = "rank is 0" if rank == 0 else "rank 0 could not fit the basis"
+        assert want in str(e), str(e)
+        if rank == 0:
+            print("failed fit: every rank raised", flush=True)
+        return
+    raise AssertionError("a failed fit went unnoticed")
+
+
 def all_tests(rank, world, tmp):
     test_auto_coords(rank)
     test_checkpoint_with_basis(rank, tmp)
     test_basis_mismatch_fails_every_rank(rank)
+    test_overflowing_activations_skip_the_refresh(rank)
+    test_failed_fit_fails_every_rank(rank)
 
 
 def main():

@@ -226,7 +226,7 @@ def test_overflow_on_cuda_buckets(rank, world):
     device = torch.device("cuda", torch.cuda.current_device())
     ddp_harness.check_overflow_skips_the_step(
         rank, world,
-        lambda: DDP(new_model(device), device_ids=[device.index], bucket_cap_mb=0.05),
+        lambda: DDP(new_model(device), device_ids=[device.index]),
         lambda step: batch(rank, step, device), lambda model: model[2].bias)
 
 

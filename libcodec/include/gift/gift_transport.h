@@ -58,13 +58,14 @@ typedef struct {
   giftCoordsMode_t coords;
   uint32_t reselect_every;
   /* NaN or Inf in a bucket. GIFT_NONFINITE_ERROR: the call fails with
-   * GIFT_ERROR_NONFINITE_INPUT naming the tensor and element (on every rank, through a
-   * communicator). GIFT_NONFINITE_KEEP: they travel as the FP8 kind's NaN codes (Inf codes
-   * in E5M2; block scales come from the finite values) and the call completes, every rank
-   * holding a non-finite value wherever a rank had one, as after an fp32 all-reduce (Inf
-   * arrives as NaN in E4M3), so that a loss scaler sees the overflow on every rank and skips
-   * the step. Either way the error feedback and the choice of coordinates stay as they were
-   * (see giftReduceDecodeResult). */
+   * GIFT_ERROR_NONFINITE_INPUT naming the tensor and element (on every rank, through
+   * giftComm; device plans report it from giftReduceDevicePlanStatus). GIFT_NONFINITE_KEEP:
+   * they travel as the FP8 kind's NaN codes (Inf codes in E5M2; block scales come from the
+   * finite values) and the call completes, every rank holding a non-finite value wherever a
+   * rank had one (across the row, for a matrix in GIFT coordinates), as after an fp32
+   * all-reduce (Inf arrives as NaN in E4M3), so that a loss scaler sees the overflow on
+   * every rank and skips the step. Either way the call commits no error feedback and no
+   * choice of coordinates (see giftReduceDecodeResult). */
   giftNonFinite_t nonfinite;
 } giftAllReduceConfig;
 
@@ -130,8 +131,11 @@ GIFT_API giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* re
  * measuring call makes, become the plan's here, and only when the result is finite, which
  * every rank reads from the same gathered bytes. So a call abandoned before step 5 completes
  * (a step failed on this rank or another) or whose result holds a NaN or Inf
- * (GIFT_NONFINITE_KEEP) leaves them as they were on every rank: a loss scaler's skipped step
- * leaves no trace in the next. Such a result is not dumped either. */
+ * (GIFT_NONFINITE_KEEP) leaves them as they were on every rank, and is not dumped; a
+ * measuring call of that kind is measured again on the next call. This is decided per plan:
+ * when a loss scaler skips a training step for one bucket's overflow, the other buckets'
+ * plans keep that call's residuals (the rounding error of gradients the step did not apply,
+ * one FP8 rounding per value, carried into the next call as any call's is). */
 GIFT_API giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                              void* const* out_tensors);
 
