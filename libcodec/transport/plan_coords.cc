@@ -86,6 +86,10 @@ giftResult_t PlanCoords::get(giftCoords_t* coords, size_t n) const {
   return GIFT_OK;
 }
 
+bool PlanCoords::any_in_gift() const {
+  return std::find(in_gift.begin(), in_gift.end(), 1) != in_gift.end();
+}
+
 bool PlanCoords::measuring(const giftAllReduceConfig& config) const {
   if (!has_basis || config.coords != GIFT_COORDS_MODE_AUTO) return false;
   const uint64_t n = calls_with_basis;

@@ -50,6 +50,8 @@ struct PlanCoords {
       const std::vector<uint8_t>& in_gift) const;
   // Applies a choice of coordinates (after changed_ranges).
   void choose(const std::vector<uint8_t>& in_gift);
+  // Whether some tensor travels in GIFT coordinates now.
+  bool any_in_gift() const;
   // The coordinates of the n tensors (giftReducePlanCoords and its device form).
   giftResult_t get(giftCoords_t* coords, size_t n) const;
 

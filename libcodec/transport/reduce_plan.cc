@@ -1,8 +1,13 @@
 // The local steps of the compressed all-reduce (gift_transport.h): one implementation that
-// every backend drives, so every consumer of libgift gets the same bytes. The numerics go
-// through the public codec API (giftEncode/giftDecode), as an external transport would.
+// every backend drives, so every consumer of libgift gets the same bytes. The numerics are
+// the codec's, run chunk by chunk with each chunk's other passes (conversion, sums,
+// residuals) while it is in cache: every message holds the bytes giftEncode gives for its
+// whole shard (tests/mpi/local_steps_test.cc checks them against it).
+
+#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cmath>
 #include <cstddef>
@@ -19,6 +24,7 @@
 #include "common/xxh3.h"
 #include "coords/whitener.h"
 #include "gift/gift_transport.h"
+#include "numerics/codec.h"
 #include "numerics/convert.h"
 #include "numerics/fp_env.h"
 #include "transport/config.h"
@@ -62,7 +68,6 @@ struct giftReducePlan {
   std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
   std::vector<float> sum;             // this rank's shard: the sum being reduced
   std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
-  std::vector<float> scratch;         // one decoded shard
   bool residual_pending = false;
   bool shard_residual_pending = false;
 
@@ -77,6 +82,40 @@ giftQuantParams encode_params(const giftReducePlan& p, uint32_t step, int sender
 
 uint64_t tensor_elements(const giftReducePlan& p, size_t i) {
   return p.bucket.offset[i + 1] - p.bucket.offset[i];
+}
+
+// The elementwise passes of a step (conversions, sums, residuals) run chunk by chunk, all of
+// a chunk's passes while it is in the core's cache, instead of each pass over the whole
+// bucket. A chunk holds whole blocks of every size (GIFT_BLOCK_MAX).
+constexpr uint64_t kChunk = 16384;
+static_assert(kChunk % GIFT_BLOCK_MAX == 0, "a chunk holds whole blocks");
+
+// f(begin, count, scratch) for the chunks of [0, n), on the plan's threads, with kChunk
+// floats of scratch each. Every element's arithmetic is the same wherever the chunks fall.
+template <typename F>
+void for_each_chunk(const giftReducePlan& p, uint64_t n, F&& f) {
+  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
+  const int threads =
+      int(std::max<int64_t>(1, std::min<int64_t>(gift::thread_count(&p.ctx), chunks)));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const gift::num::FpEnvGuard fp_env;
+    float scratch[kChunk];
+    const uint64_t b = uint64_t(c) * kChunk;
+    f(b, std::min(kChunk, n - b), scratch);
+  }
+}
+
+// Elements [begin, begin + n) of the message at msg (begin a multiple of the block) in fp32,
+// decoded on the calling thread.
+void decode_range(const giftReducePlan& p, const uint8_t* msg, uint64_t begin, uint64_t n,
+                  float* dst) {
+  uint64_t at = 0;
+  if (begin) giftScaleBytes(&p.params, 1, begin, &at);
+  giftCtx one;
+  one.threads = 1;
+  giftDecode(&one, &p.params, msg + p.layout.codes_at + begin, msg + p.layout.scales_at + at,
+             p.layout.codes_at - p.layout.scales_at - at, 1, n, dst, GIFT_DTYPE_F32);
 }
 
 // A tensor's slice of the flat bucket as the whitener sees it: rows x (last dimension).
@@ -111,12 +150,16 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
                 p.bucket.offset.begin() - 1);
 }
 
-// Encodes values[0, count) into `msg` and, with error feedback, leaves values - decoded in
-// `residual` (which may be `values` itself): what the next call adds back so that rounding
+// Encodes values[0, count) into `msg` chunk by chunk, each chunk first written by
+// fill(begin, n, scratch) (the step's own passes over it, while it is in cache; kChunk floats
+// of scratch) and, with `feedback`,
+// replaced after its encode by values - decoded: what the next call adds back so that rounding
 // errors do not accumulate. Kept NaN or Inf (GIFT_NONFINITE_KEEP) mark the message.
-giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const float* values,
-                            uint64_t count, float* residual, uint8_t* msg, uint32_t flags = 0,
-                            const void* extra = nullptr, uint64_t extra_bytes = 0) {
+template <typename Fill>
+giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, float* values,
+                            uint64_t count, bool feedback, uint8_t* msg, Fill&& fill,
+                            uint32_t flags = 0, const void* extra = nullptr,
+                            uint64_t extra_bytes = 0) {
   memset(msg, 0, p.layout.message_bytes);
   MessageHeader h{};
   p.coords.fill_header(&h);
@@ -128,28 +171,45 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, const f
   h.shard = uint32_t(shard);
   h.call = p.call;
   h.count = count;
-  if (count > 0) {
-    const giftQuantParams q = encode_params(p, step, p.rank, shard);
-    const uint64_t scale_bytes = p.layout.codes_at - p.layout.scales_at;
-    giftEncodeStats stats;
-    if (const giftResult_t rc =
-            giftEncode(&p.ctx, &q, values, GIFT_DTYPE_F32, 1, count, msg + p.layout.codes_at,
-                       msg + p.layout.scales_at, scale_bytes, &stats)) {
-      if (rc != GIFT_ERROR_NONFINITE_INPUT) return rc;
-      const uint64_t at = p.layout.shard_begin[shard] + stats.first_nonfinite;
-      const size_t t = tensor_of(p, at);
-      return fail(
-          rc, "%" PRIu64 " non-finite value(s) %s, the first at element %" PRIu64 " of tensor '%s'",
-          stats.nonfinite_count, step == kScatter ? "in the input" : "in the reduced sum",
-          at - p.bucket.offset[t], p.bucket.names[t].c_str());
+  const giftQuantParams q = encode_params(p, step, p.rank, shard);
+  std::vector<giftEncodeStats> seen((count + kChunk - 1) / kChunk);
+  std::atomic<bool> out_of_memory{false};
+  for_each_chunk(p, count, [&](uint64_t b, uint64_t n, float* decoded) {
+    fill(b, n, decoded);
+    uint64_t at = 0;
+    if (b) giftScaleBytes(&q, 1, b, &at);
+    giftCtx one;
+    one.threads = 1;
+    try {
+      // The chunk's codes are those of an encode of the whole shard: its stochastic rounding
+      // counts elements from b.
+      (void)gift::encode_tensor(&one, q, values + b, GIFT_DTYPE_F32, 1, n,
+                                msg + p.layout.codes_at + b, msg + p.layout.scales_at + at,
+                                &seen[b / kChunk], gift::BandOrigin{b, -1.0f});
+    } catch (const std::bad_alloc&) {
+      out_of_memory = true;
+      return;
     }
-    if (stats.nonfinite_count) h.flags |= kHoldsNonFinite;
-    if (residual) {
-      giftDecode(&p.ctx, &q, msg + p.layout.codes_at, msg + p.layout.scales_at, scale_bytes, 1,
-                 count, p.scratch.data(), GIFT_DTYPE_F32);
-      for (uint64_t i = 0; i < count; ++i) residual[i] = values[i] - p.scratch[i];
-    }
+    if (!feedback) return;
+    decode_range(p, msg, b, n, decoded);
+    for (uint64_t i = 0; i < n; ++i) values[b + i] = values[b + i] - decoded[i];
+  });
+  if (out_of_memory) return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while encoding");
+  uint64_t nonfinite = 0, first = UINT64_MAX;
+  for (size_t c = 0; c < seen.size(); ++c) {
+    nonfinite += seen[c].nonfinite_count;
+    if (seen[c].nonfinite_count) first = std::min(first, c * kChunk + seen[c].first_nonfinite);
   }
+  if (nonfinite && p.params.nonfinite == GIFT_NONFINITE_ERROR) {
+    const uint64_t at = p.layout.shard_begin[shard] + first;
+    const size_t t = tensor_of(p, at);
+    return fail(GIFT_ERROR_NONFINITE_INPUT,
+                "%" PRIu64 " non-finite value(s) %s, the first at element %" PRIu64
+                " of tensor '%s'",
+                nonfinite, step == kScatter ? "in the input" : "in the reduced sum",
+                at - p.bucket.offset[t], p.bucket.names[t].c_str());
+  }
+  if (nonfinite) h.flags |= kHoldsNonFinite;
   memcpy(msg, &h, sizeof h);
   if (p.config.integrity) {
     h.checksum = XXH3_64bits(msg + 8, p.layout.message_bytes - 8);
@@ -190,10 +250,37 @@ bool holds_nonfinite(const giftReducePlan& p, const uint8_t* msgs) {
   return false;
 }
 
-void decode_message(const giftReducePlan& p, const uint8_t* msg, uint64_t count, float* dst) {
-  if (count == 0) return;
-  giftDecode(&p.ctx, &p.params, msg + p.layout.codes_at, msg + p.layout.scales_at,
-             p.layout.codes_at - p.layout.scales_at, 1, count, dst, GIFT_DTYPE_F32);
+// f(tensor, element of the tensor, element of the span, count) for the pieces of the tensors
+// that hold elements [begin, begin + n) of the bucket.
+template <typename F>
+void for_each_piece(const giftReducePlan& p, uint64_t begin, uint64_t n, F&& f) {
+  if (n == 0) return;
+  const uint64_t end = begin + n;
+  for (size_t i = tensor_of(p, begin), at = begin; at < end; ++i) {
+    const uint64_t stop = std::min(end, p.bucket.offset[i + 1]);
+    if (stop > at) f(i, at - p.bucket.offset[i], at - begin, stop - at);
+    at = std::max(at, stop);
+  }
+}
+
+// Elements [begin, begin + n) of the bucket from the tensors, in fp32 at dst.
+void gather_span(const giftReducePlan& p, const void* const* tensors, uint64_t begin, uint64_t n,
+                 float* dst) {
+  for_each_piece(p, begin, n, [&](size_t i, uint64_t from, uint64_t to, uint64_t count) {
+    const giftDType_t t = p.bucket.dtypes[i];
+    gift::convert_elements(static_cast<const uint8_t*>(tensors[i]) + from * giftDTypeSize(t), t,
+                           dst + to, GIFT_DTYPE_F32, count);
+  });
+}
+
+// fp32 values of elements [begin, begin + n) of the bucket at src, out to the tensors.
+void scatter_span(const giftReducePlan& p, const float* src, uint64_t begin, uint64_t n,
+                  void* const* tensors) {
+  for_each_piece(p, begin, n, [&](size_t i, uint64_t to, uint64_t from, uint64_t count) {
+    const giftDType_t t = p.bucket.dtypes[i];
+    gift::convert_elements(src + from, GIFT_DTYPE_F32,
+                           static_cast<uint8_t*>(tensors[i]) + to * giftDTypeSize(t), t, count);
+  });
 }
 
 giftResult_t check_plan(const giftReducePlan* p) {
@@ -238,7 +325,6 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
       return rc;
     p->flat.resize(total);
     p->sum.resize(p->layout.max_shard);
-    p->scratch.resize(p->layout.max_shard);
     if (p->config.error_feedback) {
       p->residual.assign(total, 0.0f);
       p->shard_residual.assign(p->layout.max_shard, 0.0f);
@@ -332,26 +418,39 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   p.residual_pending = p.shard_residual_pending = false;
   if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, tensors)) return rc;
   if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
-  for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
-    gift::convert_elements(tensors[i], p.bucket.dtypes[i], p.flat.data() + p.bucket.offset[i],
-                           GIFT_DTYPE_F32, tensor_elements(p, i));
-  }
-  // The residual is added in original coordinates, before whitening, and mapped back to them
-  // after encoding, so a change of basis or coordinates between calls does not strand it.
-  for (size_t i = 0; i < p.residual.size(); ++i) p.flat[i] += p.residual[i];
+  // The bucket in fp32 plus the residual, which is added in original coordinates, before
+  // whitening, and mapped back to them after encoding, so a change of basis or coordinates
+  // between calls does not strand it.
+  const bool feedback = !p.residual.empty();
+  const auto gather = [&](uint64_t b, uint64_t n) {
+    float* x = p.flat.data() + b;
+    gather_span(p, tensors, b, n, x);
+    if (feedback) {
+      for (uint64_t i = 0; i < n; ++i) x[i] += p.residual[b + i];
+    }
+  };
   const bool measure_now = p.coords.measuring(p.config);
+  const bool whitened = p.coords.any_in_gift();
+  // A measurement or whitening needs the whole bucket first; otherwise each chunk is
+  // gathered just before it is encoded.
+  if (measure_now || whitened) {
+    for_each_chunk(p, p.bucket.offset.back(),
+                   [&](uint64_t b, uint64_t n, float*) { gather(b, n); });
+  }
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
   if (p.coords.has_basis) ++p.coords.calls_with_basis;
   apply_coords(p, p.flat.data(), false);
   // This call's residuals replace the values they come from in the work buffer, in original
   // coordinates, until step 5 commits them.
-  const bool feedback = !p.residual.empty();
   for (int r = 0; r < p.world; ++r) {
-    float* values = p.flat.data() + p.layout.shard_begin[r];
+    const uint64_t begin = p.layout.shard_begin[r];
     const bool carry = measure_now && r == 0;
+    const auto fill = [&](uint64_t b, uint64_t n, float*) {
+      if (!measure_now && !whitened) gather(begin + b, n);
+    };
     if (const giftResult_t rc = encode_message(
-            p, kScatter, r, values, p.shard_count(r), feedback ? values : nullptr,
-            send + uint64_t(r) * p.layout.message_bytes, carry ? kCarriesEstimates : 0,
+            p, kScatter, r, p.flat.data() + begin, p.shard_count(r), feedback,
+            send + uint64_t(r) * p.layout.message_bytes, fill, carry ? kCarriesEstimates : 0,
             p.coords.estimates.data(), carry ? p.coords.estimates.size() * sizeof(float) : 0)) {
       return rc;
     }
@@ -375,21 +474,6 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
       return rc;
     }
   }
-  // Rank order, in fp32, so every owner reduces the same way whatever the arrival order.
-  decode_message(p, recv, count, p.sum.data());
-  for (int s = 1; s < p.world; ++s) {
-    decode_message(p, recv + uint64_t(s) * p.layout.message_bytes, count, p.scratch.data());
-    for (uint64_t i = 0; i < count; ++i) p.sum[i] += p.scratch[i];
-  }
-  if (p.config.op == GIFT_REDUCE_AVG) {
-    const float w = float(p.world);
-    for (uint64_t i = 0; i < count; ++i) p.sum[i] /= w;
-  }
-  // The new residual replaces the sum it comes from, until step 5 commits it.
-  float* residual = p.shard_residual.empty() ? nullptr : p.sum.data();
-  if (residual) {
-    for (uint64_t i = 0; i < count; ++i) p.sum[i] += p.shard_residual[i];
-  }
   // A reduced shard holds what its pieces held, whatever its own encode saw.
   uint32_t flags = holds_nonfinite(p, recv) ? kHoldsNonFinite : 0;
   // Rank 0 receives every rank's estimates on a measuring call and sends back the decision.
@@ -400,9 +484,29 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
     d = p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);
     flags |= kCarriesDecision;
   }
-  const giftResult_t rc = encode_message(p, kGather, p.rank, p.sum.data(), count, residual, out_msg,
-                                         flags, d.data(), d.size());
-  p.shard_residual_pending = rc == GIFT_OK && residual;
+  // Each chunk of the sum is formed just before it is encoded: the pieces in rank order, in
+  // fp32, so every owner reduces the same way whatever the arrival order; then the average
+  // and the residual. The new residual replaces the sum it comes from, until step 5 commits
+  // it.
+  const bool average = p.config.op == GIFT_REDUCE_AVG, feedback = !p.shard_residual.empty();
+  const float w = float(p.world);
+  const auto fill = [&](uint64_t b, uint64_t n, float* piece) {
+    float* sum = p.sum.data() + b;
+    decode_range(p, recv, b, n, sum);
+    for (int s = 1; s < p.world; ++s) {
+      decode_range(p, recv + uint64_t(s) * p.layout.message_bytes, b, n, piece);
+      for (uint64_t i = 0; i < n; ++i) sum[i] += piece[i];
+    }
+    if (average) {
+      for (uint64_t i = 0; i < n; ++i) sum[i] /= w;
+    }
+    if (feedback) {
+      for (uint64_t i = 0; i < n; ++i) sum[i] += p.shard_residual[b + i];
+    }
+  };
+  const giftResult_t rc = encode_message(p, kGather, p.rank, p.sum.data(), count, feedback, out_msg,
+                                         fill, flags, d.data(), d.size());
+  p.shard_residual_pending = rc == GIFT_OK && feedback;
   return rc;
 }
 
@@ -425,14 +529,23 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   if (finite && p.residual_pending) std::swap(p.flat, p.residual);
   if (finite && p.shard_residual_pending) std::swap(p.sum, p.shard_residual);
   p.residual_pending = p.shard_residual_pending = false;
+  // Whitened tensors come back to original coordinates in the fp32 bucket; without them
+  // each chunk goes straight from its message to the tensors.
+  const bool whitened = p.coords.any_in_gift();
   for (int s = 0; s < p.world; ++s) {
-    decode_message(p, gathered + uint64_t(s) * p.layout.message_bytes, p.shard_count(s),
-                   p.flat.data() + p.layout.shard_begin[s]);
+    const uint8_t* msg = gathered + uint64_t(s) * p.layout.message_bytes;
+    const uint64_t at = p.layout.shard_begin[s];
+    for_each_chunk(p, p.shard_count(s), [&](uint64_t b, uint64_t n, float* values) {
+      if (whitened) return decode_range(p, msg, b, n, p.flat.data() + at + b);
+      decode_range(p, msg, b, n, values);
+      scatter_span(p, values, at + b, n, out_tensors);
+    });
   }
-  apply_coords(p, p.flat.data(), true);
-  for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
-    gift::convert_elements(p.flat.data() + p.bucket.offset[i], GIFT_DTYPE_F32, out_tensors[i],
-                           p.bucket.dtypes[i], tensor_elements(p, i));
+  if (whitened) {
+    apply_coords(p, p.flat.data(), true);
+    for_each_chunk(p, p.bucket.offset.back(), [&](uint64_t b, uint64_t n, float*) {
+      scatter_span(p, p.flat.data() + b, b, n, out_tensors);
+    });
   }
   // Every rank reads rank 0's decision from the same gathered bytes, so all switch together.
   // A measuring call whose result is not finite does not count: the next call measures.

@@ -16,6 +16,8 @@
 #include "allreduce_reference.h"
 #include "coords_reference.h"
 #include "gift/gift_transport.h"
+#include "transport/config.h"
+#include "transport/message.h"
 
 namespace {
 
@@ -171,6 +173,87 @@ TEST(LocalSteps, MessagesStayNearOneBytePerElement) {
   c.coords = GIFT_COORDS_MODE_AUTO;
   EXPECT_EQ(SimulatedWorld(c, 4, specs).message_bytes(),
             64u + (1u << 16) / 128 * 4 + (1u << 16) + 64u);
+}
+
+// Every message is the codec's encode of its whole shard (giftEncode, one call): the
+// scattered ones of the bucket in fp32 (the first call, without residuals yet), the reduced
+// ones of their pieces' decoded average in rank order; and the result is the reduced
+// messages' decode. With stochastic rounding, whose random words count elements from the
+// shard's start, over shards of several of the steps' chunks, on two threads.
+TEST(LocalSteps, MessagesAreTheCodecsEncodeOfTheirShards) {
+  const std::vector<TensorSpec> specs = {{"a", GIFT_DTYPE_F32, {3, 40000}},
+                                         {"b", GIFT_DTYPE_BF16, {777}}};
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.rounding = GIFT_ROUND_STOCHASTIC;
+  c.seed = 11;
+  c.op = GIFT_REDUCE_AVG;
+  c.threads = 2;
+  const int world = 3;
+  SimulatedWorld sim(c, world, specs);
+  const std::vector<Bucket> in = inputs_for(specs, world, 1);
+  const std::vector<std::vector<uint8_t>> recv = sim.scatter(in);
+
+  const giftQuantParams params = gift::transport::quant_params(c);
+  const uint64_t total = 120000 + 777;
+  gift::transport::Layout l;
+  ASSERT_EQ(gift::transport::make_layout(params, c, total, specs.size(), world, &l), GIFT_OK);
+  const uint64_t m = sim.message_bytes(), scale_cap = l.codes_at - l.scales_at;
+  ASSERT_EQ(l.message_bytes, m);
+  // The codes and scales of values[0, n) encoded with q, as a message holds them.
+  const auto encoded = [&](const giftQuantParams& q, const float* values, uint64_t n) {
+    std::vector<uint8_t> msg(m, 0);
+    EXPECT_EQ(giftEncode(nullptr, &q, values, GIFT_DTYPE_F32, 1, n, msg.data() + l.codes_at,
+                         msg.data() + l.scales_at, scale_cap, nullptr),
+              GIFT_OK);
+    return msg;
+  };
+  const auto same_payload = [&](const uint8_t* got, const std::vector<uint8_t>& want, uint64_t n) {
+    uint64_t scale_bytes = 0;
+    giftScaleBytes(&params, 1, n, &scale_bytes);
+    return memcmp(got + l.codes_at, want.data() + l.codes_at, n) == 0 &&
+           memcmp(got + l.scales_at, want.data() + l.scales_at, scale_bytes) == 0;
+  };
+  std::vector<uint8_t> gathered(uint64_t(world) * m);
+  std::vector<float> expected(total);
+  for (int r = 0; r < world; ++r) {
+    const uint64_t begin = l.shard_begin[size_t(r)], n = l.shard_count(r);
+    ASSERT_GT(n, 2 * 16384u);
+    std::vector<float> sum(n, 0.0f), piece(n);
+    for (int s = 0; s < world; ++s) {
+      const std::vector<double> x = gift::test::flat(specs, in[size_t(s)]);
+      const std::vector<float> values(x.begin() + int64_t(begin), x.begin() + int64_t(begin + n));
+      const giftQuantParams q =
+          gift::transport::encode_params(params, c, 1, gift::transport::kScatter, world, s, r);
+      const std::vector<uint8_t> want = encoded(q, values.data(), n);
+      EXPECT_TRUE(same_payload(&recv[size_t(r)][uint64_t(s) * m], want, n))
+          << "message of rank " << s << " for rank " << r;
+      giftDecode(nullptr, &params, want.data() + l.codes_at, want.data() + l.scales_at, scale_cap,
+                 1, n, piece.data(), GIFT_DTYPE_F32);
+      for (uint64_t i = 0; i < n; ++i) sum[i] += piece[i];
+    }
+    for (float& v : sum) v /= float(world);
+    const giftQuantParams q =
+        gift::transport::encode_params(params, c, 1, gift::transport::kGather, world, r, r);
+    const std::vector<uint8_t> want = encoded(q, sum.data(), n);
+    uint8_t* reduced = &gathered[uint64_t(r) * m];
+    ASSERT_EQ(sim.reduce(r, recv[size_t(r)], reduced), GIFT_OK) << giftGetLastErrorMessage();
+    EXPECT_TRUE(same_payload(reduced, want, n)) << "reduced message of rank " << r;
+    giftDecode(nullptr, &params, want.data() + l.codes_at, want.data() + l.scales_at, scale_cap, 1,
+               n, expected.data() + begin, GIFT_DTYPE_F32);
+  }
+  Bucket out = in[0];
+  std::vector<void*> o;
+  for (auto& t : out) o.push_back(t.data());
+  ASSERT_EQ(giftReduceDecodeResult(sim.plan(0), gathered.data(), o.data()), GIFT_OK)
+      << giftGetLastErrorMessage();
+  const std::vector<double> got = gift::test::flat(specs, out);
+  // Tensor b goes out in bf16, rounded from the decoded fp32 as a conversion does.
+  for (uint64_t i = 120000; i < total; ++i) {
+    uint8_t bf16[2];
+    gift::test::store(GIFT_DTYPE_BF16, expected[i], bf16);
+    expected[i] = gift::test::to_float(GIFT_DTYPE_BF16, bf16);
+  }
+  for (uint64_t i = 0; i < total; ++i) ASSERT_EQ(got[i], double(expected[i])) << "element " << i;
 }
 
 // A checkpointed run resumes where it left off: the same bytes as the uninterrupted run,
