@@ -87,7 +87,7 @@ giftResult_t PlanCoords::get(giftCoords_t* coords, size_t n) const {
 }
 
 bool PlanCoords::any_in_gift() const {
-  return std::find(in_gift.begin(), in_gift.end(), 1) != in_gift.end();
+  return std::any_of(in_gift.begin(), in_gift.end(), [](uint8_t g) { return g != 0; });
 }
 
 bool PlanCoords::measuring(const giftAllReduceConfig& config) const {

@@ -70,6 +70,7 @@ struct giftReducePlan {
   std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
   bool residual_pending = false;
   bool shard_residual_pending = false;
+  std::vector<giftEncodeStats> chunk_stats;  // of a message's encode, chunk by chunk
 
   uint64_t shard_count(int r) const { return layout.shard_count(r); }
 };
@@ -90,32 +91,59 @@ uint64_t tensor_elements(const giftReducePlan& p, size_t i) {
 constexpr uint64_t kChunk = 16384;
 static_assert(kChunk % GIFT_BLOCK_MAX == 0, "a chunk holds whole blocks");
 
+// kChunk floats for each of the plan's threads, for one step's chunked passes: allocated as
+// the step starts, before it changes anything (plans hold no memory for it).
+struct ChunkScratch {
+  int threads = 1;
+  std::unique_ptr<float[]> floats;
+};
+
+giftResult_t make_scratch(const giftReducePlan& p, ChunkScratch* s) {
+  s->threads = std::max(1, gift::thread_count(&p.ctx));
+  s->floats.reset(new (std::nothrow) float[uint64_t(s->threads) * kChunk]);
+  return s->floats ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for a step's scratch");
+}
+
 // f(begin, count, scratch) for the chunks of [0, n), on the plan's threads, with kChunk
 // floats of scratch each. Every element's arithmetic is the same wherever the chunks fall.
 template <typename F>
-void for_each_chunk(const giftReducePlan& p, uint64_t n, F&& f) {
+void for_each_chunk(const ChunkScratch& s, uint64_t n, F&& f) {
   const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
-  const int threads =
-      int(std::max<int64_t>(1, std::min<int64_t>(gift::thread_count(&p.ctx), chunks)));
+  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(s.threads, chunks)));
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c) {
     const gift::num::FpEnvGuard fp_env;
-    float scratch[kChunk];
     const uint64_t b = uint64_t(c) * kChunk;
-    f(b, std::min(kChunk, n - b), scratch);
+    f(b, std::min(kChunk, n - b), s.floats.get() + uint64_t(omp_get_thread_num()) * kChunk);
   }
 }
 
-// Elements [begin, begin + n) of the message at msg (begin a multiple of the block) in fp32,
-// decoded on the calling thread.
-void decode_range(const giftReducePlan& p, const uint8_t* msg, uint64_t begin, uint64_t n,
-                  float* dst) {
+// Where the scales of elements from `begin` (a multiple of the block) start in a message.
+uint64_t scales_of(const giftReducePlan& p, uint64_t begin) {
   uint64_t at = 0;
   if (begin) giftScaleBytes(&p.params, 1, begin, &at);
+  return p.layout.scales_at + at;
+}
+
+// Elements [begin, begin + n) of the message at msg (begin a multiple of the block) in fp32,
+// decoded on the calling thread (message buffers are checked once per step).
+void decode_range(const giftReducePlan& p, const uint8_t* msg, uint64_t begin, uint64_t n,
+                  float* dst) {
   giftCtx one;
   one.threads = 1;
-  giftDecode(&one, &p.params, msg + p.layout.codes_at + begin, msg + p.layout.scales_at + at,
-             p.layout.codes_at - p.layout.scales_at - at, 1, n, dst, GIFT_DTYPE_F32);
+  gift::decode_tensor(&one, p.params, msg + p.layout.codes_at + begin, msg + scales_of(p, begin), 1,
+                      n, dst, GIFT_DTYPE_F32);
+}
+
+// Message buffers hold fp32 scales (when the plan has them) at a multiple of 64 bytes from
+// their start.
+giftResult_t check_messages(const giftReducePlan& p, const uint8_t* msgs, const char* what) {
+  if (!msgs) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", what);
+  if (p.params.scale_dtype == GIFT_SCALE_DTYPE_F32 && reinterpret_cast<uintptr_t>(msgs) % 4) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s buffer is not 4-byte aligned (its messages hold fp32 scales)", what);
+  }
+  return GIFT_OK;
 }
 
 // A tensor's slice of the flat bucket as the whitener sees it: rows x (last dimension).
@@ -156,9 +184,9 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
 // replaced after its encode by values - decoded: what the next call adds back so that rounding
 // errors do not accumulate. Kept NaN or Inf (GIFT_NONFINITE_KEEP) mark the message.
 template <typename Fill>
-giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, float* values,
-                            uint64_t count, bool feedback, uint8_t* msg, Fill&& fill,
-                            uint32_t flags = 0, const void* extra = nullptr,
+giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint32_t step,
+                            int shard, float* values, uint64_t count, bool feedback, uint8_t* msg,
+                            Fill&& fill, uint32_t flags = 0, const void* extra = nullptr,
                             uint64_t extra_bytes = 0) {
   memset(msg, 0, p.layout.message_bytes);
   MessageHeader h{};
@@ -172,19 +200,17 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, float* 
   h.call = p.call;
   h.count = count;
   const giftQuantParams q = encode_params(p, step, p.rank, shard);
-  std::vector<giftEncodeStats> seen((count + kChunk - 1) / kChunk);
+  std::vector<giftEncodeStats>& seen = p.chunk_stats;  // the first chunks' of count
   std::atomic<bool> out_of_memory{false};
-  for_each_chunk(p, count, [&](uint64_t b, uint64_t n, float* decoded) {
+  for_each_chunk(scratch, count, [&](uint64_t b, uint64_t n, float* decoded) {
     fill(b, n, decoded);
-    uint64_t at = 0;
-    if (b) giftScaleBytes(&q, 1, b, &at);
     giftCtx one;
     one.threads = 1;
     try {
       // The chunk's codes are those of an encode of the whole shard: its stochastic rounding
       // counts elements from b.
       (void)gift::encode_tensor(&one, q, values + b, GIFT_DTYPE_F32, 1, n,
-                                msg + p.layout.codes_at + b, msg + p.layout.scales_at + at,
+                                msg + p.layout.codes_at + b, msg + scales_of(p, b),
                                 &seen[b / kChunk], gift::BandOrigin{b, -1.0f});
     } catch (const std::bad_alloc&) {
       out_of_memory = true;
@@ -196,7 +222,7 @@ giftResult_t encode_message(giftReducePlan& p, uint32_t step, int shard, float* 
   });
   if (out_of_memory) return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while encoding");
   uint64_t nonfinite = 0, first = UINT64_MAX;
-  for (size_t c = 0; c < seen.size(); ++c) {
+  for (size_t c = 0; c < (count + kChunk - 1) / kChunk; ++c) {
     nonfinite += seen[c].nonfinite_count;
     if (seen[c].nonfinite_count) first = std::min(first, c * kChunk + seen[c].first_nonfinite);
   }
@@ -325,6 +351,7 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
       return rc;
     p->flat.resize(total);
     p->sum.resize(p->layout.max_shard);
+    p->chunk_stats.resize((p->layout.max_shard + kChunk - 1) / kChunk);
     if (p->config.error_feedback) {
       p->residual.assign(total, 0.0f);
       p->shard_residual.assign(p->layout.max_shard, 0.0f);
@@ -417,7 +444,9 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   ++p.call;
   p.residual_pending = p.shard_residual_pending = false;
   if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, tensors)) return rc;
-  if (!send) return fail(GIFT_ERROR_INVALID_ARGUMENT, "send buffer is NULL");
+  if (const giftResult_t rc = check_messages(p, send, "send")) return rc;
+  ChunkScratch scratch;
+  if (const giftResult_t rc = make_scratch(p, &scratch)) return rc;
   // The bucket in fp32 plus the residual, which is added in original coordinates, before
   // whitening, and mapped back to them after encoding, so a change of basis or coordinates
   // between calls does not strand it.
@@ -434,7 +463,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // A measurement or whitening needs the whole bucket first; otherwise each chunk is
   // gathered just before it is encoded.
   if (measure_now || whitened) {
-    for_each_chunk(p, p.bucket.offset.back(),
+    for_each_chunk(scratch, p.bucket.offset.back(),
                    [&](uint64_t b, uint64_t n, float*) { gather(b, n); });
   }
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
@@ -449,7 +478,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
       if (!measure_now && !whitened) gather(begin + b, n);
     };
     if (const giftResult_t rc = encode_message(
-            p, kScatter, r, p.flat.data() + begin, p.shard_count(r), feedback,
+            p, scratch, kScatter, r, p.flat.data() + begin, p.shard_count(r), feedback,
             send + uint64_t(r) * p.layout.message_bytes, fill, carry ? kCarriesEstimates : 0,
             p.coords.estimates.data(), carry ? p.coords.estimates.size() * sizeof(float) : 0)) {
       return rc;
@@ -466,7 +495,10 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   const gift::num::FpEnvGuard fp_env;
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
-  if (!recv || !out_msg) return fail(GIFT_ERROR_INVALID_ARGUMENT, "a message buffer is NULL");
+  if (const giftResult_t rc = check_messages(p, recv, "recv")) return rc;
+  if (const giftResult_t rc = check_messages(p, out_msg, "out_msg")) return rc;
+  ChunkScratch scratch;
+  if (const giftResult_t rc = make_scratch(p, &scratch)) return rc;
   const uint64_t count = p.shard_count(p.rank);
   for (int s = 0; s < p.world; ++s) {
     if (const giftResult_t rc =
@@ -504,8 +536,8 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
       for (uint64_t i = 0; i < n; ++i) sum[i] += p.shard_residual[b + i];
     }
   };
-  const giftResult_t rc = encode_message(p, kGather, p.rank, p.sum.data(), count, feedback, out_msg,
-                                         fill, flags, d.data(), d.size());
+  const giftResult_t rc = encode_message(p, scratch, kGather, p.rank, p.sum.data(), count, feedback,
+                                         out_msg, fill, flags, d.data(), d.size());
   p.shard_residual_pending = rc == GIFT_OK && feedback;
   return rc;
 }
@@ -517,7 +549,9 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   giftReducePlan& p = *plan;
   if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, out_tensors))
     return rc;
-  if (!gathered) return fail(GIFT_ERROR_INVALID_ARGUMENT, "gathered buffer is NULL");
+  if (const giftResult_t rc = check_messages(p, gathered, "gathered")) return rc;
+  ChunkScratch scratch;
+  if (const giftResult_t rc = make_scratch(p, &scratch)) return rc;
   for (int s = 0; s < p.world; ++s) {
     if (const giftResult_t rc =
             check_message(p, kGather, s, s, gathered + uint64_t(s) * p.layout.message_bytes)) {
@@ -535,7 +569,7 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   for (int s = 0; s < p.world; ++s) {
     const uint8_t* msg = gathered + uint64_t(s) * p.layout.message_bytes;
     const uint64_t at = p.layout.shard_begin[s];
-    for_each_chunk(p, p.shard_count(s), [&](uint64_t b, uint64_t n, float* values) {
+    for_each_chunk(scratch, p.shard_count(s), [&](uint64_t b, uint64_t n, float* values) {
       if (whitened) return decode_range(p, msg, b, n, p.flat.data() + at + b);
       decode_range(p, msg, b, n, values);
       scatter_span(p, values, at + b, n, out_tensors);
@@ -543,7 +577,7 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   }
   if (whitened) {
     apply_coords(p, p.flat.data(), true);
-    for_each_chunk(p, p.bucket.offset.back(), [&](uint64_t b, uint64_t n, float*) {
+    for_each_chunk(scratch, p.bucket.offset.back(), [&](uint64_t b, uint64_t n, float*) {
       scatter_span(p, p.flat.data() + b, b, n, out_tensors);
     });
   }

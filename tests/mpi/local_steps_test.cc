@@ -175,85 +175,182 @@ TEST(LocalSteps, MessagesStayNearOneBytePerElement) {
             64u + (1u << 16) / 128 * 4 + (1u << 16) + 64u);
 }
 
-// Every message is the codec's encode of its whole shard (giftEncode, one call): the
-// scattered ones of the bucket in fp32 (the first call, without residuals yet), the reduced
-// ones of their pieces' decoded average in rank order; and the result is the reduced
-// messages' decode. With stochastic rounding, whose random words count elements from the
-// shard's start, over shards of several of the steps' chunks, on two threads.
+// Places a value in tensor `t`, element `e` of a bucket, in the tensor's dtype.
+void put(const std::vector<TensorSpec>& specs, Bucket& b, size_t t, uint64_t e, float v) {
+  gift::test::store(specs[t].dtype, v, b[t].data() + e * gift::test::dtype_bytes(specs[t].dtype));
+}
+
+// The algorithm of gift_transport.h written with whole-shard giftEncode/giftDecode calls:
+// every rank's residual and every shard's, one call after another.
+class ReferenceWorld {
+ public:
+  ReferenceWorld(const giftAllReduceConfig& c, int world, uint64_t total)
+      : c_(c),
+        world_(world),
+        params_(gift::transport::quant_params(c)),
+        residual_(size_t(world), std::vector<float>(total, 0.0f)),
+        shard_residual_(size_t(world)) {
+    EXPECT_EQ(gift::transport::make_layout(params_, c, total, 2, world, &l_), GIFT_OK);
+    for (int r = 0; r < world; ++r) shard_residual_[size_t(r)].assign(l_.shard_count(r), 0.0f);
+  }
+  const gift::transport::Layout& layout() const { return l_; }
+
+  // Call `call` on the ranks' fp32 buckets x: scattered[s][r] and reduced[r] are the messages
+  // (codes and scales only), result the decoded bucket.
+  struct Call {
+    std::vector<std::vector<std::vector<uint8_t>>> scattered;
+    std::vector<std::vector<uint8_t>> reduced;
+    std::vector<float> result;
+  };
+  Call run(uint64_t call, const std::vector<std::vector<float>>& x) {
+    Call out;
+    const uint64_t total = x[0].size();
+    out.result.resize(total);
+    std::vector<std::vector<float>> residual = residual_, shard_residual = shard_residual_;
+    std::vector<std::vector<float>> sums(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) sums[size_t(r)].resize(l_.shard_count(r));
+    out.scattered.resize(size_t(world_));
+    for (int s = 0; s < world_; ++s) {
+      std::vector<float> v = x[size_t(s)];
+      for (uint64_t i = 0; i < total; ++i) v[i] += residual_[size_t(s)][i];
+      for (int r = 0; r < world_; ++r) {
+        const uint64_t begin = l_.shard_begin[size_t(r)], n = l_.shard_count(r);
+        std::vector<float> decoded(n);
+        out.scattered[size_t(s)].push_back(
+            encode(call, gift::transport::kScatter, s, r, v.data() + begin, n, decoded.data()));
+        for (uint64_t i = 0; i < n; ++i) {
+          residual[size_t(s)][begin + i] = v[begin + i] - decoded[i];
+          // The pieces in rank order; the average and the residual come after.
+          float& sum = sums[size_t(r)][i];
+          sum = s == 0 ? decoded[i] : sum + decoded[i];
+        }
+      }
+    }
+    bool finite = true;
+    for (int r = 0; r < world_; ++r) {
+      const uint64_t begin = l_.shard_begin[size_t(r)], n = l_.shard_count(r);
+      std::vector<float>& sum = sums[size_t(r)];
+      for (uint64_t i = 0; i < n; ++i) {
+        if (c_.op == GIFT_REDUCE_AVG) sum[i] /= float(world_);
+        sum[i] += shard_residual_[size_t(r)][i];
+      }
+      out.reduced.push_back(
+          encode(call, gift::transport::kGather, r, r, sum.data(), n, out.result.data() + begin));
+      for (uint64_t i = 0; i < n; ++i) {
+        shard_residual[size_t(r)][i] = sum[i] - out.result[begin + i];
+        finite = finite && std::isfinite(out.result[begin + i]);
+      }
+    }
+    if (finite && c_.error_feedback) {  // a call's residuals count once its result is finite
+      residual_ = residual;
+      shard_residual_ = shard_residual;
+    }
+    return out;
+  }
+
+ private:
+  // A message's codes and scales for values[0, n), and their decode.
+  std::vector<uint8_t> encode(uint64_t call, uint32_t step, int sender, int shard,
+                              const float* values, uint64_t n, float* decoded) const {
+    const giftQuantParams q =
+        gift::transport::encode_params(params_, c_, call, step, world_, sender, shard);
+    std::vector<uint8_t> msg(l_.message_bytes, 0);
+    const uint64_t capacity = l_.codes_at - l_.scales_at;
+    const giftResult_t rc =
+        giftEncode(nullptr, &q, values, GIFT_DTYPE_F32, 1, n, msg.data() + l_.codes_at,
+                   msg.data() + l_.scales_at, capacity, nullptr);
+    EXPECT_EQ(rc, GIFT_OK) << giftGetLastErrorMessage();
+    giftDecode(nullptr, &q, msg.data() + l_.codes_at, msg.data() + l_.scales_at, capacity, 1, n,
+               decoded, GIFT_DTYPE_F32);
+    return msg;
+  }
+
+  giftAllReduceConfig c_;
+  int world_;
+  giftQuantParams params_;
+  gift::transport::Layout l_;
+  std::vector<std::vector<float>> residual_, shard_residual_;
+};
+
+// Every message is the codec's encode of its whole shard (giftEncode, one call) and the
+// result its decode, with both residuals, over three calls: shards of several of the steps'
+// chunks, on one and two threads; stochastic rounding (whose random words count elements
+// from the shard's start); E5M2 with E8M0 scales in blocks of 4096; and a NaN kept in a
+// shard's second chunk, whose call commits no residual.
 TEST(LocalSteps, MessagesAreTheCodecsEncodeOfTheirShards) {
   const std::vector<TensorSpec> specs = {{"a", GIFT_DTYPE_F32, {3, 40000}},
                                          {"b", GIFT_DTYPE_BF16, {777}}};
-  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
-  c.rounding = GIFT_ROUND_STOCHASTIC;
-  c.seed = 11;
-  c.op = GIFT_REDUCE_AVG;
-  c.threads = 2;
-  const int world = 3;
-  SimulatedWorld sim(c, world, specs);
-  const std::vector<Bucket> in = inputs_for(specs, world, 1);
-  const std::vector<std::vector<uint8_t>> recv = sim.scatter(in);
-
-  const giftQuantParams params = gift::transport::quant_params(c);
   const uint64_t total = 120000 + 777;
-  gift::transport::Layout l;
-  ASSERT_EQ(gift::transport::make_layout(params, c, total, specs.size(), world, &l), GIFT_OK);
-  const uint64_t m = sim.message_bytes(), scale_cap = l.codes_at - l.scales_at;
-  ASSERT_EQ(l.message_bytes, m);
-  // The codes and scales of values[0, n) encoded with q, as a message holds them.
-  const auto encoded = [&](const giftQuantParams& q, const float* values, uint64_t n) {
-    std::vector<uint8_t> msg(m, 0);
-    EXPECT_EQ(giftEncode(nullptr, &q, values, GIFT_DTYPE_F32, 1, n, msg.data() + l.codes_at,
-                         msg.data() + l.scales_at, scale_cap, nullptr),
-              GIFT_OK);
-    return msg;
-  };
-  const auto same_payload = [&](const uint8_t* got, const std::vector<uint8_t>& want, uint64_t n) {
+  const int world = 3;
+  giftAllReduceConfig stochastic = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  stochastic.rounding = GIFT_ROUND_STOCHASTIC;
+  stochastic.seed = 11;
+  stochastic.op = GIFT_REDUCE_AVG;
+  stochastic.threads = 2;
+  giftAllReduceConfig wide = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  wide.kind = GIFT_FP8_E5M2;
+  wide.scale_dtype = GIFT_SCALE_DTYPE_E8M0;
+  wide.block = 4096;
+  wide.nonfinite = GIFT_NONFINITE_KEEP;
+  wide.threads = 1;
+  for (const giftAllReduceConfig& c : {stochastic, wide}) {
+    SCOPED_TRACE(c.rounding == GIFT_ROUND_STOCHASTIC ? "stochastic" : "e5m2, e8m0, 4096, NaN");
+    SimulatedWorld sim(c, world, specs);
+    ReferenceWorld ref(c, world, total);
+    const gift::transport::Layout& l = ref.layout();
+    ASSERT_EQ(l.message_bytes, sim.message_bytes());
     uint64_t scale_bytes = 0;
-    giftScaleBytes(&params, 1, n, &scale_bytes);
-    return memcmp(got + l.codes_at, want.data() + l.codes_at, n) == 0 &&
-           memcmp(got + l.scales_at, want.data() + l.scales_at, scale_bytes) == 0;
-  };
-  std::vector<uint8_t> gathered(uint64_t(world) * m);
-  std::vector<float> expected(total);
-  for (int r = 0; r < world; ++r) {
-    const uint64_t begin = l.shard_begin[size_t(r)], n = l.shard_count(r);
-    ASSERT_GT(n, 2 * 16384u);
-    std::vector<float> sum(n, 0.0f), piece(n);
-    for (int s = 0; s < world; ++s) {
-      const std::vector<double> x = gift::test::flat(specs, in[size_t(s)]);
-      const std::vector<float> values(x.begin() + int64_t(begin), x.begin() + int64_t(begin + n));
-      const giftQuantParams q =
-          gift::transport::encode_params(params, c, 1, gift::transport::kScatter, world, s, r);
-      const std::vector<uint8_t> want = encoded(q, values.data(), n);
-      EXPECT_TRUE(same_payload(&recv[size_t(r)][uint64_t(s) * m], want, n))
-          << "message of rank " << s << " for rank " << r;
-      giftDecode(nullptr, &params, want.data() + l.codes_at, want.data() + l.scales_at, scale_cap,
-                 1, n, piece.data(), GIFT_DTYPE_F32);
-      for (uint64_t i = 0; i < n; ++i) sum[i] += piece[i];
+    const giftQuantParams params = gift::transport::quant_params(c);
+    giftScaleBytes(&params, 1, l.max_shard, &scale_bytes);
+    for (uint64_t call = 1; call <= 3; ++call) {
+      std::vector<Bucket> in = inputs_for(specs, world, call);
+      if (c.nonfinite == GIFT_NONFINITE_KEEP && call == 2) {
+        put(specs, in[2], 0, l.shard_begin[1] + 20000, NAN);  // shard 1, its second chunk
+      }
+      std::vector<std::vector<float>> x;
+      for (const Bucket& b : in) {
+        const std::vector<double> d = gift::test::flat(specs, b);
+        x.emplace_back(d.begin(), d.end());
+      }
+      const ReferenceWorld::Call want = ref.run(call, x);
+      const auto same = [&](const uint8_t* got, const std::vector<uint8_t>& w, int shard) {
+        return memcmp(got + l.codes_at, w.data() + l.codes_at, l.shard_count(shard)) == 0 &&
+               memcmp(got + l.scales_at, w.data() + l.scales_at, scale_bytes) == 0;
+      };
+      const std::vector<std::vector<uint8_t>> recv = sim.scatter(in);
+      const uint64_t m = l.message_bytes;
+      std::vector<uint8_t> gathered(uint64_t(world) * m);
+      for (int r = 0; r < world; ++r) {
+        for (int s = 0; s < world; ++s) {
+          EXPECT_TRUE(
+              same(&recv[size_t(r)][uint64_t(s) * m], want.scattered[size_t(s)][size_t(r)], r))
+              << "call " << call << ": message of rank " << s << " for rank " << r;
+        }
+        ASSERT_EQ(sim.reduce(r, recv[size_t(r)], &gathered[uint64_t(r) * m]), GIFT_OK)
+            << giftGetLastErrorMessage();
+        EXPECT_TRUE(same(&gathered[uint64_t(r) * m], want.reduced[size_t(r)], r))
+            << "call " << call << ": reduced message of rank " << r;
+      }
+      for (int r = 0; r < world; ++r) {
+        Bucket out = in[0];
+        std::vector<void*> o;
+        for (auto& t : out) o.push_back(t.data());
+        ASSERT_EQ(giftReduceDecodeResult(sim.plan(r), gathered.data(), o.data()), GIFT_OK)
+            << giftGetLastErrorMessage();
+        const std::vector<double> got = gift::test::flat(specs, out);
+        for (uint64_t i = 0; i < total; ++i) {
+          float w = want.result[i];
+          if (i >= 120000) {  // tensor b goes out in bf16, rounded as a conversion does
+            uint8_t bf16[2];
+            gift::test::store(GIFT_DTYPE_BF16, w, bf16);
+            w = gift::test::to_float(GIFT_DTYPE_BF16, bf16);
+          }
+          ASSERT_TRUE(std::isnan(w) ? std::isnan(got[i]) : got[i] == double(w))
+              << "call " << call << ", rank " << r << ", element " << i;
+        }
+      }
     }
-    for (float& v : sum) v /= float(world);
-    const giftQuantParams q =
-        gift::transport::encode_params(params, c, 1, gift::transport::kGather, world, r, r);
-    const std::vector<uint8_t> want = encoded(q, sum.data(), n);
-    uint8_t* reduced = &gathered[uint64_t(r) * m];
-    ASSERT_EQ(sim.reduce(r, recv[size_t(r)], reduced), GIFT_OK) << giftGetLastErrorMessage();
-    EXPECT_TRUE(same_payload(reduced, want, n)) << "reduced message of rank " << r;
-    giftDecode(nullptr, &params, want.data() + l.codes_at, want.data() + l.scales_at, scale_cap, 1,
-               n, expected.data() + begin, GIFT_DTYPE_F32);
   }
-  Bucket out = in[0];
-  std::vector<void*> o;
-  for (auto& t : out) o.push_back(t.data());
-  ASSERT_EQ(giftReduceDecodeResult(sim.plan(0), gathered.data(), o.data()), GIFT_OK)
-      << giftGetLastErrorMessage();
-  const std::vector<double> got = gift::test::flat(specs, out);
-  // Tensor b goes out in bf16, rounded from the decoded fp32 as a conversion does.
-  for (uint64_t i = 120000; i < total; ++i) {
-    uint8_t bf16[2];
-    gift::test::store(GIFT_DTYPE_BF16, expected[i], bf16);
-    expected[i] = gift::test::to_float(GIFT_DTYPE_BF16, bf16);
-  }
-  for (uint64_t i = 0; i < total; ++i) ASSERT_EQ(got[i], double(expected[i])) << "element " << i;
 }
 
 // A checkpointed run resumes where it left off: the same bytes as the uninterrupted run,
@@ -394,11 +491,6 @@ TEST(LocalSteps, NonFiniteInputNamesTheTensor) {
   giftReducePlanDestroy(p);
 }
 
-// Places a value in tensor `t`, element `e` of a bucket, in the tensor's dtype.
-void put(const std::vector<TensorSpec>& specs, Bucket& b, size_t t, uint64_t e, float v) {
-  gift::test::store(specs[t].dtype, v, b[t].data() + e * gift::test::dtype_bytes(specs[t].dtype));
-}
-
 // GIFT_NONFINITE_KEEP: a NaN on one rank and an Inf on another reach every rank as an fp32
 // all-reduce would leave them (NaN, and Inf where E5M2 holds it), every other element stays
 // finite, and the call commits nothing: the next calls give the bytes of a run that never
@@ -462,6 +554,33 @@ TEST(LocalSteps, CallAbandonedAfterStepOneLeavesEveryRanksErrorFeedback) {
   for (uint64_t seed = 3; seed < 5; ++seed) {
     EXPECT_EQ(clean.allreduce(inputs_for(specs, world, seed)),
               hit.allreduce(inputs_for(specs, world, seed)));
+  }
+}
+
+// Messages hold fp32 scales at multiples of 64 bytes from their start: a buffer that is not
+// 4-byte aligned is refused by each step; E8M0 scales are bytes and need no alignment.
+TEST(LocalSteps, MisalignedMessageBuffersAreRefusedForFp32Scales) {
+  const std::vector<TensorSpec> specs = gift::test::tiny_bucket();
+  for (const giftScaleDType_t scales : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+    giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+    c.scale_dtype = scales;
+    SimulatedWorld sim(c, 1, specs);
+    const Bucket in = inputs_for(specs, 1, 1)[0];
+    std::vector<const void*> ptrs;
+    for (const auto& t : in) ptrs.push_back(t.data());
+    std::vector<uint8_t> buffer(sim.message_bytes() + 8);
+    uint8_t* odd = buffer.data() + (reinterpret_cast<uintptr_t>(buffer.data()) % 4 == 0 ? 1 : 0);
+    const giftResult_t want =
+        scales == GIFT_SCALE_DTYPE_F32 ? GIFT_ERROR_INVALID_ARGUMENT : GIFT_OK;
+    EXPECT_EQ(giftReduceEncodeShards(sim.plan(0), ptrs.data(), odd), want);
+    std::vector<uint8_t> reduced(sim.message_bytes() + 8);
+    uint8_t* odd_out =
+        reduced.data() + (reinterpret_cast<uintptr_t>(reduced.data()) % 4 == 0 ? 1 : 0);
+    EXPECT_EQ(giftReduceSumShard(sim.plan(0), odd, odd_out), want);
+    if (want != GIFT_OK) {
+      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("not 4-byte aligned"),
+                std::string::npos);
+    }
   }
 }
 
