@@ -42,6 +42,13 @@ class SimulatedWorld {
 
   int world() const { return int(plans_.size()); }
   giftReducePlan* plan(int r) const { return plans_[r].get(); }
+
+  // The same basis on every rank.
+  void set_basis(const giftBasis* basis) {
+    for (const PlanPtr& p : plans_) {
+      EXPECT_EQ(giftReducePlanSetBasis(p.get(), basis), GIFT_OK) << giftGetLastErrorMessage();
+    }
+  }
   uint64_t message_bytes() const { return bytes_; }
 
   // Step 1 on every rank, then the all-to-all: recv[r] holds rank r's incoming messages.
@@ -601,6 +608,12 @@ using gift::test::coords_input;
 using gift::test::fit_basis;
 using gift::test::kCoordsBucket;
 
+std::vector<Bucket> coords_inputs(int world) {
+  std::vector<Bucket> in;
+  for (int r = 0; r < world; ++r) in.push_back(coords_input(r));
+  return in;
+}
+
 std::vector<giftCoords_t> coords_of(giftReducePlan* p) {
   std::vector<giftCoords_t> c(kCoordsBucket.size());
   EXPECT_EQ(giftReducePlanCoords(p, c.data(), c.size()), GIFT_OK);
@@ -632,13 +645,12 @@ giftAllReduceConfig coords_config(giftCoordsMode_t mode) {
 TEST(LocalStepsCoords, GiftCoordinatesLowerTheErrorOfAnAnisotropicMatrixOnEveryRank) {
   const int world = 3;
   const BasisPtr basis = fit_basis(16);
-  std::vector<Bucket> in;
-  for (int r = 0; r < world; ++r) in.push_back(coords_input(r));
+  const std::vector<Bucket> in = coords_inputs(world);
   SimulatedWorld euclid(coords_config(GIFT_COORDS_MODE_EUCLIDEAN), world, kCoordsBucket);
   SimulatedWorld gift(coords_config(GIFT_COORDS_MODE_GIFT), world, kCoordsBucket);
+  euclid.set_basis(basis.get());
+  gift.set_basis(basis.get());
   for (int r = 0; r < world; ++r) {
-    ASSERT_EQ(giftReducePlanSetBasis(euclid.plan(r), basis.get()), GIFT_OK);
-    ASSERT_EQ(giftReducePlanSetBasis(gift.plan(r), basis.get()), GIFT_OK);
     EXPECT_EQ(coords_of(euclid.plan(r)), std::vector<giftCoords_t>(3, GIFT_COORDS_EUCLIDEAN));
     EXPECT_EQ(
         coords_of(gift.plan(r)),
@@ -656,11 +668,8 @@ TEST(LocalStepsCoords, MeasuredChoiceIsMadeOnceForAllRanksAfterTheFirstCall) {
   const int world = 2;
   const BasisPtr basis = fit_basis(16);
   SimulatedWorld sim(coords_config(GIFT_COORDS_MODE_AUTO), world, kCoordsBucket);
-  std::vector<Bucket> in;
-  for (int r = 0; r < world; ++r) {
-    in.push_back(coords_input(r));
-    ASSERT_EQ(giftReducePlanSetBasis(sim.plan(r), basis.get()), GIFT_OK);
-  }
+  sim.set_basis(basis.get());
+  const std::vector<Bucket> in = coords_inputs(world);
   // The first call measures and travels Euclidean; the decision applies from the second.
   const std::vector<Bucket> first = sim.allreduce(in);
   const std::vector<giftCoords_t> chosen = coords_of(sim.plan(0));
@@ -684,12 +693,9 @@ TEST(LocalStepsCoords, NonFiniteMeasuringCallIsMeasuredAgain) {
   c.nonfinite = GIFT_NONFINITE_KEEP;
   c.reselect_every = 3;
   SimulatedWorld clean(c, world, kCoordsBucket), hit(c, world, kCoordsBucket);
-  std::vector<Bucket> in;
-  for (int r = 0; r < world; ++r) {
-    in.push_back(coords_input(r));
-    ASSERT_EQ(giftReducePlanSetBasis(clean.plan(r), basis.get()), GIFT_OK);
-    ASSERT_EQ(giftReducePlanSetBasis(hit.plan(r), basis.get()), GIFT_OK);
-  }
+  clean.set_basis(basis.get());
+  hit.set_basis(basis.get());
+  const std::vector<Bucket> in = coords_inputs(world);
   std::vector<Bucket> bad = in;
   const float nan = NAN;
   memcpy(bad[1][2].data() + 4 * 3, &nan, 4);  // the bias, a vector: one NaN stays one NaN
@@ -732,12 +738,9 @@ TEST(LocalStepsCoords, FailedEncodeLeavesTheErrorFeedbackAsItWas) {
   giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_GIFT);
   c.error_feedback = 1;
   SimulatedWorld late(c, world, kCoordsBucket), early(c, world, kCoordsBucket);
-  std::vector<Bucket> in;
-  for (int r = 0; r < world; ++r) {
-    in.push_back(coords_input(r));
-    ASSERT_EQ(giftReducePlanSetBasis(late.plan(r), basis.get()), GIFT_OK);
-    ASSERT_EQ(giftReducePlanSetBasis(early.plan(r), basis.get()), GIFT_OK);
-  }
+  late.set_basis(basis.get());
+  early.set_basis(basis.get());
+  const std::vector<Bucket> in = coords_inputs(world);
   ASSERT_EQ(late.allreduce(in), early.allreduce(in));
   const auto fail_with_nan_at = [&](SimulatedWorld& sim, size_t tensor, size_t element) {
     for (int r = 0; r < world; ++r) {
@@ -771,11 +774,8 @@ TEST(LocalStepsCoords, ErrorFeedbackKeptInOriginalCoordinatesMakesTheMeanConverg
   c.error_feedback = 1;
   c.op = GIFT_REDUCE_AVG;
   SimulatedWorld sim(c, world, kCoordsBucket);
-  std::vector<Bucket> in;
-  for (int r = 0; r < world; ++r) {
-    in.push_back(coords_input(r));
-    ASSERT_EQ(giftReducePlanSetBasis(sim.plan(r), basis.get()), GIFT_OK);
-  }
+  sim.set_basis(basis.get());
+  const std::vector<Bucket> in = coords_inputs(world);
   const size_t n = in[0][0].size() / 4;
   std::vector<double> exact(n, 0.0), sum(n, 0.0);
   for (const Bucket& b : in)
