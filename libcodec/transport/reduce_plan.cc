@@ -178,11 +178,11 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
                 p.bucket.offset.begin() - 1);
 }
 
-// Encodes values[0, count) into `msg` chunk by chunk, each chunk first written by
+// Encodes values[0, count) into `msg` chunk by chunk. Each chunk is first written by
 // fill(begin, n, scratch) (the step's own passes over it, while it is in cache; kChunk floats
-// of scratch) and, with `feedback`,
-// replaced after its encode by values - decoded: what the next call adds back so that rounding
-// errors do not accumulate. Kept NaN or Inf (GIFT_NONFINITE_KEEP) mark the message.
+// of scratch) and, with `feedback`, replaced after its encode by values - decoded: what the
+// next call adds back so that rounding errors do not accumulate. Kept NaN or Inf
+// (GIFT_NONFINITE_KEEP) mark the message.
 template <typename Fill>
 giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint32_t step,
                             int shard, float* values, uint64_t count, bool feedback, uint8_t* msg,
@@ -200,7 +200,7 @@ giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint
   h.call = p.call;
   h.count = count;
   const giftQuantParams q = encode_params(p, step, p.rank, shard);
-  std::vector<giftEncodeStats>& seen = p.chunk_stats;  // the first chunks' of count
+  std::vector<giftEncodeStats>& seen = p.chunk_stats;  // one per chunk of the shard
   std::atomic<bool> out_of_memory{false};
   for_each_chunk(scratch, count, [&](uint64_t b, uint64_t n, float* decoded) {
     fill(b, n, decoded);
@@ -559,7 +559,8 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
     }
   }
   const bool finite = !holds_nonfinite(p, gathered);
-  // Commits the call's residuals; without a commit they are dropped (flat is overwritten).
+  // Commits the call's residuals; without a commit they are dropped (the next call writes
+  // over them).
   if (finite && p.residual_pending) std::swap(p.flat, p.residual);
   if (finite && p.shard_residual_pending) std::swap(p.sum, p.shard_residual);
   p.residual_pending = p.shard_residual_pending = false;
