@@ -36,7 +36,8 @@ skips the step everywhere; the plan of the bucket that held it keeps its error f
 choice of coordinates as they were (ReducePlan's keep_nonfinite), the other buckets' plans
 keep the step's residuals (one FP8 rounding error of gradients the step did not apply).
 Device plans report what else their data held (messages of another call or basis) once per
-step, at the last bucket, which waits for the device; the error is raised there.
+step, at the last bucket, which waits for the device; the error is raised there on every
+rank (one small all_gather per step agrees on it).
 
 GIFT coordinates (coords="auto" or "gift"): state.attach(model) puts a forward pre-hook on
 every nn.Linear, which every refresh_every steps accumulates the second moment X^T X / n of
@@ -246,6 +247,29 @@ class GiftState:
         self.basis = basis
         for plan in self._plans.values():
             plan.set_basis(basis)
+
+    def _check_status(self, world):
+        """The plans' status (what device plans' steps saw: messages of another call or
+        basis), agreed over the ranks at the step's last bucket: a rank's error raises on
+        every rank, naming it, instead of leaving the others in the next step's exchange."""
+        error = None
+        for plan in self._plans.values():
+            try:
+                plan.status()
+            except GiftError as e:
+                error = e
+                break
+        code = torch.tensor([error.code if error else 0], device=self._comm_device())
+        codes = [torch.empty_like(code) for _ in range(world)]
+        dist.all_gather(codes, code, group=self.process_group)
+        failed = [(r, int(c.item())) for r, c in enumerate(codes) if int(c.item())]
+        if error is not None:
+            raise error
+        if failed:
+            r, c = failed[0]
+            raise GiftError(c, _gift.error_string(c),
+                            f"rank {r} failed at the end of step {self.iter} (its own error "
+                            "says why)")
 
     def _global_rank(self, rank):
         group = self.process_group
@@ -499,8 +523,7 @@ def gift_hook(state, bucket):
                 state._waiting, state._pending = [], {}
         state._quiet = min(state._quiet + 1, 2) if not state._regrouped else 0
         state._regrouped = False
-        for plan in state._plans.values():
-            plan.status()
+        state._check_status(world)
         if state._collecting():
             state._refresh_basis(world)
         state.iter += 1

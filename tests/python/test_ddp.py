@@ -10,7 +10,8 @@ bucket of 300 tensors has its gradients walked once, not every step. Then that
 a run checkpointed mid-way (the state pickled, a new DDP wrapper) continues exactly as the
 uninterrupted run, that uneven inputs under DDP.join() finish with identical replicas, and
 that one rank's overflowing gradient makes every rank skip the step under a loss scaler's
-rule, without a trace in the steps after.
+rule, without a trace in the steps after, and that a plan's status error on one rank raises
+on every rank.
 
 Usage: test_ddp.py --world N (with PYTHONPATH=<build>/python). Exits 77 (skipped) without
 torch.
@@ -253,6 +254,39 @@ def test_overflow_skips_the_step_everywhere(rank, world):
         lambda model: model.net[2].bias)
 
 
+def test_status_error_fails_every_rank(rank, world):
+    """A plan's status error on the last rank at step 2 (what a device plan reports for a
+    misrouted message, stood in for here) raises on every rank at that step's last bucket,
+    naming the rank, instead of leaving the others in the next step's exchange."""
+    model = new_model("mlp")
+    ddp = DDP(model)
+    state = gift.ddp.GiftState()
+    ddp.register_comm_hook(state, gift.ddp.gift_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def misrouted():
+        raise gift.GiftError(7, "corrupt input", "a misrouted message")
+
+    for step in range(4):
+        if step == 2 and rank == world - 1:
+            for plan in state._plans.values():
+                plan.status = misrouted
+        x, y = batch("mlp", rank, step)
+        loss = nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        try:
+            loss.backward()
+        except RuntimeError as e:  # DDP may wrap the hook's GiftError
+            want = ("a misrouted message" if rank == world - 1
+                    else f"rank {world - 1} failed at the end of step 2")
+            assert step == 2 and want in str(e), f"step {step}: {e}"
+            if rank == 0:
+                print("status error: every rank raised at the step it happened", flush=True)
+            return
+        opt.step()
+    raise AssertionError("a status error went unnoticed")
+
+
 def all_tests(rank, world, tmp):
     test_convergence_and_bytes(rank, world, "mlp")
     test_convergence_and_bytes(rank, world, "transformer")
@@ -263,6 +297,7 @@ def all_tests(rank, world, tmp):
     test_frozen_and_cast_parameters(rank, world)
     test_uneven_inputs_with_join(rank, world)
     test_overflow_skips_the_step_everywhere(rank, world)
+    test_status_error_fails_every_rank(rank, world)
 
 
 def main():
