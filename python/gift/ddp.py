@@ -262,7 +262,7 @@ class GiftState:
         code = torch.tensor([error.code if error else 0], device=self._comm_device())
         codes = [torch.empty_like(code) for _ in range(world)]
         dist.all_gather(codes, code, group=self.process_group)
-        failed = [(r, int(c.item())) for r, c in enumerate(codes) if int(c.item())]
+        failed = [(r, c) for r, c in enumerate(torch.cat(codes).cpu().tolist()) if c]
         if error is not None:
             raise error
         if failed:
