@@ -163,18 +163,9 @@ __global__ void record_nonfinite_kernel(const giftEncodeStats* stats, int n, uin
   }
 }
 
-__device__ bool any_holds_nonfinite(const uint8_t* msgs, uint64_t message_bytes, int n) {
-  for (int s = 0; s < n; ++s) {
-    const MessageHeader& h =
-        *reinterpret_cast<const MessageHeader*>(msgs + uint64_t(s) * message_bytes);
-    if (h.flags & transport::kHoldsNonFinite) return true;
-  }
-  return false;
-}
-
 __global__ void mark_nonfinite_kernel(const giftEncodeStats* stats, int n, uint8_t* msgs,
                                       uint64_t message_bytes, const uint8_t* pieces, int world) {
-  const bool inherited = pieces && any_holds_nonfinite(pieces, message_bytes, world);
+  const bool inherited = pieces && transport::any_holds_nonfinite(pieces, message_bytes, world);
   for (int i = 0; i < n; ++i) {
     if (inherited || stats[i].nonfinite_count) {
       reinterpret_cast<MessageHeader*>(msgs + uint64_t(i) * message_bytes)->flags |=
@@ -189,8 +180,8 @@ __global__ void __launch_bounds__(kThreads)
                             uint64_t count) {
   __shared__ bool commit;
   if (threadIdx.x == 0) {
-    commit = !any_holds_nonfinite(msgs, message_bytes, world) && record->bad_messages == 0 &&
-             record->bad_basis == 0;
+    commit = !transport::any_holds_nonfinite(msgs, message_bytes, world) &&
+             record->bad_messages == 0 && record->bad_basis == 0;
   }
   __syncthreads();
   if (!commit) return;

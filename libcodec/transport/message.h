@@ -4,10 +4,13 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gift/gift_transport.h"
+#include "numerics/hd.h"
 
 namespace gift::transport {
 
@@ -39,6 +42,18 @@ constexpr uint32_t kCarriesDecision = 2;
 // The message's codes hold NaN or Inf (GIFT_NONFINITE_KEEP): on a reduced message, the
 // call's result is not finite and the call commits no state (giftReduceDecodeResult).
 constexpr uint32_t kHoldsNonFinite = 4;
+
+// Whether any of the n messages at msgs (stride message_bytes) holds a non-finite value: the
+// rule by which a reduced message inherits the flag and step 5 commits, on hosts and devices.
+GIFT_HD bool any_holds_nonfinite(const uint8_t* msgs, uint64_t message_bytes, int n) {
+  for (int s = 0; s < n; ++s) {
+    uint32_t flags;
+    memcpy(&flags, msgs + uint64_t(s) * message_bytes + offsetof(MessageHeader, flags),
+           sizeof flags);
+    if (flags & kHoldsNonFinite) return true;
+  }
+  return false;
+}
 
 inline uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 

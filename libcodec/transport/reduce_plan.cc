@@ -268,12 +268,7 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
 
 // Whether any of the `world` messages at `msgs` holds a non-finite value.
 bool holds_nonfinite(const giftReducePlan& p, const uint8_t* msgs) {
-  for (int s = 0; s < p.world; ++s) {
-    MessageHeader h;
-    memcpy(&h, msgs + uint64_t(s) * p.layout.message_bytes, sizeof h);
-    if (h.flags & kHoldsNonFinite) return true;
-  }
-  return false;
+  return gift::transport::any_holds_nonfinite(msgs, p.layout.message_bytes, p.world);
 }
 
 // f(tensor, element of the tensor, element of the span, count) for the pieces of the tensors
