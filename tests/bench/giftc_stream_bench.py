@@ -90,7 +90,7 @@ def main():
     rows, fastest = [], []
     for size in a.sizes.split(","):
         nbytes = int(size[:-1]) * units[size[-1]]
-        for dtype in a.dtypes.split(","):
+        for dtype in a.dtypes.upper().split(","):
             if nbytes > (1 << 30) and dtype != "F32":
                 continue  # the large run shows memory growth; one dtype is enough
             src = os.path.join(work, f"dump-{size}-{dtype}.safetensors")
