@@ -64,9 +64,10 @@ struct BlockRun {
   bool stream = false;
 };
 
-// Round-to-nearest encode of a run: amax, scale (FORMAT.md's rule) and codes per block.
-// Returns the run's abs_max_bits; a value >= 0x7F800000 means a block held NaN/Inf: the run
-// was left unfinished there, some blocks written and some not, for the caller to redo.
+// Round-to-nearest encode of a run: amax, scale (FORMAT.md's rule) and codes per block,
+// the blocks taken in an order of their own (simd.cc, kReadStreams). Returns the run's
+// abs_max_bits; a value >= 0x7F800000 means a block held NaN/Inf: the run was left
+// unfinished, some blocks written and some not, for the caller to redo.
 uint32_t encode_blocks_rn(const BlockRun& run);
 
 // Decode of a run of blocks (`src` unused) into `dst` of `dst_dtype`.
