@@ -426,32 +426,35 @@ uint16_t bf16_of(float f) {
 // the encoder redo the run; every block then has the scale and codes it has with zeros in
 // those places, but for the NaN and Inf codes themselves.
 TEST(Codec, NonFiniteValuesInLongRowsKeepEveryOtherCode) {
-  const Shape s{2, 20000};  // 157 blocks of 128 per row, parts of 40
-  const std::vector<uint64_t> at = {3, 64 * 128 + 5, 39 * 128 + 127, 20000 - 1, 20000 + 80 * 128};
-  std::vector<float> x = gradient_like(s, 41), zeroed = x;
-  for (size_t k = 0; k < at.size(); ++k) {
-    x[at[k]] = k % 2 ? -INFINITY : std::nanf("");
-    zeroed[at[k]] = 0.0f;
-  }
-  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
-    for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
-      for (int threads : {1, 2}) {
-        use_threads(threads);
-        giftQuantParams p = params(kind, GIFT_SCALE_BLOCK, sd, 128);
-        p.nonfinite = GIFT_NONFINITE_KEEP;
-        giftEncodeStats st;
-        const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s, &st);
-        const Encoded want = encode(p, zeroed.data(), GIFT_DTYPE_F32, s);
-        EXPECT_EQ(st.nonfinite_count, at.size());
-        EXPECT_EQ(st.first_nonfinite, at[0]);
-        ASSERT_EQ(got.scales, want.scales) << describe(p, s);
-        for (uint64_t i = 0; i < x.size(); ++i) {
-          const bool nan = std::isnan(x[i]), inf = std::isinf(x[i]);
-          const uint8_t code = nan || kind == GIFT_FP8_E4M3 ? 0x7F : 0xFC;  // -Inf in E5M2
-          ASSERT_EQ(got.codes[i], nan || inf ? code : want.codes[i])
-              << describe(p, s) << " i=" << i;
+  // 157 blocks of 128 per row, parts of 40; and rows of whole blocks, the tensor one run of
+  // 320 blocks across rows (codec.cc, for_each_block_run), parts of 80.
+  for (const Shape s : {Shape{2, 20000}, Shape{40, 1024}}) {
+    const std::vector<uint64_t> at = {3, 64 * 128 + 5, 39 * 128 + 127, 20000 - 1, 20000 + 80 * 128};
+    std::vector<float> x = gradient_like(s, 41), zeroed = x;
+    for (size_t k = 0; k < at.size(); ++k) {
+      x[at[k]] = k % 2 ? -INFINITY : std::nanf("");
+      zeroed[at[k]] = 0.0f;
+    }
+    for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+      for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
+        for (int threads : {1, 2}) {
+          use_threads(threads);
+          giftQuantParams p = params(kind, GIFT_SCALE_BLOCK, sd, 128);
+          p.nonfinite = GIFT_NONFINITE_KEEP;
+          giftEncodeStats st;
+          const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s, &st);
+          const Encoded want = encode(p, zeroed.data(), GIFT_DTYPE_F32, s);
+          EXPECT_EQ(st.nonfinite_count, at.size());
+          EXPECT_EQ(st.first_nonfinite, at[0]);
+          ASSERT_EQ(got.scales, want.scales) << describe(p, s);
+          for (uint64_t i = 0; i < x.size(); ++i) {
+            const bool nan = std::isnan(x[i]), inf = std::isinf(x[i]);
+            const uint8_t code = nan || kind == GIFT_FP8_E4M3 ? 0x7F : 0xFC;  // -Inf in E5M2
+            ASSERT_EQ(got.codes[i], nan || inf ? code : want.codes[i])
+                << describe(p, s) << " i=" << i;
+          }
         }
-      }
+  }
 }
 
 TEST(Codec, Bf16AndFp16InputsEncodeAsTheirExactFp32Widening) {

@@ -10,6 +10,12 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+// The codes and the fp32 scales need hn::Div to be IEEE division, as it is on x86, Arm64 and
+// the emulated targets; Highway 1.0.3 refines an estimate instead on Armv7 NEON.
+#if HWY_ARCH_ARM_V7
+#error "simd.cc needs IEEE vector division, which Highway does not give on Armv7"
+#endif
+
 #include "numerics/elementwise.h"
 #include "numerics/shapes.h"
 
@@ -706,7 +712,6 @@ constexpr size_t kBatchBlocks = 16;
 template <Fp8 K>
 HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* reciprocal) {
   size_t k = 0;
-#if !HWY_ARCH_ARM_V7  // whose vector division is an estimate refined, not IEEE's
   const hn::CappedTag<float, kBatchBlocks> d;
   const hn::RebindToUnsigned<decltype(d)> du;
   const auto max = hn::Set(d, num::fp8_max(K)), one = hn::Set(d, 1.0f);
@@ -716,10 +721,9 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
     if constexpr (GIFT_RECIPROCAL_PAYS)
       hn::StoreU(hn::Div(one, hn::Max(s, hn::Set(d, kReciprocalMin))), d, reciprocal + k);
   }
-#endif
   for (; k < kBatchBlocks; ++k) {
     scale[k] = num::scale_f32(num::float_of(amax_bits[k]), K);
-    reciprocal[k] = 1.0f / std::max(scale[k], kReciprocalMin);
+    if constexpr (GIFT_RECIPROCAL_PAYS) reciprocal[k] = 1.0f / std::max(scale[k], kReciprocalMin);
   }
 }
 
@@ -728,10 +732,10 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
 // while a block's codes are computed, the block that the next batch takes in its place is
 // fetched. One thread reading memory is bound by the lines it has in flight: the hardware
 // prefetcher follows each part's stream (within its 4 KiB page) on its own, so four parts
-// keep about four times as many lines coming. A shorter run (a row of fewer blocks, as
-// most tensors' rows are) is read in order, its amax pass fetching each line kPrefetchBytes
-// ahead. One thread, 256 MiB of fp32 from memory, AVX-512: the parts encode a single row
-// about 20% faster than the run read in order; rows of 4096 elements encode 20 to 25% faster
+// keep about four times as many lines coming (codec.cc makes a run of rows where every row
+// is whole blocks). A shorter run is read in order, its amax pass fetching each line
+// kPrefetchBytes ahead. One thread, 256 MiB of fp32 from memory, AVX-512: the parts encode a single
+// row about 20% faster than the run read in order; rows of 4096 elements encode 20 to 25% faster
 // with the fetch ahead than with the hardware prefetcher alone.
 constexpr uint64_t kReadStreams = 4, kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");

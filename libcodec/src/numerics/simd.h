@@ -46,8 +46,9 @@ void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float fac
 void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
                 giftDType_t dtype, bool stream = false);
 
-// A run of whole 1-D blocks of one row (the last block may be short): the encoder's hot
-// path, done in one call so that nothing per block leaves vector code.
+// A run of whole 1-D blocks, consecutive in memory as their scales are (within one row, or
+// across rows that are whole blocks; the last block may be short): the encoder's hot path,
+// done in one call so that nothing per block leaves vector code.
 struct BlockRun {
   const void* src;  // first element of the run
   giftDType_t dtype;
