@@ -27,6 +27,7 @@
 #include "numerics/codec.h"
 #include "numerics/convert.h"
 #include "numerics/fp_env.h"
+#include "numerics/shapes.h"
 #include "transport/config.h"
 #include "transport/dump.h"
 #include "transport/message.h"
@@ -118,21 +119,21 @@ void for_each_chunk(const ChunkScratch& s, uint64_t n, F&& f) {
   }
 }
 
-// Where the scales of elements from `begin` (a multiple of the block) start in a message.
+// Where the scales of elements from `begin` (a multiple of the block: plans encode in blocks)
+// start in a message.
 uint64_t scales_of(const giftReducePlan& p, uint64_t begin) {
-  uint64_t at = 0;
-  if (begin) giftScaleBytes(&p.params, 1, begin, &at);
-  return p.layout.scales_at + at;
+  return p.layout.scales_at + begin / p.params.block * gift::scale_size(p.params.scale_dtype);
 }
+
+// The codec on the calling thread: a chunk is one thread's work.
+constexpr giftCtx kOneThread{1};
 
 // Elements [begin, begin + n) of the message at msg (begin a multiple of the block) in fp32,
 // decoded on the calling thread (message buffers are checked once per step).
 void decode_range(const giftReducePlan& p, const uint8_t* msg, uint64_t begin, uint64_t n,
                   float* dst) {
-  giftCtx one;
-  one.threads = 1;
-  gift::decode_tensor(&one, p.params, msg + p.layout.codes_at + begin, msg + scales_of(p, begin), 1,
-                      n, dst, GIFT_DTYPE_F32);
+  gift::decode_tensor(&kOneThread, p.params, msg + p.layout.codes_at + begin,
+                      msg + scales_of(p, begin), 1, n, dst, GIFT_DTYPE_F32);
 }
 
 // Message buffers hold fp32 scales (when the plan has them) at a multiple of 64 bytes from
@@ -204,12 +205,10 @@ giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint
   std::atomic<bool> out_of_memory{false};
   for_each_chunk(scratch, count, [&](uint64_t b, uint64_t n, float* decoded) {
     fill(b, n, decoded);
-    giftCtx one;
-    one.threads = 1;
     try {
       // The chunk's codes are those of an encode of the whole shard: its stochastic rounding
       // counts elements from b.
-      (void)gift::encode_tensor(&one, q, values + b, GIFT_DTYPE_F32, 1, n,
+      (void)gift::encode_tensor(&kOneThread, q, values + b, GIFT_DTYPE_F32, 1, n,
                                 msg + p.layout.codes_at + b, msg + scales_of(p, b),
                                 &seen[b / kChunk], gift::BandOrigin{b, -1.0f});
     } catch (const std::bad_alloc&) {
