@@ -239,12 +239,20 @@ std::string scratch_dir(const std::string& output) {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : output.substr(0, slash);
 }
 
-void write_output(const std::string& path, const std::vector<uint8_t>& bytes) {
-  write_output(path, bytes.data(), bytes.size());
+OutputPtr open_output(const std::string& path, bool to_stdout, bool sync) {
+  giftOutput* out = nullptr;
+  check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, path.c_str(), &out)
+                  : giftOutputOpenFile(path.c_str(), &out));
+  OutputPtr owned(out, giftOutputFree);
+  check(giftOutputSetSync(out, sync));
+  return owned;
 }
 
-void write_output(const std::string& path, const void* data, uint64_t size) {
-  check(giftWriteFile(path.c_str(), data, size));
+void write_output(const std::string& path, const void* data, uint64_t size, bool sync) {
+  const OutputPtr out = open_output(path, false, sync);
+  check(giftOutputReserve(out.get(), size));
+  check(giftOutputWrite(out.get(), data, size));
+  check(giftOutputCommit(out.get()));
 }
 
 Progress::Progress(const char* label, uint64_t total, const Verbosity& v)

@@ -80,9 +80,15 @@ uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget);
 // system); for "" (standard output), $TMPDIR or /tmp.
 std::string scratch_dir(const std::string& output);
 
-// Writes through a temporary name and a rename.
-void write_output(const std::string& path, const std::vector<uint8_t>& bytes);
-void write_output(const std::string& path, const void* data, uint64_t size);
+using OutputPtr = std::unique_ptr<giftOutput, decltype(&giftOutputFree)>;
+
+// Standard output (named `path` in messages), or the file `path`: unnamed or under a
+// temporary name until committed, then renamed, and synced first only with --fsync (`sync`),
+// as cp, gzip and zstd leave their outputs to the kernel's writeback.
+OutputPtr open_output(const std::string& path, bool to_stdout, bool sync);
+
+// `size` bytes as the file `path`, through open_output.
+void write_output(const std::string& path, const void* data, uint64_t size, bool sync);
 
 // "label: i/n" on standard error while it is a terminal and not quiet.
 class Progress {

@@ -19,7 +19,7 @@ constexpr uint64_t kBandBytes = uint64_t(8) << 20;
 struct DecodeOptions {
   std::string input, output, dtype, basis, format, device = "cpu";
   int threads = 0;
-  bool force = false, to_stdout = false;
+  bool force = false, to_stdout = false, fsync = false;
 };
 
 // IN without .gift, with ".decoded" before its tensor-file extension: decoding
@@ -68,15 +68,6 @@ Target target_of(const DecodeOptions& o) {
   return t;
 }
 
-using OutputPtr = std::unique_ptr<giftOutput, decltype(&giftOutputFree)>;
-
-OutputPtr open_output(const Target& t) {
-  giftOutput* out = nullptr;
-  check(t.to_stdout ? giftOutputOpenFd(STDOUT_FILENO, t.path.c_str(), &out)
-                    : giftOutputOpenFile(t.path.c_str(), &out));
-  return OutputPtr(out, giftOutputFree);
-}
-
 void run_decode(const DecodeOptions& o, const Verbosity& v) {
   const Target target = target_of(o);
   if (target.to_stdout) {
@@ -114,7 +105,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     headers.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt});
   }
 
-  const OutputPtr out = open_output(target);
+  const OutputPtr out = open_output(target.path, target.to_stdout, o.fsync);
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()));
@@ -174,6 +165,9 @@ void add_decode(CLI::App& app, Verbosity& v) {
   c->add_option("--threads", o->threads, "Threads (default: all)");
   c->add_flag("-f,--force", o->force,
               "Overwrite an existing output; write binary data to a terminal");
+  c->add_flag("--fsync", o->fsync,
+              "Sync the output to the disk before it takes its name (slower; it then survives "
+              "a crash of the machine)");
   c->callback([o, &v] { run_decode(*o, v); });
 }
 

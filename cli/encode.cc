@@ -21,7 +21,7 @@ struct EncodeOptions {
   int zstd = 0;
   std::string include, exclude;
   int threads = 0;
-  bool keep_nonfinite = false, force = false, to_stdout = false;
+  bool keep_nonfinite = false, force = false, to_stdout = false, fsync = false;
   std::string basis, coords;
   std::string frame;  // the deprecated spelling of --coords, kept for one release
   bool embed_basis = false;
@@ -135,10 +135,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     names[i] = t.name.c_str();
     ndims[i] = uint32_t(t.shape.size());
   }
-  giftOutput* sink = nullptr;
-  check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, out.c_str(), &sink)
-                  : giftOutputOpenFile(out.c_str(), &sink));
-  const std::unique_ptr<giftOutput, decltype(&giftOutputFree)> output(sink, giftOutputFree);
+  const OutputPtr output = open_output(out, to_stdout, o.fsync);
+  giftOutput* sink = output.get();
   // A file gets the sections as they are made, its header written in front at the end. The
   // sections wait in the scratch file for a pipe, and where the header's length is known
   // only at the end: choosing coordinates records each choice, with its reason, there.
@@ -239,6 +237,9 @@ void add_encode(CLI::App& app, Verbosity& v) {
   c->add_flag("--keep-nonfinite", o->keep_nonfinite,
               "Store NaN/Inf codes instead of failing on them");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
+  c->add_flag("--fsync", o->fsync,
+              "Sync the output to the disk before it takes its name (slower; it then survives "
+              "a crash of the machine)");
   c->callback([o, &v] { run_encode(*o, v); });
 }
 

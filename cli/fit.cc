@@ -17,7 +17,7 @@ struct FitCliOptions {
   uint32_t rank = 32;
   double decay = 0.95;
   std::string damping = "auto";
-  bool damping_absolute = false, force = false;
+  bool damping_absolute = false, force = false, fsync = false;
   int zstd = 0;
 };
 
@@ -151,7 +151,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   uint64_t size = 0;
   check(giftBasisSerialize(basis.get(), o.zstd, &bytes, &size));
   const std::unique_ptr<void, decltype(&giftFree)> bytes_owner(bytes, giftFree);
-  write_output(o.output, bytes, size);
+  write_output(o.output, bytes, size, o.fsync);
   if (!v.quiet) {
     // The rank each whitener got: --rank, or less for a narrower matrix.
     uint32_t rank = 0;
@@ -188,6 +188,9 @@ void add_fit(CLI::App& app, Verbosity& v) {
   c->add_flag("--damping-absolute", o->damping_absolute, "Take --damping as an absolute value");
   c->add_flag("--zstd{3}", o->zstd, "Compress the basis with zstd (--zstd=LEVEL)");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
+  c->add_flag("--fsync", o->fsync,
+              "Sync the output to the disk before it takes its name (slower; it then survives "
+              "a crash of the machine)");
   c->callback([o, &v] { run_fit(*o, v); });
 }
 

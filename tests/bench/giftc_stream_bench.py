@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """giftc at scale against cp, in one run: encode and decode of safetensors dumps, one thread,
-page cache hot, each timed against `cp` of the same input file (and against cp followed by
-`sync` of the copy, since giftc syncs its outputs), with the peak anonymous
-memory (RssAnon: the process's own memory, not the page cache of the files it maps) of each
-command. A benchmark, not a test: it prints a table and asserts nothing.
+page cache hot, each timed against `cp` of the same input file, and with --fsync against cp
+followed by `sync` of the copy, with the peak anonymous memory (RssAnon: the process's own
+memory, not the page cache of the files it maps) of each command. A benchmark, not a test:
+it prints a table and asserts nothing.
 
 Usage: giftc_stream_bench.py PATH/TO/giftc [--dir DIR] [--sizes 512M,6G] [--repeat 3]
 DIR (default: a folder under $TMPDIR) needs about 3.5x the largest size free.
@@ -101,41 +101,50 @@ def main():
             # The frame decode reads, made once up front.
             subprocess.run([a.giftc, "encode", src, "-o", frame, "-q"], check=True)
             encoded = frame + ".new"
-            # giftc syncs each output before naming it (so a crash never leaves a partial
-            # file under the name); the like-for-like copy syncs too. Every command writes a
-            # new file, as cp does (replacing one costs freeing it).
+            # giftc leaves its outputs to the kernel's writeback, as cp does; with --fsync it
+            # syncs each one before naming it, and the like-for-like copy syncs too. Every
+            # command writes a new file, as cp does (replacing one costs freeing it).
+            enc = [a.giftc, "encode", src, "-o", encoded, "--threads", "1", "-q"]
+            dec = [a.giftc, "decode", frame, "-o", out, "--threads", "1", "-q"]
             (cp_t, cp_m, cp_min), (sync_t, _, sync_min), (enc_t, enc_m, enc_min), \
-                (dec_t, dec_m, dec_min) = interleaved_runs([
+                (encs_t, _, encs_min), (dec_t, dec_m, dec_min), (decs_t, _, decs_min) = \
+                interleaved_runs([
                     (["cp", src, copy], lambda: rm(copy)),
                     (["sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", src, copy], lambda: rm(copy)),
-                    ([a.giftc, "encode", src, "-o", encoded, "--threads", "1", "-q"],
-                     lambda: rm(encoded)),
-                    ([a.giftc, "decode", frame, "-o", out, "--threads", "1", "-q"],
-                     lambda: rm(out)),
+                    (enc, lambda: rm(encoded)),
+                    (enc + ["--fsync"], lambda: rm(encoded)),
+                    (dec, lambda: rm(out)),
+                    (dec + ["--fsync"], lambda: rm(out)),
                 ], a.repeat)
             rows.append((f"{size} {dtype}", real, os.path.getsize(frame), cp_t, sync_t, cp_m,
-                         enc_t, enc_m, dec_t, dec_m))
-            fastest.append((f"{size} {dtype}", cp_min, sync_min, enc_min, dec_min))
+                         enc_t, encs_t, enc_m, dec_t, decs_t, dec_m))
+            fastest.append((f"{size} {dtype}", cp_min, sync_min, enc_min, encs_min, dec_min,
+                            decs_min))
             rm(src, frame, encoded, out, copy)
     if not a.dir:
         shutil.rmtree(work, ignore_errors=True)
     print(f"giftc {subprocess.run([a.giftc, '--version'], capture_output=True, text=True).stdout.strip()}"
           f", one thread, page cache hot, median of {a.repeat} interleaved rounds; RssAnon: peak sampled every ms")
-    print("| dump | frame | cp s | cp+sync s | encode s (x cp, x cp+sync) | encode RssAnon MiB "
-          "| decode s (x cp, x cp+sync) | decode RssAnon MiB | cp RssAnon MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, real, fb, cp_t, sync_t, cp_m, enc_t, enc_m, dec_t, dec_m in rows:
-        print(f"| {name} ({real / 2**20:.0f} MiB) | {fb / 2**20:.0f} MiB | {cp_t:.3f} | {sync_t:.3f} "
-              f"| {enc_t:.3f} ({enc_t / cp_t:.2f}, {enc_t / sync_t:.2f}) | {enc_m:.1f} "
-              f"| {dec_t:.3f} ({dec_t / cp_t:.2f}, {dec_t / sync_t:.2f}) | {dec_m:.1f} | {cp_m:.1f} |")
-    # The kernel's page allocation on a shared VM is bimodal (the same write can take 5x
-    # longer): the fastest of the runs shows each command's own cost.
+    print("| dump | frame | cp s | cp+sync s | encode s (x cp) | encode --fsync s (x cp+sync) "
+          "| encode RssAnon MiB | decode s (x cp) | decode --fsync s (x cp+sync) "
+          "| decode RssAnon MiB | cp RssAnon MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, real, fb, cp_t, sync_t, cp_m, enc_t, encs_t, enc_m, dec_t, decs_t, dec_m in rows:
+        print(f"| {name} ({real / 2**20:.0f} MiB) | {fb / 2**20:.0f} MiB | {cp_t:.3f} "
+              f"| {sync_t:.3f} | {enc_t:.3f} ({enc_t / cp_t:.2f}) "
+              f"| {encs_t:.3f} ({encs_t / sync_t:.2f}) | {enc_m:.1f} "
+              f"| {dec_t:.3f} ({dec_t / cp_t:.2f}) | {decs_t:.3f} ({decs_t / sync_t:.2f}) "
+              f"| {dec_m:.1f} | {cp_m:.1f} |")
+    # Writes on a shared VM can take several times longer now and then: the fastest of the
+    # runs shows each command's own cost.
     print(f"\nFastest of {a.repeat}:")
-    print("| dump | cp s | cp+sync s | encode s (x cp, x cp+sync) | decode s (x cp, x cp+sync) |")
-    print("|---|---|---|---|---|")
-    for name, cp_t, sync_t, enc_t, dec_t in fastest:
-        print(f"| {name} | {cp_t:.3f} | {sync_t:.3f} | {enc_t:.3f} ({enc_t / cp_t:.2f}, "
-              f"{enc_t / sync_t:.2f}) | {dec_t:.3f} ({dec_t / cp_t:.2f}, {dec_t / sync_t:.2f}) |")
+    print("| dump | cp s | cp+sync s | encode s (x cp) | encode --fsync s (x cp+sync) "
+          "| decode s (x cp) | decode --fsync s (x cp+sync) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, cp_t, sync_t, enc_t, encs_t, dec_t, decs_t in fastest:
+        print(f"| {name} | {cp_t:.3f} | {sync_t:.3f} | {enc_t:.3f} ({enc_t / cp_t:.2f}) "
+              f"| {encs_t:.3f} ({encs_t / sync_t:.2f}) | {dec_t:.3f} ({dec_t / cp_t:.2f}) "
+              f"| {decs_t:.3f} ({decs_t / sync_t:.2f}) |")
 
 
 if __name__ == "__main__":

@@ -273,6 +273,49 @@ class Giftc(unittest.TestCase):
             self.assertEqual(rc, -signal.SIGINT)
             self.assertEqual(left, ["big.safetensors", "in.safetensors"])
 
+    def test_outputs_are_synced_only_with_fsync(self):
+        # Like cp, gzip and zstd, giftc leaves its outputs to the kernel's writeback; with
+        # --fsync, each output is synced whole before it takes its name (a preloaded shim logs
+        # every sync call with the size of the file it syncs).
+        import shutil
+
+        if not shutil.which("cc"):
+            self.skipTest("no C compiler for the shim")
+        shim = self.path("sync_log.so")
+        subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", shim,
+                        os.path.join(ROOT, "tests", "cli", "sync_log.c"), "-ldl"], check=True)
+        log = self.path("sync.log")
+        env = dict(os.environ, LD_PRELOAD=shim, GIFT_SYNC_LOG=log,
+                   ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
+        src = self.path("in.safetensors")
+        save_file({"w": np.random.default_rng(4).standard_normal((2048, 2048), dtype=np.float32)},
+                  src)
+        commands = {  # output: arguments; the decoded file (16 MiB) gets writeback started
+            "out.gift": ["encode", src],
+            "out.safetensors": ["decode", self.path("out.gift")],
+            "out.giftb": ["fit", src],
+        }
+        for fsync in (False, True):
+            for out, args in commands.items():
+                with self.subTest(command=args[0], fsync=fsync):
+                    if os.path.exists(log):
+                        os.unlink(log)
+                    dest = self.path(out)
+                    r = subprocess.run([GIFTC, *args, "-o", dest, "-q", "-f"] +
+                                       (["--fsync"] if fsync else []),
+                                       env=env, capture_output=True, text=True)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    calls = pathlib.Path(log).read_text().split("\n")[:-1] \
+                        if os.path.exists(log) else []
+                    if not fsync:
+                        self.assertEqual(calls, [])
+                        continue
+                    self.assertEqual(calls[-1], f"fsync {os.path.getsize(dest)}")
+                    self.assertEqual([c for c in calls[:-1] if not c.startswith(
+                        "sync_file_range ")], [])
+                    if args[0] == "decode":
+                        self.assertGreaterEqual(len(calls), 2, "writeback started as it goes")
+
     def test_a_signal_removes_the_temporary_where_files_cannot_be_unnamed(self):
         # File systems without O_TMPFILE (NFS, many FUSE ones; here a preloaded shim makes
         # open(O_TMPFILE) fail) get outputs written as OUT.tmp.XXXXXXXX: a finished run

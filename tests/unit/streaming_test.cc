@@ -627,6 +627,18 @@ TEST(Streaming, OutputAppearsOnlyWhenCommitted) {
   EXPECT_EQ(got, "new bytes");
   EXPECT_EQ(entries(dir), std::vector<std::string>({"out.bin"}));
 
+  // Without the sync (as giftc without --fsync): unnamed all the same until committed.
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &o), GIFT_OK);
+  ASSERT_EQ(giftOutputSetSync(o, 0), GIFT_OK);
+  ASSERT_EQ(giftOutputWrite(o, "unsynced", 8), GIFT_OK);
+  EXPECT_EQ(entries(dir), std::vector<std::string>({"out.bin"}));
+  EXPECT_EQ(file_bytes(path).size(), 9u) << "the committed output is still there";
+  ASSERT_EQ(giftOutputCommit(o), GIFT_OK);
+  giftOutputFree(o);
+  EXPECT_EQ(file_bytes(path), std::vector<uint8_t>({'u', 'n', 's', 'y', 'n', 'c', 'e', 'd'}));
+  EXPECT_EQ(entries(dir), std::vector<std::string>({"out.bin"}));
+  EXPECT_EQ(giftOutputSetSync(nullptr, 0), GIFT_ERROR_INVALID_ARGUMENT);
+
   EXPECT_EQ(giftOutputOpenFile((dir + "/no/such/folder/x").c_str(), &o), GIFT_ERROR_IO);
   EXPECT_NE(std::string(giftGetLastErrorMessage()).find("no/such/folder/x"), std::string::npos);
   ::unlink(path.c_str());

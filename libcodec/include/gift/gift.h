@@ -394,9 +394,10 @@ GIFT_API giftResult_t giftFrameWriterSetScratchDir(giftFrameWriter* writer, cons
 
 /* Output written in order, as large as the disk allows: to a file through an unnamed (or,
  * where the file system cannot, a temporary) file beside `path` that replaces it only when
- * committed, after an fsync, so neither a failure nor an interrupted process leaves a
- * partial file under that name; or to a descriptor the caller opened and keeps (standard
- * output, a pipe), as the bytes come. Freeing an uncommitted file output discards it. */
+ * committed, after an fsync (see giftOutputSetSync), so neither a failure nor an interrupted
+ * process leaves a partial file under that name; or to a descriptor the caller opened and
+ * keeps (standard output, a pipe), as the bytes come. Freeing an uncommitted file output
+ * discards it. */
 typedef struct giftOutput giftOutput;
 GIFT_API giftResult_t giftOutputOpenFile(const char* path, giftOutput** out);
 GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** out);
@@ -406,6 +407,13 @@ GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** ou
 GIFT_API giftResult_t giftOutputReserve(giftOutput* out, uint64_t total);
 GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size);
 GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
+/* Whether giftOutputCommit makes a file durable before it takes its name: 1 (the default)
+ * fsyncs it first, writeback starting as the bytes come so that the fsync waits only for
+ * the tail; 0 renames it at once, as cp, gzip and zstd finish their outputs. Either way no
+ * process ever sees a partial file under the name; without the sync, a crash of the machine
+ * (not of the process) before the kernel has written the file back can leave it incomplete
+ * there. Any time before the commit; nothing for a descriptor. */
+GIFT_API giftResult_t giftOutputSetSync(giftOutput* out, int sync);
 /* Bytes written to `out` so far. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);
 GIFT_API void giftOutputFree(giftOutput* out);

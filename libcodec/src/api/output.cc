@@ -48,6 +48,13 @@ giftResult_t giftOutputReserve(giftOutput* out, uint64_t total) {
   return out->file.reserve(total);
 }
 
+giftResult_t giftOutputSetSync(giftOutput* out, int sync) {
+  gift::clear_error();
+  if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputSetSync: null output");
+  out->file.set_sync(sync != 0);
+  return GIFT_OK;
+}
+
 giftResult_t giftOutputCommit(giftOutput* out) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputCommit: null output");

@@ -183,8 +183,9 @@ giftResult_t OutputFile::write(const void* data, uint64_t size) {
 
 void OutputFile::start_writeback() {
   // Only a head start for commit's fsync, which reports any failure: errors are ignored here.
+  // Without the fsync, the kernel's own writeback is left alone, as for any other writer.
   const uint64_t end = std::min(written_, hold_);
-  if (!owned_ || end < flushed_ + kWritebackBytes) return;
+  if (!owned_ || !sync_ || end < flushed_ + kWritebackBytes) return;
   (void)::sync_file_range(fd_, off_t(flushed_), off_t(end - flushed_), SYNC_FILE_RANGE_WRITE);
   flushed_ = end;
 }
@@ -269,7 +270,7 @@ giftResult_t OutputFile::commit() {
   }
   if (reserved_ > written_ && ::ftruncate(fd_, off_t(written_)) != 0)
     return fail_io("cannot finish writing", errno);
-  if (::fsync(fd_) != 0) return fail_io("cannot finish writing", errno);
+  if (sync_ && ::fsync(fd_) != 0) return fail_io("cannot finish writing", errno);
   if (unnamed_) {
     // A name only now: linked under a fresh temporary, then renamed over the destination
     // (a link cannot replace an existing file).

@@ -59,8 +59,11 @@ class OutputFile : public SectionFile {
   // A file only: hands over the descriptor of what was written (unnamed from now on, gone
   // when the caller closes it) in *old_fd and starts the output again, empty.
   giftResult_t restart(int* old_fd);
-  // A file: fsync, then the rename over the destination. A descriptor: nothing to do.
-  // Refused while a frame writer streams into the file (its header is not written yet).
+  // Whether commit syncs a file first (the default): see giftOutputSetSync.
+  void set_sync(bool sync) { sync_ = sync; }
+  // A file: fsync (when syncing), then the rename over the destination. A descriptor:
+  // nothing to do. Refused while a frame writer streams into the file (its header is not
+  // written yet).
   giftResult_t commit();
   // A frame writer streams into this output: `unfinished` while it has not written the
   // frame's header (commit is refused meanwhile); `lost` is called if the output goes first.
@@ -81,6 +84,7 @@ class OutputFile : public SectionFile {
 
   int fd_ = -1;
   bool owned_ = false, unnamed_ = false, committed_ = false, unfinished_ = false;
+  bool sync_ = true;
   std::string path_, temp_, name_;
   int temp_slot_ = -1;  // temp_'s place among the names giftRemoveTemporaryFiles removes
   uint64_t written_ = 0, reserved_ = 0;
