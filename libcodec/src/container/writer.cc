@@ -166,10 +166,12 @@ struct ClosingFd {
 
 // Bands of about this many elements: the codes written at once.
 constexpr uint64_t kBandElems = uint64_t(1) << 20;
-// Elements per thread of the pieces a band of blocks is encoded in, each right after its
-// census, while it is in the cores' own caches (a whole band is not: 1 MiB fp32 per core
-// measured 10% slower for one thread). Still one encoder task (codec.cc, kChunkElems) per
-// thread.
+// Elements per thread of the pieces a band of blocks is encoded in, each piece's census
+// taken right after, while it is in the cores' own caches (a whole band is not: 1 MiB fp32
+// per core measured 10% slower for one thread). The encoder, which reads its runs in four
+// interleaved parts, is the faster reader from memory: census first, giftc encode of a
+// 512 MiB fp32 dump took 0.133 to 0.139 s on one thread, census second 0.117 to 0.122 s.
+// Still one encoder task (codec.cc, kChunkElems) per thread.
 constexpr uint64_t kPieceElems = uint64_t(1) << 16;
 
 void merge_stats(giftEncodeStats* total, const giftEncodeStats& band, uint64_t base) {
@@ -336,7 +338,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   // Non-finite input fails after the census of every band, so the message counts them all.
   giftQuantParams kept = p;
   kept.nonfinite = GIFT_NONFINITE_KEEP;
-  Census census;  // each piece read for its statistics just before it is encoded
+  Census census;  // each piece's statistics, taken just after it is encoded
   // The codes as pieces, one band at a time (twice where zstd does not make them smaller).
   // Each band's rows in turn; a refused band ends the walk with *refused set.
   const auto for_each_band = [&](const auto& f) {
@@ -375,7 +377,6 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       for (uint64_t k0 = 0; k0 < n; k0 += piece) {
         const uint64_t m = std::min(piece, n - k0);
         const void* at = static_cast<const uint8_t*>(src) + k0 * cols * dtype_size(data_dtype);
-        census.add(at, data_dtype, (r0 + k0) * cols, m * cols);
         uint64_t piece_scales = 0;
         giftScaleBytes(&kept, m, cols, &piece_scales);
         giftEncodeStats st;
@@ -388,6 +389,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
                                    : encoder_(&ctx_, &kept, at, data_dtype, m, cols, piece_codes,
                                               piece_scale, piece_scales, &st);
         if (r) return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
+        census.add(at, data_dtype, (r0 + k0) * cols, m * cols);
         merge_stats(&t->stats, st, (r0 + k0) * cols);
         if (p.layout != GIFT_SCALE_TENSOR) scales_at += piece_scales;  // else the same again
       }
