@@ -18,10 +18,12 @@ namespace {
 // in the cores' own caches from its decode to write(2)'s copy: a 512 MiB fp32 dump decoded
 // on one thread in 0.163 s through 512 KiB bands, 0.182 s through 8 MiB ones.
 constexpr uint64_t kBandBytesPerThread = uint64_t(512) << 10;
-// Tensors in GIFT coordinates: their inverse whitening runs BLAS on each band, which
-// (OpenBLAS with its own threads) ran erratically on 512 KiB bands, 0.16 to 0.26 s for
-// 128 MiB of them, and took a steady 0.18 s on 8 MiB ones.
-constexpr uint64_t kGiftBandBytes = uint64_t(8) << 20;
+// The most for any band, and the size of those of tensors in GIFT coordinates: their inverse
+// whitening runs BLAS on each band, which (OpenBLAS with its own threads) ran erratically on
+// 512 KiB bands, 0.16 to 0.26 s for 128 MiB of them, and took a steady 0.18 s on 8 MiB ones.
+// Well below the size from which the codec streams its stores past the caches (codec.cc,
+// kStreamBytes), which would leave write(2) to read the band from memory.
+constexpr uint64_t kMostBandBytes = uint64_t(8) << 20;
 
 struct DecodeOptions {
   std::string input, output, dtype, basis, format, device = "cpu";
@@ -121,14 +123,16 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   check(giftOutputReserve(out.get(), total));
   check(giftOutputWrite(out.get(), head.data(), head.size()));
   // One buffer for every band of every tensor, sized for the largest band needed (at least
-  // a tile's height of rows).
+  // a tile's height of rows). Threads as asked (the library runs at most one per processor;
+  // the budget's cap covers the difference).
   const uint64_t threads = uint64_t(o.threads > 0 ? o.threads : omp_get_max_threads());
   uint64_t buffer_bytes = 0;
   std::vector<uint64_t> bands(n);
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t row_bytes = infos[i].cols * giftDTypeSize(headers[i].dtype);
-    const uint64_t budget =
-        infos[i].coords == GIFT_COORDS_GIFT ? kGiftBandBytes : kBandBytesPerThread * threads;
+    const uint64_t budget = infos[i].coords == GIFT_COORDS_GIFT
+                                ? kMostBandBytes
+                                : std::min(kBandBytesPerThread * threads, kMostBandBytes);
     bands[i] = std::min(band_rows(infos[i].row_align, row_bytes, budget), infos[i].rows);
     buffer_bytes = std::max(buffer_bytes, bands[i] * row_bytes);
   }

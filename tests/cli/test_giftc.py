@@ -134,6 +134,11 @@ class Giftc(unittest.TestCase):
         def tightly_capped():
             resource.setrlimit(resource.RLIMIT_DATA, (24 << 20, 24 << 20))
 
+        # decode works through bands of 512 KiB per thread (it needs 4 to 5 MiB here): a
+        # tensor's codes (16 MiB), or its decoded band as it was (8 MiB), would not fit.
+        def decode_capped():
+            resource.setrlimit(resource.RLIMIT_DATA, (8 << 20, 8 << 20))
+
         # OpenBLAS's worker threads retry a failed buffer allocation forever: one thread.
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
@@ -151,21 +156,21 @@ class Giftc(unittest.TestCase):
         frame, out = self.path("big.gift"), self.path("big.out.safetensors")
         r = run_capped("encode", src, "-o", frame, "--threads", "1", "-q")
         self.assertEqual(r.returncode, 0, r.stderr)
-        r = run_capped("decode", frame, "-o", out, "--threads", "1", "-q")
+        r = run_capped("decode", frame, "-o", out, "--threads", "1", "-q", cap=decode_capped)
         self.assertEqual(r.returncode, 0, r.stderr)
         back = load_file(out)
         self.assertEqual(sorted(back), sorted(tensors))
         np.testing.assert_array_equal(back["layer2"][:64], model_block_e4m3(tensors["layer2"][:64]))
         # Under zstd too: sections compressed as they are made, read back through a window.
-        # A cap of 24 MiB, which a tensor's codes (16 MiB) plus their compressed copy or their
-        # 8 MiB decode buffer would not fit under (giftc needs 8 to 16 MiB here).
+        # Encode within 24 MiB, which a tensor's codes (16 MiB) plus their compressed copy
+        # would not fit under (giftc needs 8 to 16 MiB here).
         zframe, zout = self.path("big.zst.gift"), self.path("big.zst.safetensors")
         r = run_capped("encode", src, "-o", zframe, "--zstd", "--threads", "1", "-q",
                        cap=tightly_capped)
         self.assertEqual(r.returncode, 0, r.stderr)
         info = json.loads(run("inspect", zframe, "--json").stdout)
         self.assertTrue(all(t["stored_bytes"] < t["decompressed_bytes"] for t in info["tensors"]), info)
-        r = run_capped("decode", zframe, "-o", zout, "--threads", "1", "-q", cap=tightly_capped)
+        r = run_capped("decode", zframe, "-o", zout, "--threads", "1", "-q", cap=decode_capped)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(pathlib.Path(zout).read_bytes(), pathlib.Path(out).read_bytes())
         os.unlink(zout)

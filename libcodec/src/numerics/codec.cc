@@ -28,8 +28,8 @@ constexpr uint64_t kChunkElems = uint64_t(1) << 16;
 // Decoded outputs from this size on are written with non-temporal stores (simd::dequantize,
 // simd::BlockRun::stream): beyond any core's share of the caches, where a cached store would
 // only evict other data and read each line from memory before writing it. Smaller ones
-// (giftc's bands of usually 8 MiB, most transport shards), which their reader is more likely
-// to find in cache, stay cached.
+// (giftc decode's bands, 8 MiB at most, most transport shards), which their reader is more
+// likely to find in cache, stay cached.
 constexpr uint64_t kStreamBytes = uint64_t(32) << 20;
 
 const uint8_t* at(const void* base, giftDType_t dtype, uint64_t index) {
