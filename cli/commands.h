@@ -14,4 +14,7 @@ void add_compare(CLI::App& app, Verbosity& v);
 void add_bench(CLI::App& app, Verbosity& v);
 void add_fit(CLI::App& app, Verbosity& v);
 
+// --fsync, of the commands that write files (open_output's `sync`).
+void add_fsync_flag(CLI::App* command, bool* fsync);
+
 }  // namespace giftc

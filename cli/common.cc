@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -246,6 +247,12 @@ OutputPtr open_output(const std::string& path, bool to_stdout, bool sync) {
   OutputPtr owned(out, giftOutputFree);
   check(giftOutputSetSync(out, sync));
   return owned;
+}
+
+void add_fsync_flag(CLI::App* command, bool* fsync) {
+  command->add_flag("--fsync", *fsync,
+                    "Sync the output and its folder to the disk before the command ends "
+                    "(slower; the output then survives a crash of the machine)");
 }
 
 void write_output(const std::string& path, const void* data, uint64_t size, bool sync) {

@@ -179,9 +179,7 @@ void add_decode(CLI::App& app, Verbosity& v) {
   c->add_option("--threads", o->threads, "Threads (default: all)");
   c->add_flag("-f,--force", o->force,
               "Overwrite an existing output; write binary data to a terminal");
-  c->add_flag("--fsync", o->fsync,
-              "Sync the output to the disk before it takes its name (slower; it then survives "
-              "a crash of the machine)");
+  add_fsync_flag(c, &o->fsync);
   c->callback([o, &v] { run_decode(*o, v); });
 }
 

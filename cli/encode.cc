@@ -237,9 +237,7 @@ void add_encode(CLI::App& app, Verbosity& v) {
   c->add_flag("--keep-nonfinite", o->keep_nonfinite,
               "Store NaN/Inf codes instead of failing on them");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
-  c->add_flag("--fsync", o->fsync,
-              "Sync the output to the disk before it takes its name (slower; it then survives "
-              "a crash of the machine)");
+  add_fsync_flag(c, &o->fsync);
   c->callback([o, &v] { run_encode(*o, v); });
 }
 

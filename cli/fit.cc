@@ -188,9 +188,7 @@ void add_fit(CLI::App& app, Verbosity& v) {
   c->add_flag("--damping-absolute", o->damping_absolute, "Take --damping as an absolute value");
   c->add_flag("--zstd{3}", o->zstd, "Compress the basis with zstd (--zstd=LEVEL)");
   c->add_flag("-f,--force", o->force, "Overwrite an existing output");
-  c->add_flag("--fsync", o->fsync,
-              "Sync the output to the disk before it takes its name (slower; it then survives "
-              "a crash of the machine)");
+  add_fsync_flag(c, &o->fsync);
   c->callback([o, &v] { run_fit(*o, v); });
 }
 

@@ -1,6 +1,6 @@
 /* Preloaded into giftc by test_giftc.py: each fsync, fdatasync or sync_file_range call
- * appends a line naming it and the file's size to $GIFT_SYNC_LOG, then runs the real call,
- * so a test sees whether giftc made its outputs durable, and when. */
+ * appends a line naming it and the file's size (or "folder") to $GIFT_SYNC_LOG, then runs
+ * the real call, so a test sees whether giftc made its outputs durable, and when. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -14,9 +14,11 @@ static void note(const char* call, int fd) {
   const char* log = getenv("GIFT_SYNC_LOG");
   if (!log) return;
   struct stat st;
-  const long long size = fstat(fd, &st) == 0 ? (long long)st.st_size : -1;
   char line[96];
-  const int n = snprintf(line, sizeof line, "%s %lld\n", call, size);
+  const int got = fstat(fd, &st) == 0;
+  const int n = got && S_ISDIR(st.st_mode) ? snprintf(line, sizeof line, "%s folder\n", call)
+                                           : snprintf(line, sizeof line, "%s %lld\n", call,
+                                                      got ? (long long)st.st_size : -1);
   const int out = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (out < 0) return;
   if (write(out, line, (size_t)n) != n) abort(); /* a test must not read a partial log */

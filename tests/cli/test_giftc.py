@@ -56,6 +56,19 @@ class Giftc(unittest.TestCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
+    def preloading(self, shim, **env):
+        """The environment that preloads tests/cli/SHIM.c, built into the test's folder as
+        SHIM.so, into giftc; skips the test where there is no C compiler."""
+        import shutil
+
+        if not shutil.which("cc"):
+            self.skipTest("no C compiler for the shim")
+        built = self.path(shim + ".so")
+        subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", built,
+                        os.path.join(ROOT, "tests", "cli", shim + ".c"), "-ldl"], check=True)
+        return dict(os.environ, LD_PRELOAD=built, **env,  # (ASan's runtime then comes second)
+                    ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
+
     def test_outputs_that_are_not_plain_new_files_are_refused(self):
         # -f replaces an existing regular output only: never a device, a FIFO, a link, an input.
         src = self.path("in.npy")
@@ -280,18 +293,10 @@ class Giftc(unittest.TestCase):
 
     def test_outputs_are_synced_only_with_fsync(self):
         # Like cp, gzip and zstd, giftc leaves its outputs to the kernel's writeback; with
-        # --fsync, each output is synced whole before it takes its name (a preloaded shim logs
-        # every sync call with the size of the file it syncs).
-        import shutil
-
-        if not shutil.which("cc"):
-            self.skipTest("no C compiler for the shim")
-        shim = self.path("sync_log.so")
-        subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", shim,
-                        os.path.join(ROOT, "tests", "cli", "sync_log.c"), "-ldl"], check=True)
+        # --fsync, each output is synced whole before it takes its name, and its folder after
+        # (a preloaded shim logs every sync call with the size of the file it syncs).
         log = self.path("sync.log")
-        env = dict(os.environ, LD_PRELOAD=shim, GIFT_SYNC_LOG=log,
-                   ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
+        env = self.preloading("sync_log", GIFT_SYNC_LOG=log)
         src = self.path("in.safetensors")
         save_file({"w": np.random.default_rng(4).standard_normal((2048, 2048), dtype=np.float32)},
                   src)
@@ -315,8 +320,9 @@ class Giftc(unittest.TestCase):
                     if not fsync:
                         self.assertEqual(calls, [])
                         continue
-                    self.assertEqual(calls[-1], f"fsync {os.path.getsize(dest)}")
-                    self.assertEqual([c for c in calls[:-1] if not c.startswith(
+                    # The file, then its folder (where the new name is recorded).
+                    self.assertEqual(calls[-2:], [f"fsync {os.path.getsize(dest)}", "fsync folder"])
+                    self.assertEqual([c for c in calls[:-2] if not c.startswith(
                         "sync_file_range ")], [])
                     if args[0] == "decode":
                         self.assertGreaterEqual(len(calls), 2, "writeback started as it goes")
@@ -328,15 +334,7 @@ class Giftc(unittest.TestCase):
         import signal
         import time
 
-        import shutil
-
-        if not shutil.which("cc"):
-            self.skipTest("no C compiler for the shim")
-        shim = self.path("no_tmpfile.so")
-        subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", shim,
-                        os.path.join(ROOT, "tests", "cli", "no_tmpfile.c"), "-ldl"], check=True)
-        env = dict(os.environ, LD_PRELOAD=shim,  # (ASan's runtime then comes second)
-                   ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
+        env = self.preloading("no_tmpfile")
         src = self.path("in.safetensors")
         rng = np.random.default_rng(9)
         save_file({"w": rng.standard_normal((2048, 2048), dtype=np.float32)}, src)

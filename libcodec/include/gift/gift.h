@@ -407,12 +407,12 @@ GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** ou
 GIFT_API giftResult_t giftOutputReserve(giftOutput* out, uint64_t total);
 GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size);
 GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
-/* Whether giftOutputCommit makes a file durable before it takes its name: 1 (the default)
- * fsyncs it first, writeback starting as the bytes come so that the fsync waits only for
- * the tail; 0 renames it at once, as cp, gzip and zstd finish their outputs. Either way no
- * process ever sees a partial file under the name; without the sync, a crash of the machine
- * (not of the process) before the kernel has written the file back can leave it incomplete
- * there. Any time before the commit; nothing for a descriptor. */
+/* Whether giftOutputCommit makes a file durable: 1 (the default) fsyncs it before it takes
+ * its name (writeback starting as the bytes come, so that the fsync waits only for the
+ * tail) and its folder after; 0 renames it at once, as cp, gzip and zstd finish outputs.
+ * Either way no process ever sees a partial file under the name; without the sync, a crash
+ * of the machine (not of the process) before the kernel has written the file back can leave
+ * it incomplete there. Any time before the commit; nothing for a descriptor. */
 GIFT_API giftResult_t giftOutputSetSync(giftOutput* out, int sync);
 /* Bytes written to `out` so far. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);

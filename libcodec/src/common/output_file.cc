@@ -37,6 +37,16 @@ bool fresh_name(const std::string& path, std::string* name, Make&& make) {
   return false;
 }
 
+// A rename is durable once the folder is synced. EINVAL: a file system that cannot sync a
+// folder (some FUSE ones), where there is nothing more to do.
+bool sync_folder(const std::string& dir, int* err) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool ok = fd >= 0 && (::fsync(fd) == 0 || errno == EINVAL);
+  *err = errno;
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
 // File systems without unnamed files say so in one of these ways.
 bool no_tmpfile(int err) { return err == EOPNOTSUPP || err == EISDIR || err == EINVAL; }
 
@@ -296,6 +306,11 @@ giftResult_t OutputFile::commit() {
   forget_temporary();
   committed_ = true;
   owned_ = false;
+  int err = 0;
+  if (sync_ && !sync_folder(folder_of(path_), &err)) {
+    return fail(GIFT_ERROR_IO, "%s: written, but its folder cannot be synced: %s", name_.c_str(),
+                std::strerror(err));
+  }
   return GIFT_OK;
 }
 
