@@ -658,20 +658,27 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
     const VF v = DecodeScaled<K>(d, c, mag, s);
     if (dtype == GIFT_DTYPE_F32) {
       StoreDecoded(v, d, static_cast<float*>(dst) + i, streamed);
-    } else {
+    } else if (dtype == GIFT_DTYPE_BF16) {
       // bf16, round to nearest even; v is finite here, so no NaN case.
       const VI u = hn::BitCast(di, v);
       const VI r = hn::ShiftRight<16>(
           hn::Add(hn::Add(u, hn::Set(di, 0x7FFF)), hn::And(hn::ShiftRight<16>(u), hn::Set(di, 1))));
       StoreDecoded(hn::DemoteTo(d16, hn::And(r, hn::Set(di, 0xFFFF))), d16,
                    static_cast<uint16_t*>(dst) + i, streamed);
+    } else {
+      // fp16: the instruction set's own conversion rounds to nearest even, subnormals and
+      // overflow to Inf included (no caller runs with denormals-are-zero, FpEnvGuard).
+      const hn::Rebind<hwy::float16_t, DF> df16;
+      StoreDecoded(hn::BitCast(d16, hn::DemoteTo(df16, v)), d16, static_cast<uint16_t*>(dst) + i,
+                   streamed);
     }
     return true;
   };
   size_t i = 0;
-  // fp16 output is on no hot path, and a non-finite scale (a damaged frame) needs the NaN
-  // handling of the scalar rule: both take the scalar loop below.
-  if (dtype != GIFT_DTYPE_F16 && std::isfinite(scale)) {
+  // fp16 output where the conversion is the hardware's (GIFT_WIDEN_F16_HERE: elsewhere
+  // Highway 1.0.3 emulates it), and a non-finite scale (a damaged frame), which needs the
+  // NaN handling of the scalar rule, take the scalar loop below.
+  if ((dtype != GIFT_DTYPE_F16 || !GIFT_WIDEN_F16_HERE) && std::isfinite(scale)) {
     stream = stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
     for (; i + lanes <= n; i += lanes) {
       if (!vector_at(i, stream)) break;
