@@ -675,9 +675,9 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
     return true;
   };
   size_t i = 0;
-  // fp16 output where the conversion is the hardware's (GIFT_WIDEN_F16_HERE: elsewhere
-  // Highway 1.0.3 emulates it), and a non-finite scale (a damaged frame), which needs the
-  // NaN handling of the scalar rule, take the scalar loop below.
+  // fp16 output where the instruction set has no fp16 conversion (GIFT_WIDEN_F16_HERE;
+  // Highway 1.0.3 emulates it there), and a non-finite scale (a damaged frame), which needs
+  // the NaN handling of the scalar rule, take the scalar loop below.
   if ((dtype != GIFT_DTYPE_F16 || !GIFT_WIDEN_F16_HERE) && std::isfinite(scale)) {
     stream = stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
     for (; i + lanes <= n; i += lanes) {
