@@ -55,8 +55,8 @@ int open_unnamed(const std::string& dir, int access) {
 }
 
 // Bytes per write(2). On our CI's VM, 512 MiB written from one buffer 8 MiB per call took
-// 0.17 to 2 s from run to run, 256 KiB per call 0.15 to 0.18 s every time (1 MiB: slow now
-// and then). The likely cause: a large write lets the page cache take folios of a higher
+// 0.17 to 3.7 s from run to run, 256 KiB per call 0.15 to 0.18 s every time (1 MiB: slow
+// now and then). The likely cause: a large write lets the page cache take folios of a higher
 // order, and where a balloon reports free memory to the host those come back only through
 // the host's page faults. The extra system calls cost nothing measurable.
 constexpr uint64_t kWritePiece = uint64_t(256) << 10;

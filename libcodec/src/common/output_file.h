@@ -62,8 +62,8 @@ class OutputFile : public SectionFile {
   // Whether commit syncs a file first (the default): see giftOutputSetSync.
   void set_sync(bool sync) { sync_ = sync; }
   // A file: fsync (when syncing), then the rename over the destination, then (syncing) an
-  // fsync of its folder. A descriptor: nothing to do. Refused while a frame writer streams into the
-  // file (its header is not written yet).
+  // fsync of its folder. A descriptor: nothing to do. Refused while a frame writer streams
+  // into the file (its header is not written yet).
   giftResult_t commit();
   // A frame writer streams into this output: `unfinished` while it has not written the
   // frame's header (commit is refused meanwhile); `lost` is called if the output goes first.
