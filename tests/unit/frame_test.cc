@@ -124,6 +124,19 @@ TEST(Frame, RoundTripMatchesTheCodecAndKeepsRawDataExact) {
   }
 }
 
+// The reader hashes sections in 4 MiB pieces, each mapped ahead: the same hash as one call
+// at every size around the pieces' boundaries, from an unaligned start.
+TEST(Frame, PiecewiseChecksumEqualsTheOneCallHash) {
+  std::vector<uint8_t> bytes((uint64_t(9) << 20) + 3);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 2654435761u >> 13);
+  for (uint64_t n :
+       {uint64_t(0), uint64_t(1), uint64_t(4) << 20, (uint64_t(4) << 20) + 1, uint64_t(9) << 20}) {
+    EXPECT_EQ(gift::container::checksum64_mapped(bytes.data() + 3, n),
+              gift::container::checksum64(bytes.data() + 3, n))
+        << n;
+  }
+}
+
 TEST(Frame, SectionsAreAlignedAndTheLayoutIsAsSpecified) {
   const std::vector<uint8_t> bytes = sample_frame();
   EXPECT_EQ(0, std::memcmp(bytes.data(), "\x89GFT\r\n\x1a\n", 8));

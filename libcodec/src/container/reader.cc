@@ -355,7 +355,7 @@ giftResult_t FrameReader::verify_structure() {
 }
 
 giftResult_t FrameReader::checksum_ok(const fb::Section* s, const std::string& what) const {
-  if (checksum64(bytes_->data() + s->offset(), s->stored_length()) != s->checksum()) {
+  if (checksum64_mapped(bytes_->data() + s->offset(), s->stored_length()) != s->checksum()) {
     return fail(GIFT_ERROR_SECTION_CHECKSUM, "%s: %s: checksum mismatch (the data is damaged)",
                 name_.c_str(), what.c_str());
   }

@@ -9,12 +9,33 @@
 #include <new>
 
 #include "common/error.h"
+#include "common/map_ahead.h"
+// XXH3_state_t complete, for a state on the stack.
+#define XXH_STATIC_LINKING_ONLY
 #include "common/xxh3.h"
 
 namespace gift::container {
 
 uint64_t checksum64(const void* data, uint64_t size) {
   return XXH3_64bits(data, static_cast<size_t>(size));
+}
+
+uint64_t checksum64_mapped(const void* data, uint64_t size) {
+  constexpr uint64_t kPiece = uint64_t(4) << 20;
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  if (size <= kPiece) {
+    map_ahead(p, size);
+    return checksum64(p, size);
+  }
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  for (uint64_t done = 0, n = 0; done < size; done += n) {
+    n = std::min(kPiece, size - done);
+    map_ahead(p + done, n);
+    XXH3_64bits_update(&state, p + done, static_cast<size_t>(n));
+  }
+  return XXH3_64bits_digest(&state);
 }
 
 struct Checksum64::State {

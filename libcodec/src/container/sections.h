@@ -12,6 +12,9 @@
 namespace gift::container {
 
 uint64_t checksum64(const void* data, uint64_t size);
+// The same hash, read a few MiB at a time, each piece's pages mapped first (map_ahead): for
+// sections of a memory-mapped frame, 2% off a 512 MiB giftc decode. Allocates nothing.
+uint64_t checksum64_mapped(const void* data, uint64_t size);
 
 // checksum64 of bytes given in pieces.
 class Checksum64 {

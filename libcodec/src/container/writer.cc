@@ -1,6 +1,5 @@
 #include "container/writer.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/map_ahead.h"
 #include "common/utf8.h"
 #include "container/layout.h"
 #include "gift_generated.h"
@@ -174,20 +174,6 @@ constexpr uint64_t kBandElems = uint64_t(1) << 20;
 // 512 MiB fp32 dump took 0.133 to 0.139 s on one thread, census second 0.117 to 0.122 s.
 // Still one encoder task (codec.cc, kChunkElems) per thread.
 constexpr uint64_t kPieceElems = uint64_t(1) << 16;
-
-// Maps a band's pages before the CPU reads it. In a file the caller memory-mapped (giftc's
-// inputs) each fault maps only 64 KiB (the kernel's fault-around), and one call maps a band:
-// giftc encode of a 512 MiB dump, one thread, took 3 to 4% less time. In memory already
-// mapped, or before Linux 5.14, it changes nothing. Errors are ignored: a page left unmapped
-// faults on its read as before, which reports any I/O error as a read always has.
-void map_band(const void* p, uint64_t bytes) {
-#ifdef MADV_POPULATE_READ
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
-  (void)::madvise(reinterpret_cast<void*>(begin), reinterpret_cast<uintptr_t>(p) + bytes - begin,
-                  MADV_POPULATE_READ);
-#endif
-}
 
 void merge_stats(giftEncodeStats* total, const giftEncodeStats& band, uint64_t base) {
   total->amax = std::max(total->amax, band.amax);
@@ -364,7 +350,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
         *refused = true;
         return GIFT_OK;
       }
-      if (encoder_ == &giftEncode) map_band(src, n * cols * dtype_size(data_dtype));
+      if (encoder_ == &giftEncode) map_ahead(src, n * cols * dtype_size(data_dtype));
       if (const giftResult_t r = f(r0, n, src)) return r;
     }
     return GIFT_OK;

@@ -1,0 +1,21 @@
+#include "common/map_ahead.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace gift {
+
+void map_ahead(const void* p, uint64_t bytes) {
+#ifdef MADV_POPULATE_READ
+  if (!bytes) return;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  (void)::madvise(reinterpret_cast<void*>(begin), reinterpret_cast<uintptr_t>(p) + bytes - begin,
+                  MADV_POPULATE_READ);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+}  // namespace gift
