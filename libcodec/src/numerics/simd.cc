@@ -530,12 +530,15 @@ HWY_INLINE void QuantizeLoop(const T* src, size_t n, float factor, float recipro
 }
 
 // The bounded conversion divides through QuotientMagnitudeRN wherever that pays and its
-// domain allows.
+// domain allows, with RN(1 / factor) from `reciprocal` where the caller has it (the block
+// encoder's, from BatchScalesF32), else taken here.
 template <typename T, Fp8 K, Scaling kS, bool kBounded>
-HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes) {
+HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes,
+                          const float* reciprocal = nullptr) {
   if constexpr (kS == Scaling::kDivide && kBounded && GIFT_RECIPROCAL_PAYS) {
     if (ReciprocalApplies(factor)) {
-      return QuantizeLoop<T, K, Scaling::kDivide, true, true>(src, n, factor, 1.0f / factor, codes);
+      return QuantizeLoop<T, K, Scaling::kDivide, true, true>(
+          src, n, factor, reciprocal ? *reciprocal : 1.0f / factor, codes);
     }
   }
   QuantizeLoop<T, K, kS, kBounded, false>(src, n, factor, 1.0f, codes);
@@ -805,12 +808,9 @@ uint32_t EncodeBlocksT(const BlockRun& run) {
       if (kE8M0 ? amax_bits[k] == 0 : !(factor[k] > 0.0f)) {
         memset(codes, 0, len);
       } else if (kE8M0) {
-        QuantizeLoop<T, K, Scaling::kMultiply, true, false>(src + e0, len, factor[k], 1.0f, codes);
-      } else if (GIFT_RECIPROCAL_PAYS && ReciprocalApplies(factor[k])) {
-        QuantizeLoop<T, K, Scaling::kDivide, true, GIFT_RECIPROCAL_PAYS>(src + e0, len, factor[k],
-                                                                         reciprocal[k], codes);
+        QuantizeT<T, K, Scaling::kMultiply, true>(src + e0, len, factor[k], codes);
       } else {
-        QuantizeLoop<T, K, Scaling::kDivide, true, false>(src + e0, len, factor[k], 1.0f, codes);
+        QuantizeT<T, K, Scaling::kDivide, true>(src + e0, len, factor[k], codes, &reciprocal[k]);
       }
     }
   }
