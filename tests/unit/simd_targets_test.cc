@@ -354,7 +354,7 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
-// short last blocks, runs read as four parts (blocks of 16 and 128; the last part shorter)
+// short last blocks, runs read as four parts (blocks of 16, 48 and 128; the last part shorter)
 // and as one (blocks of 256: three batches; of 4096: one), all-zero and subnormal blocks, bf16
 // values (whose few mantissa bits put many quotients next to FP8 rounding midpoints), and a NaN
 // that stops the run.
@@ -376,7 +376,7 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   for (giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16})
     for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
       for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
-        for (uint32_t block : {16u, 128u, 256u, 4096u}) {
+        for (uint32_t block : {16u, 48u, 128u, 256u, 4096u}) {
           const void* src = dt == GIFT_DTYPE_F32    ? static_cast<const void*>(x.data())
                             : dt == GIFT_DTYPE_BF16 ? static_cast<const void*>(xb.data())
                                                     : static_cast<const void*>(xh.data());

@@ -490,12 +490,60 @@ HWY_INLINE VF QuotientMagnitudeRN(VF x, VF s, VF z) {
   return hn::MulAdd(hn::NegMulAdd(q1, s, x), z, q1);
 }
 
+// The running largest sign-cleared pattern of groups of 4 * Lanes(DF) elements, for the
+// encoder's loop that takes the next block's amax beside the current block's codes: on fp32
+// lanes, or for 16-bit sources on 16-bit lanes, as AbsMaxBits16.
+template <typename T>
+struct AmaxLanes {
+  VI m;
+  HWY_INLINE AmaxLanes() : m(hn::Zero(DI())) {}
+  HWY_INLINE void add4(const T* p) {
+    const DF d;
+    const DI di;
+    const size_t lanes = hn::Lanes(d);
+    for (size_t k = 0; k < 4; ++k) {
+      m = hn::Max(
+          m, hn::And(hn::BitCast(di, Source<T>::load(d, p + k * lanes)), hn::Set(di, 0x7FFFFFFF)));
+    }
+  }
+  HWY_INLINE uint32_t bits() const {
+    return static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(DI(), m)));
+  }
+};
+
+#if HWY_TARGET != HWY_SCALAR  // one lane of any type there
+template <typename T>
+struct AmaxLanes16 {
+  using D16 = hn::Repartition<int16_t, DF>;
+  hn::Vec<D16> m;
+  HWY_INLINE AmaxLanes16() : m(hn::Zero(D16())) {}
+  HWY_INLINE void add4(const T* p) {
+    const D16 d;
+    const int16_t* q = reinterpret_cast<const int16_t*>(p);
+    m = hn::Max(m, hn::And(hn::LoadU(d, q), hn::Set(d, int16_t(0x7FFF))));
+    m = hn::Max(m, hn::And(hn::LoadU(d, q + hn::Lanes(d)), hn::Set(d, int16_t(0x7FFF))));
+  }
+  HWY_INLINE uint32_t bits() const {
+    const uint16_t b = static_cast<uint16_t>(hn::GetLane(hn::MaxOfLanes(D16(), m)));
+    T t;
+    memcpy(&t, &b, sizeof t);
+    return num::bits_of(Source<T>::scalar(&t));
+  }
+};
+
+template <typename T>
+using AmaxOf = std::conditional_t<sizeof(T) == 2, AmaxLanes16<T>, AmaxLanes<T>>;
+#else
+template <typename T>
+using AmaxOf = AmaxLanes<T>;
+#endif
+
 // The loop of QuantizeT. With kReciprocal, x / factor comes from QuotientMagnitudeRN with
 // reciprocal = RN(1 / factor), whose domain the caller checked; it needs kBounded (finite x),
-// and factor > 0 as every scale is.
-template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kReciprocal>
-HWY_INLINE void QuantizeLoop(const T* src, size_t n, float factor, float reciprocal,
-                             uint8_t* codes) {
+// and factor > 0 as every scale is. With kAmaxNext, it also returns AbsMaxBitsT(next, n).
+template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kReciprocal, bool kAmaxNext>
+HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float reciprocal,
+                                 uint8_t* codes, const T* next) {
   static_assert(!kReciprocal || (kS == Scaling::kDivide && kBounded),
                 "QuotientMagnitudeRN's domain");
   const DF d;
@@ -511,10 +559,12 @@ HWY_INLINE void QuantizeLoop(const T* src, size_t n, float factor, float recipro
     const VF x = Source<T>::load(d, src + i), v = scaled(x);
     return kBounded ? ConvertRNBounded<K>(d, v, x) : ConvertRN<K>(d, v);
   };
+  AmaxOf<T> amax;
   size_t i = 0;
   for (; i + 4 * lanes <= n; i += 4 * lanes) {
     VF x[4], v[4];
     VI c[4];
+    if constexpr (kAmaxNext) amax.add4(next + i);
     Source<T>::load4(d, src + i, x);
     for (size_t k = 0; k < 4; ++k) {
       v[k] = scaled(x[k]);
@@ -522,26 +572,28 @@ HWY_INLINE void QuantizeLoop(const T* src, size_t n, float factor, float recipro
     }
     StoreCodes4<K, Source<T>::kZipped, kBounded>(c, x, codes + i);
   }
+  const uint32_t amax_bits = kAmaxNext ? std::max(amax.bits(), AbsMaxBitsT(next + i, n - i)) : 0;
   for (; i + lanes <= n; i += lanes) StoreCodes(code_at(i), codes + i);
   for (; i < n; ++i) {
     const float x = Source<T>::scalar(src + i);
     codes[i] = num::fp8_from_float_rn<K>(kS == Scaling::kDivide ? x / factor : x * factor);
   }
+  return amax_bits;
 }
 
 // The bounded conversion divides through QuotientMagnitudeRN wherever that pays and its
 // domain allows, with RN(1 / factor) from `reciprocal` where the caller has it (the block
 // encoder's, from BatchScalesF32), else taken here.
-template <typename T, Fp8 K, Scaling kS, bool kBounded>
-HWY_INLINE void QuantizeT(const T* src, size_t n, float factor, uint8_t* codes,
-                          const float* reciprocal = nullptr) {
+template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kAmaxNext = false>
+HWY_INLINE uint32_t QuantizeT(const T* src, size_t n, float factor, uint8_t* codes,
+                              const float* reciprocal = nullptr, const T* next = nullptr) {
   if constexpr (kS == Scaling::kDivide && kBounded && GIFT_RECIPROCAL_PAYS) {
     if (ReciprocalApplies(factor)) {
-      return QuantizeLoop<T, K, Scaling::kDivide, true, true>(
-          src, n, factor, reciprocal ? *reciprocal : 1.0f / factor, codes);
+      return QuantizeLoop<T, K, Scaling::kDivide, true, true, kAmaxNext>(
+          src, n, factor, reciprocal ? *reciprocal : 1.0f / factor, codes, next);
     }
   }
-  QuantizeLoop<T, K, kS, kBounded, false>(src, n, factor, 1.0f, codes);
+  return QuantizeLoop<T, K, kS, kBounded, false, kAmaxNext>(src, n, factor, 1.0f, codes, next);
 }
 
 template <bool kBounded, typename T>
@@ -708,12 +760,14 @@ void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind,
   }
 }
 
-// Blocks are taken in batches: first the amax of each block of the batch, then their scales,
-// then the codes of each. Within one block the codes wait on the amax, its reduction across
-// lanes and the scale's division; batching lets those latencies of one block overlap the
-// others' work, and turns the fp32 scales' two scalar divisions per block (the scale, and the
-// reciprocal QuotientMagnitudeRN multiplies by) into vector divisions per batch (two on
-// AVX-512).
+// Blocks are taken in batches: the amax of each block of the batch, then their scales, then
+// the codes of each, in the same loop as the amax of the next batch's block in its place.
+// Within one block the codes wait on the amax, its reduction across lanes and the scale's
+// division; batching lets those latencies of one block overlap the others' work, and turns
+// the fp32 scales' two scalar divisions per block (the scale, and the reciprocal
+// QuotientMagnitudeRN multiplies by) into vector divisions per batch (two on AVX-512). The
+// shared loop puts the next batch's loads from memory among this batch's arithmetic, where
+// the core overlaps them; a separate amax pass waits on memory with little to do.
 constexpr size_t kBatchBlocks = 16;
 
 // fp32 scales of a batch, FORMAT.md's rule (num::scale_f32: RN(amax / fp8_max), a division
@@ -738,9 +792,9 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
 }
 
 // A run of at least kStreamedBlocks blocks is read as kReadStreams contiguous parts side by
-// side: the batch takes kBatchBlocks / kReadStreams consecutive blocks of each part, and
-// while a block's codes are computed, the block that the next batch takes in its place is
-// fetched. One thread reading memory is bound by the lines it has in flight: the hardware
+// side: the batch takes kBatchBlocks / kReadStreams consecutive blocks of each part, and as
+// a block's amax is taken, the block that the next batch takes in its place is fetched.
+// One thread reading memory is bound by the lines it has in flight: the hardware
 // prefetcher follows each part's stream (within its 4 KiB page) on its own, so four parts
 // keep about four times as many lines coming (codec.cc makes a run of rows where every row
 // is whole blocks). A shorter run is read in order, its amax pass fetching each line
@@ -755,6 +809,20 @@ HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to) {
   for (uint64_t i = from; i < to; i += 64) hwy::Prefetch(base + i);
 }
 
+// One block's codes with its scale factor (and with fp32 scales, its reciprocal from
+// BatchScalesF32); with kAmaxNext, returns the amax bits of the len elements at next.
+template <typename T, Fp8 K, bool kE8M0, bool kAmaxNext>
+HWY_INLINE uint32_t EncodeBlock(const T* x, size_t len, float factor, const float* reciprocal,
+                                uint8_t* codes, const T* next) {
+  if constexpr (kE8M0) {
+    return QuantizeT<T, K, Scaling::kMultiply, true, kAmaxNext>(x, len, factor, codes, nullptr,
+                                                                next);
+  } else {
+    return QuantizeT<T, K, Scaling::kDivide, true, kAmaxNext>(x, len, factor, codes, reciprocal,
+                                                              next);
+  }
+}
+
 template <typename T, Fp8 K, bool kE8M0>
 uint32_t EncodeBlocksT(const BlockRun& run) {
   const T* src = static_cast<const T*>(run.src);
@@ -767,52 +835,72 @@ uint32_t EncodeBlocksT(const BlockRun& run) {
     return static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b * run.block));
   };
   const uint64_t run_bytes = run.n * sizeof(T);
-  uint32_t run_max = 0;
-  uint64_t batch[kBatchBlocks];
-  uint32_t amax_bits[kBatchBlocks];
-  float factor[kBatchBlocks], reciprocal[kBatchBlocks];
-  for (uint64_t r0 = 0; r0 < part; r0 += rounds) {
+  // The blocks of the batch that starts at round r0, the parts side by side.
+  const auto batch_at = [&](uint64_t r0, uint64_t* ids) {
     size_t count = 0;
-    const uint64_t r1 = std::min(part, r0 + rounds);
-    for (uint64_t r = r0; r < r1; ++r) {
-      for (uint64_t b = r; b < blocks; b += part) {  // the parts side by side
-        const uint64_t at = b * run.block * sizeof(T) + kPrefetchBytes;
-        if (streams == 1) PrefetchBytes(bytes, at, std::min(at + len_of(b) * sizeof(T), run_bytes));
-        batch[count] = b;
-        amax_bits[count] = AbsMaxBitsT(src + b * run.block, len_of(b));
-        run_max = std::max(run_max, amax_bits[count++]);
-      }
+    for (uint64_t r = r0; r < std::min(part, r0 + rounds); ++r) {
+      for (uint64_t b = r; b < blocks; b += part) ids[count++] = b;
     }
+    return count;
+  };
+  const auto amax_of = [&](uint64_t b) {
+    const uint64_t at = b * run.block * sizeof(T) + kPrefetchBytes;
+    if (streams == 1) PrefetchBytes(bytes, at, std::min(at + len_of(b) * sizeof(T), run_bytes));
+    return AbsMaxBitsT(src + b * run.block, len_of(b));
+  };
+  uint32_t run_max = 0;
+  uint64_t batch[2][kBatchBlocks];
+  uint32_t amax_bits[2][kBatchBlocks];
+  size_t count[2] = {batch_at(0, batch[0]), 0};
+  for (size_t k = 0; k < count[0]; ++k) amax_bits[0][k] = amax_of(batch[0][k]);
+  float factor[kBatchBlocks], reciprocal[kBatchBlocks];
+  for (uint64_t r0 = 0, cur = 0; r0 < part; r0 += rounds, cur ^= 1) {
+    const uint64_t* ids = batch[cur];
+    uint32_t* amax = amax_bits[cur];
+    for (size_t k = 0; k < count[cur]; ++k) run_max = std::max(run_max, amax[k]);
     if (run_max >= 0x7F800000u) return run_max;
     if constexpr (kE8M0) {
-      for (size_t k = 0; k < count; ++k) {
-        const uint8_t e = num::scale_e8m0(num::float_of(amax_bits[k]), K);
-        static_cast<uint8_t*>(run.scales)[batch[k]] = e;
+      for (size_t k = 0; k < count[cur]; ++k) {
+        const uint8_t e = num::scale_e8m0(num::float_of(amax[k]), K);
+        static_cast<uint8_t*>(run.scales)[ids[k]] = e;
         factor[k] = num::e8m0_reciprocal(e);
       }
     } else {
-      std::fill(amax_bits + count, amax_bits + kBatchBlocks, 0u);
-      BatchScalesF32<K>(amax_bits, factor, reciprocal);
-      for (size_t k = 0; k < count; ++k) static_cast<float*>(run.scales)[batch[k]] = factor[k];
+      std::fill(amax + count[cur], amax + kBatchBlocks, 0u);
+      BatchScalesF32<K>(amax, factor, reciprocal);
+      for (size_t k = 0; k < count[cur]; ++k) static_cast<float*>(run.scales)[ids[k]] = factor[k];
     }
-    for (size_t k = 0; k < count; ++k) {
-      const uint64_t b = batch[k], e0 = b * run.block;
+    // The next batch's amax, block by block beside this batch's codes where the lengths
+    // agree (all but a run's last block), else on its own.
+    const uint64_t* next_ids = batch[cur ^ 1];
+    uint32_t* next_amax = amax_bits[cur ^ 1];
+    const size_t next_count = count[cur ^ 1] =
+        r0 + rounds < part ? batch_at(r0 + rounds, batch[cur ^ 1]) : 0;
+    for (size_t k = 0; k < count[cur]; ++k) {
+      const uint64_t b = ids[k], e0 = b * run.block;
       const size_t len = len_of(b);
-      if (streams > 1 && b + rounds < blocks) {
-        const uint64_t at = (b + rounds) * run.block * sizeof(T);
-        PrefetchBytes(bytes, at, at + len_of(b + rounds) * sizeof(T));
-      }
       uint8_t* codes = run.codes + e0;
+      // The block that the batch after next takes in this one's place is fetched.
+      if (streams > 1 && k < next_count && next_ids[k] + rounds < blocks) {
+        const uint64_t at = (next_ids[k] + rounds) * run.block * sizeof(T);
+        PrefetchBytes(bytes, at, at + len_of(next_ids[k] + rounds) * sizeof(T));
+      }
+      const bool paired = k < next_count && len_of(next_ids[k]) == len;
+      const T* next = paired ? src + next_ids[k] * run.block : nullptr;
       // Finite x over a positive scale stays below 2^17 in magnitude: the bounded conversion
       // applies. A zero scale (amax == 0 or fp32 underflow) means all codes +0.
-      if (kE8M0 ? amax_bits[k] == 0 : !(factor[k] > 0.0f)) {
+      if (kE8M0 ? amax[k] == 0 : !(factor[k] > 0.0f)) {
         memset(codes, 0, len);
-      } else if (kE8M0) {
-        QuantizeT<T, K, Scaling::kMultiply, true>(src + e0, len, factor[k], codes);
+        if (paired) next_amax[k] = amax_of(next_ids[k]);
+      } else if (paired) {
+        next_amax[k] =
+            EncodeBlock<T, K, kE8M0, true>(src + e0, len, factor[k], &reciprocal[k], codes, next);
       } else {
-        QuantizeT<T, K, Scaling::kDivide, true>(src + e0, len, factor[k], codes, &reciprocal[k]);
+        EncodeBlock<T, K, kE8M0, false>(src + e0, len, factor[k], &reciprocal[k], codes, nullptr);
       }
+      if (!paired && k < next_count) next_amax[k] = amax_of(next_ids[k]);
     }
+    for (size_t k = count[cur]; k < next_count; ++k) next_amax[k] = amax_of(next_ids[k]);
   }
   return run_max;
 }
