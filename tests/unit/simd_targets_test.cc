@@ -188,10 +188,12 @@ TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
     for (int c = 0; c < 256; ++c) codes.push_back(static_cast<uint8_t>((c * 37 + rep) & 0xFF));
   for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
     // (1 + 2^-11 and 1 - 2^-12 put powers of two, and 3 * 2^-20 some codes, on fp16's and
-    // bf16's halfway points: ties to even.)
+    // bf16's halfway points: ties to even. 2^-117 and 2^-110 take the smallest nonzero E4M3
+    // and E5M2 magnitudes to fp32's smallest normal, 2^-120 and 2^-113 below it: fp32 and
+    // bf16 subnormals, which AVX512_BF16's conversion would flush.)
     for (float s : {1.0f, 0.0037f, 1e-30f, 2e36f, 0.0f, -0.0f, INFINITY, std::nanf(""),
                     num::float_of(0xFFFFFFFFu), num::float_of(0x00400000u), 0x1.002p0f, 0x1.ffep-1f,
-                    0x1.8p-20f}) {
+                    0x1.8p-20f, 0x1p-117f, 0x1p-120f, 0x1p-110f, 0x1p-113f}) {
       std::vector<float> f(codes.size());
       std::vector<uint16_t> b(codes.size()), h(codes.size());
       simd::dequantize(codes.data(), codes.size(), s, kind, f.data(), GIFT_DTYPE_F32);

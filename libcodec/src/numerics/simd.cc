@@ -692,6 +692,44 @@ HWY_INLINE void StoreDecoded(hn::Vec<D> v, D d, hn::TFromD<D>* p, bool stream) {
   }
 }
 
+using D16 = hn::Rebind<uint16_t, DF>;
+
+// fp32 to bf16, round to nearest even, for finite v.
+HWY_INLINE hn::Vec<D16> Bf16RN(VF v) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::BitCast(du, v);
+  const auto r =
+      hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u)));
+  return hn::TruncateTo(D16(), hn::ShiftRight<16>(r));
+}
+
+// The same through AVX512_BF16's vcvtneps2bf16 where the CPU has it (Highway 1.0.3 has no
+// target for it, hence the runtime check and the assembly). The instruction reads subnormal
+// inputs as zero and flushes subnormal results, so it is used only where no decoded value is
+// an fp32 subnormal: where the smallest nonzero FP8 magnitude times the scale is normal
+// (NativeBf16Applies); equal to Bf16RN there, Inf on overflow included.
+#undef GIFT_BF16_NATIVE
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define GIFT_BF16_NATIVE 1
+HWY_INLINE hn::Vec<D16> Bf16Native(VF v) {
+  static_assert(sizeof(v.raw) == 64, "one zmm register in, one ymm out");
+  __m256i r;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v.raw));
+  return hn::Vec<D16>{r};
+}
+#else
+#define GIFT_BF16_NATIVE 0
+HWY_INLINE hn::Vec<D16> Bf16Native(VF v) { return Bf16RN(v); }
+#endif
+
+template <Fp8 K>
+HWY_INLINE bool NativeBf16Applies(float scale) {
+  if (!GIFT_BF16_NATIVE) return false;
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  // 2^(-126 - step exponent): the smallest nonzero magnitude, 2^step, times it is 2^-126.
+  return has && scale >= num::float_of(uint32_t(1 - Fp8Traits<K>::kSubnormalStepExp) << 23);
+}
+
 // stream: as StoreDecoded, where dst is 16-byte aligned (plain stores otherwise).
 template <Fp8 K>
 void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype,
@@ -699,7 +737,8 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
   const DF d;
   const DI di;
   const hn::Rebind<int8_t, DI> d8;
-  const hn::Rebind<uint16_t, DI> d16;
+  const D16 d16;
+  const bool native_bf16 = dtype == GIFT_DTYPE_BF16 && NativeBf16Applies<K>(scale);
   const size_t lanes = hn::Lanes(d);
   const VF s = hn::Set(d, scale);
   // Codes that are NaN or Inf (E5M2) take the scalar path, which spells them out.
@@ -714,12 +753,8 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
     if (dtype == GIFT_DTYPE_F32) {
       StoreDecoded(v, d, static_cast<float*>(dst) + i, streamed);
     } else if (dtype == GIFT_DTYPE_BF16) {
-      // bf16, round to nearest even; v is finite here, so no NaN case.
-      const VI u = hn::BitCast(di, v);
-      const VI r = hn::ShiftRight<16>(
-          hn::Add(hn::Add(u, hn::Set(di, 0x7FFF)), hn::And(hn::ShiftRight<16>(u), hn::Set(di, 1))));
-      StoreDecoded(hn::DemoteTo(d16, hn::And(r, hn::Set(di, 0xFFFF))), d16,
-                   static_cast<uint16_t*>(dst) + i, streamed);
+      StoreDecoded(native_bf16 ? Bf16Native(v) : Bf16RN(v), d16, static_cast<uint16_t*>(dst) + i,
+                   streamed);
     } else {
       // fp16: the instruction set's own conversion rounds to nearest even, subnormals and
       // overflow to Inf included (no caller runs with denormals-are-zero, FpEnvGuard).
