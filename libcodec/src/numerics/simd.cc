@@ -778,9 +778,16 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
   // the NaN handling of the scalar rule, take the scalar loop below.
   if ((dtype != GIFT_DTYPE_F16 || !GIFT_WIDEN_F16_HERE) && std::isfinite(scale)) {
     stream = stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-    for (; i + lanes <= n; i += lanes) {
-      if (i % 64 == 0) hwy::Prefetch(codes + i + kDecodeFetchAhead);
-      if (!vector_at(i, stream)) break;
+    // The vectors of [i, end); false at one with a NaN or Inf code.
+    const auto vectors = [&](size_t end) {
+      for (; i + lanes <= end; i += lanes) {
+        if (!vector_at(i, stream)) return false;
+      }
+      return true;
+    };
+    while (i + lanes <= n) {  // a line of codes at a time
+      hwy::Prefetch(codes + i + kDecodeFetchAhead);
+      if (!vectors(std::min(n, i + 64))) break;
     }
   }
   for (; i < n; ++i) {
