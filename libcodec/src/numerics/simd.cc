@@ -730,12 +730,13 @@ HWY_INLINE bool NativeBf16Applies(float scale) {
   return has && scale >= num::float_of(uint32_t(1 - Fp8Traits<K>::kSubnormalStepExp) << 23);
 }
 
-// How far ahead of the codes being decoded their line is fetched. A decode writes two to
-// four bytes for each byte it reads, so its one read stream gets little of the core's
-// attention from the hardware prefetcher, and it stalls at each 4 KiB page where the
-// prefetcher stops. Fetching 2 KiB ahead, giftc decode of a 512 MiB dump, one thread,
-// median of 6: bf16 243 to 207 ms, fp32 165 to 157 ms; in memory (giftc bench) decode to
-// fp32 0.97-0.99 to 1.02-1.06 of memcpy.
+// How far ahead of the codes being decoded their line is fetched, once per line (a test on
+// every vector cost the 128-bit targets more than the fetch gained). A decode reads one
+// stream of codes, a quarter to a half of the bytes it moves, and without the fetch its reads
+// stalled at each 4 KiB page, where the hardware prefetcher stops. With it, giftc decode of
+// a 512 MiB dump, one thread, median of 6: bf16 243 to 207 ms, fp32 165 to 157 ms; in
+// memory (bench_codec BM_DecodeF32/1), of memcpy: AVX3 0.92-0.95 to 0.99-1.00, AVX2 0.89 to
+// 0.91-0.98, SSE4 0.62-0.63 to 0.74-0.77.
 constexpr size_t kDecodeFetchAhead = 2048;
 
 // stream: as StoreDecoded, where dst is 16-byte aligned (plain stores otherwise).
