@@ -189,11 +189,12 @@ TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
   for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
     // (1 + 2^-11 and 1 - 2^-12 put powers of two, and 3 * 2^-20 some codes, on fp16's and
     // bf16's halfway points: ties to even. 2^-117 and 2^-110 take the smallest nonzero E4M3
-    // and E5M2 magnitudes to fp32's smallest normal, 2^-120 and 2^-113 below it: fp32 and
-    // bf16 subnormals, which AVX512_BF16's conversion would flush.)
-    for (float s : {1.0f, 0.0037f, 1e-30f, 2e36f, 0.0f, -0.0f, INFINITY, std::nanf(""),
-                    num::float_of(0xFFFFFFFFu), num::float_of(0x00400000u), 0x1.002p0f, 0x1.ffep-1f,
-                    0x1.8p-20f, 0x1p-117f, 0x1p-120f, 0x1p-110f, 0x1p-113f}) {
+    // and E5M2 magnitudes to fp32's smallest normal; 1.5 * 2^-118, 2^-120, 1.5 * 2^-111 and
+    // 2^-113, below it, to fp32 and bf16 subnormals, which AVX512_BF16's conversion flushes.)
+    for (float s :
+         {1.0f, 0.0037f, 1e-30f, 2e36f, 0.0f, -0.0f, INFINITY, std::nanf(""),
+          num::float_of(0xFFFFFFFFu), num::float_of(0x00400000u), 0x1.002p0f, 0x1.ffep-1f,
+          0x1.8p-20f, 0x1p-117f, 0x1.8p-118f, 0x1p-120f, 0x1p-110f, 0x1.8p-111f, 0x1p-113f}) {
       std::vector<float> f(codes.size());
       std::vector<uint16_t> b(codes.size()), h(codes.size());
       simd::dequantize(codes.data(), codes.size(), s, kind, f.data(), GIFT_DTYPE_F32);
@@ -356,7 +357,7 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
-// short last blocks, runs read as four parts (blocks of 16, 48 and 128; the last part shorter)
+// short last blocks, runs read as four parts (blocks of 16 to 128; the last part shorter)
 // and as one (blocks of 256: three batches; of 4096: one), all-zero and subnormal blocks, bf16
 // values (whose few mantissa bits put many quotients next to FP8 rounding midpoints), and a NaN
 // that stops the run.
@@ -378,7 +379,7 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   for (giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16})
     for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
       for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
-        for (uint32_t block : {16u, 48u, 128u, 256u, 4096u}) {
+        for (uint32_t block : {16u, 48u, 80u, 128u, 256u, 4096u}) {
           const void* src = dt == GIFT_DTYPE_F32    ? static_cast<const void*>(x.data())
                             : dt == GIFT_DTYPE_BF16 ? static_cast<const void*>(xb.data())
                                                     : static_cast<const void*>(xh.data());
@@ -466,16 +467,24 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
             }
           }
         }
-  // A NaN or an infinity in any block, the last of a part included, is reported.
-  for (size_t at : {size_t(0), size_t(21 * 128 + 5), size_t(17 * 128 + 127), n - 1}) {
-    std::vector<float> y = x;
-    y[at] = at % 2 ? std::nanf("") : -INFINITY;
-    std::vector<uint8_t> codes(n), scales(((n + 127) / 128) * 4);
-    EXPECT_GE(simd::encode_blocks_rn({y.data(), GIFT_DTYPE_F32, n, 128, GIFT_FP8_E4M3,
-                                      GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
-              0x7F800000u)
-        << at;
-  }
+  // A NaN or an infinity in any block, the last of a part included, is reported, from fp32
+  // and from bf16 (whose amax beside the codes is taken on 16-bit lanes).
+  for (size_t at : {size_t(0), size_t(21 * 128 + 5), size_t(17 * 128 + 127), n - 1})
+    for (uint32_t block : {80u, 128u}) {
+      std::vector<float> y = x;
+      y[at] = at % 2 ? std::nanf("") : -INFINITY;
+      std::vector<uint16_t> yb(n);
+      for (size_t i = 0; i < n; ++i) yb[i] = static_cast<uint16_t>(num::bits_of(y[i]) >> 16);
+      std::vector<uint8_t> codes(n), scales(((n + block - 1) / block) * 4);
+      EXPECT_GE(simd::encode_blocks_rn({y.data(), GIFT_DTYPE_F32, n, block, GIFT_FP8_E4M3,
+                                        GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
+                0x7F800000u)
+          << at << " block " << block;
+      EXPECT_GE(simd::encode_blocks_rn({yb.data(), GIFT_DTYPE_BF16, n, block, GIFT_FP8_E4M3,
+                                        GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
+                0x7F800000u)
+          << "bf16 " << at << " block " << block;
+    }
 }
 
 // The whitener's fused kernel against the same product in double precision, on shapes with
