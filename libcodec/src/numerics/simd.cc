@@ -743,56 +743,72 @@ HWY_INLINE bool NativeBf16Applies(float scale) {
 // 0.91-0.98, SSE4 0.62-0.63 to 0.74-0.77.
 constexpr size_t kDecodeFetchAhead = 2048;
 
-// stream: as StoreDecoded, where dst is 16-byte aligned (plain stores otherwise).
-template <Fp8 K>
-void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype,
-                 bool stream) {
+// What the vector loop of DequantizeK converts the decoded fp32 values to, chosen once per
+// call: a test per vector cost about a tenth of the decode to bf16 in cache.
+enum class Output { kF32, kBf16, kBf16Native, kF16 };
+
+// The codes [0, n) decoded and stored, whole vectors a line of codes at a time, up to the
+// first vector with a NaN or Inf code (E5M2), which the scalar rule spells out; returns where
+// it stopped. The scale is finite; with stream, dst is 16-byte aligned (StoreDecoded).
+template <Fp8 K, Output kOut>
+size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, bool stream) {
   const DF d;
   const DI di;
   const hn::Rebind<int8_t, DI> d8;
   const D16 d16;
-  const bool native_bf16 = dtype == GIFT_DTYPE_BF16 && NativeBf16Applies<K>(scale);
   const size_t lanes = hn::Lanes(d);
   const VF s = hn::Set(d, scale);
-  // Codes that are NaN or Inf (E5M2) take the scalar path, which spells them out.
   const VI special = hn::Set(di, (K == Fp8::kE4M3 ? 0x7F : 0x7C) - 1);
   const int8_t* signed_codes = reinterpret_cast<const int8_t*>(codes);
-  // Whether the vector at i was stored (no NaN or Inf code among its lanes).
-  const auto vector_at = [&](size_t i, bool streamed) {
-    const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
-    const VI mag = hn::And(c, hn::Set(di, 0x7F));
-    if (!hn::AllFalse(di, hn::Gt(mag, special))) return false;
-    const VF v = DecodeScaled<K>(d, c, mag, s);
-    if (dtype == GIFT_DTYPE_F32) {
-      StoreDecoded(v, d, static_cast<float*>(dst) + i, streamed);
-    } else if (dtype == GIFT_DTYPE_BF16) {
-      StoreDecoded(native_bf16 ? Bf16Native(v) : Bf16RN(v), d16, static_cast<uint16_t*>(dst) + i,
-                   streamed);
-    } else {
-      // fp16: the instruction set's own conversion rounds to nearest even, subnormals and
-      // overflow to Inf included (no caller runs with denormals-are-zero, FpEnvGuard).
-      const hn::Rebind<hwy::float16_t, DF> df16;
-      StoreDecoded(hn::BitCast(d16, hn::DemoteTo(df16, v)), d16, static_cast<uint16_t*>(dst) + i,
-                   streamed);
+  size_t i = 0;
+  // The vectors of [i, end); false at one with a NaN or Inf code.
+  const auto vectors = [&](size_t end) {
+    for (; i + lanes <= end; i += lanes) {
+      const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
+      const VI mag = hn::And(c, hn::Set(di, 0x7F));
+      if (!hn::AllFalse(di, hn::Gt(mag, special))) return false;
+      const VF v = DecodeScaled<K>(d, c, mag, s);
+      uint16_t* half = static_cast<uint16_t*>(dst) + i;
+      if constexpr (kOut == Output::kF32) {
+        StoreDecoded(v, d, static_cast<float*>(dst) + i, stream);
+      } else if constexpr (kOut == Output::kBf16) {
+        StoreDecoded(Bf16RN(v), d16, half, stream);
+      } else if constexpr (kOut == Output::kBf16Native) {
+        StoreDecoded(Bf16Native(v), d16, half, stream);
+      } else {
+        // fp16: the instruction set's own conversion rounds to nearest even, subnormals and
+        // overflow to Inf included (no caller runs with denormals-are-zero, FpEnvGuard).
+        StoreDecoded(hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v)), d16, half,
+                     stream);
+      }
     }
     return true;
   };
+  while (i + lanes <= n) {
+    hwy::Prefetch(codes + i + kDecodeFetchAhead);
+    if (!vectors(std::min(n, i + 64))) break;
+  }
+  return i;
+}
+
+// stream: as StoreDecoded, where dst is 16-byte aligned (plain stores otherwise).
+template <Fp8 K>
+void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype,
+                 bool stream) {
   size_t i = 0;
   // fp16 output where the instruction set has no fp16 conversion (GIFT_WIDEN_F16_HERE;
   // Highway 1.0.3 emulates it there), and a non-finite scale (a damaged frame), which needs
   // the NaN handling of the scalar rule, take the scalar loop below.
   if ((dtype != GIFT_DTYPE_F16 || !GIFT_WIDEN_F16_HERE) && std::isfinite(scale)) {
     stream = stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-    // The vectors of [i, end); false at one with a NaN or Inf code.
-    const auto vectors = [&](size_t end) {
-      for (; i + lanes <= end; i += lanes) {
-        if (!vector_at(i, stream)) return false;
-      }
-      return true;
-    };
-    while (i + lanes <= n) {  // a line of codes at a time
-      hwy::Prefetch(codes + i + kDecodeFetchAhead);
-      if (!vectors(std::min(n, i + 64))) break;
+    if (dtype == GIFT_DTYPE_F32) {
+      i = DecodeVectors<K, Output::kF32>(codes, n, scale, dst, stream);
+    } else if (dtype == GIFT_DTYPE_BF16) {
+      i = NativeBf16Applies<K>(scale)
+              ? DecodeVectors<K, Output::kBf16Native>(codes, n, scale, dst, stream)
+              : DecodeVectors<K, Output::kBf16>(codes, n, scale, dst, stream);
+    } else {
+      i = DecodeVectors<K, Output::kF16>(codes, n, scale, dst, stream);
     }
   }
   for (; i < n; ++i) {
