@@ -744,7 +744,7 @@ HWY_INLINE bool NativeBf16Applies(float scale) {
 constexpr size_t kDecodeFetchAhead = 2048;
 
 // What the vector loop of DequantizeK converts the decoded fp32 values to, chosen once per
-// call: a test per vector cost about a tenth of the decode to bf16 in cache.
+// call: a test per vector cost about a fifth of the decode to bf16 in cache.
 enum class Output { kF32, kBf16, kBf16Native, kF16 };
 
 // The codes [0, n) decoded and stored, whole vectors a line of codes at a time, up to the
