@@ -282,7 +282,9 @@ TEST(Frame, TheCallersRoundingModeDoesNotChangeTheBytes) {
 // Tensor.stats by their rule (FORMAT.md 2.2), computed here independently: the squares of
 // the finite values summed in eight lanes by element index mod 8, folded at every multiple
 // of 4096 elements; NaN and Inf counted apart wherever they fall (every lane, both ends of
-// chunks, a whole chunk), for FP8 and lossless tensors of every input type.
+// chunks, a whole chunk), for FP8 and lossless tensors of every input type, and for values
+// all finite; written whole, and in bands through a scratch folder (where the statistics
+// of all-finite pieces take the encoder's amax).
 TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
   namespace num = gift::num;
   const uint64_t rows = 4, cols = 5001, n = rows * cols, shape[] = {rows, cols};
@@ -294,52 +296,64 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
   for (size_t k = 0; k < bad.size(); ++k) x[bad[k]] = specials[k % 3];
   giftQuantParams keep = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK);
   keep.nonfinite = GIFT_NONFINITE_KEEP;
-  for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
-    std::vector<uint16_t> half(n);
-    std::vector<float> v(n);  // the values as stored in `dtype`
-    for (uint64_t i = 0; i < n; ++i) {
-      half[i] = dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
-      v[i] = dtype == GIFT_DTYPE_F32    ? x[i]
-             : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
-                                        : num::f16_to_float(half[i]);
-    }
-    double lanes[8] = {}, sum = 0;
-    uint64_t finite = 0, nonfinite = 0;
-    float amax = 0;
-    for (uint64_t i = 0; i < n; ++i) {
-      if (std::isfinite(v[i])) {
-        lanes[i % 8] += double(v[i]) * double(v[i]);
-        ++finite;
-        amax = std::max(amax, std::fabs(v[i]));
-      } else {
-        ++nonfinite;
+  const std::string scratch = ::testing::TempDir();
+  const std::vector<float> with_bad = x, clean = values(n, 8);
+  for (const bool banded : {false, true})
+    for (const bool all_finite : {false, true})
+      for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
+        x = all_finite ? clean : with_bad;
+        std::vector<uint16_t> half(n);
+        std::vector<float> v(n);  // the values as stored in `dtype`
+        for (uint64_t i = 0; i < n; ++i) {
+          half[i] =
+              dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
+          v[i] = dtype == GIFT_DTYPE_F32    ? x[i]
+                 : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
+                                            : num::f16_to_float(half[i]);
+        }
+        double lanes[8] = {}, sum = 0;
+        uint64_t finite = 0, nonfinite = 0;
+        float amax = 0;
+        for (uint64_t i = 0; i < n; ++i) {
+          if (std::isfinite(v[i])) {
+            lanes[i % 8] += double(v[i]) * double(v[i]);
+            ++finite;
+            amax = std::max(amax, std::fabs(v[i]));
+          } else {
+            ++nonfinite;
+          }
+          if ((i + 1) % 4096 == 0 || i + 1 == n) {
+            sum += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                   ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            std::fill(lanes, lanes + 8, 0.0);
+          }
+        }
+        const float rms = float(std::sqrt(sum / double(finite)));
+        const void* data =
+            dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
+        giftFrameWriter* w = nullptr;
+        ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+        if (banded) {
+          ASSERT_EQ(giftFrameWriterSetScratchDir(w, scratch.c_str()), GIFT_OK);
+        }
+        ASSERT_EQ(giftFrameWriterAddTensor(w, "fp8", shape, 2, dtype, data, &keep), GIFT_OK)
+            << giftGetLastErrorMessage();
+        ASSERT_EQ(giftFrameWriterAddTensor(w, "raw", shape, 2, dtype, data, nullptr), GIFT_OK);
+        const std::vector<uint8_t> bytes = finished_frame(w);
+        giftFrame* f = nullptr;
+        ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
+        for (uint64_t t = 0; t < 2; ++t) {
+          giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+          ASSERT_EQ(giftFrameTensorInfo(f, t, &info), GIFT_OK);
+          ASSERT_TRUE(info.has_stats);
+          const std::string at = "dtype " + std::to_string(dtype) + " tensor " + std::to_string(t) +
+                                 (banded ? ", banded" : "") + (all_finite ? ", all finite" : "");
+          EXPECT_EQ(info.rms, rms) << at;
+          EXPECT_EQ(info.amax, amax) << at;
+          EXPECT_EQ(info.nonfinite_count, nonfinite) << at;
+        }
+        giftFrameClose(f);
       }
-      if ((i + 1) % 4096 == 0 || i + 1 == n) {
-        sum += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-               ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-        std::fill(lanes, lanes + 8, 0.0);
-      }
-    }
-    const float rms = float(std::sqrt(sum / double(finite)));
-    const void* data = dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
-    giftFrameWriter* w = nullptr;
-    ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
-    ASSERT_EQ(giftFrameWriterAddTensor(w, "fp8", shape, 2, dtype, data, &keep), GIFT_OK)
-        << giftGetLastErrorMessage();
-    ASSERT_EQ(giftFrameWriterAddTensor(w, "raw", shape, 2, dtype, data, nullptr), GIFT_OK);
-    const std::vector<uint8_t> bytes = finished_frame(w);
-    giftFrame* f = nullptr;
-    ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
-    for (uint64_t t = 0; t < 2; ++t) {
-      giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
-      ASSERT_EQ(giftFrameTensorInfo(f, t, &info), GIFT_OK);
-      ASSERT_TRUE(info.has_stats);
-      EXPECT_EQ(info.rms, rms) << "dtype " << dtype << " tensor " << t;
-      EXPECT_EQ(info.amax, amax) << "dtype " << dtype << " tensor " << t;
-      EXPECT_EQ(info.nonfinite_count, nonfinite) << "dtype " << dtype << " tensor " << t;
-    }
-    giftFrameClose(f);
-  }
 }
 
 TEST(Frame, EveryTruncationIsRejected) {

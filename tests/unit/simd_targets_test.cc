@@ -337,6 +337,8 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
         std::vector<double[8]> lanes(chunks);
         std::vector<uint32_t> amax(chunks, 0xAAAAAAAAu);
         simd::add_squares_chunks(data, dtype, chunk, chunks, lanes.data(), amax.data());
+        std::vector<double[8]> lanes_only(chunks);  // no amax asked: the same lanes
+        simd::add_squares_chunks(data, dtype, chunk, chunks, lanes_only.data(), nullptr);
         for (size_t c = 0; c < chunks; ++c) {
           double want[8] = {};
           const uint8_t* span =
@@ -350,7 +352,10 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
             continue;
           }
           ASSERT_EQ(amax[c], want_max) << at;
-          for (int j = 0; j < 8; ++j) ASSERT_EQ(lanes[c][j], want[j]) << at << " lane " << j;
+          for (int j = 0; j < 8; ++j) {
+            ASSERT_EQ(lanes[c][j], want[j]) << at << " lane " << j;
+            ASSERT_EQ(lanes_only[c][j], want[j]) << at << " lane " << j << ", lanes only";
+          }
         }
       }
 }

@@ -47,9 +47,13 @@ struct Census {
   uint64_t finite = 0;
   giftEncodeStats stats{0.0f, 0, UINT64_MAX};
 
-  // Elements [base, base + n) of the tensor, after those before base.
-  void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n) {
+  // Elements [base, base + n) of the tensor, after those before base. With finite_amax, the
+  // caller has seen them all finite, with that largest magnitude (the encoder's statistics of
+  // the same elements): whole chunks then skip taking their own.
+  void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n,
+           const float* finite_amax = nullptr) {
     const num::FpEnvGuard fp_env;  // the same sums whatever the caller's rounding mode
+    if (finite_amax) stats.amax = std::max(stats.amax, *finite_amax);
     const uint8_t* bytes = static_cast<const uint8_t*>(data);
     for (uint64_t i0 = 0; i0 < n;) {
       const uint64_t at = base + i0;
@@ -59,12 +63,13 @@ struct Census {
         double chunk_lanes[kMost][8];
         uint32_t bits[kMost];
         const uint64_t whole = std::min(kMost, (n - i0) / kChunk);
-        simd::add_squares_chunks(src, dtype, kChunk, whole, chunk_lanes, bits);
+        simd::add_squares_chunks(src, dtype, kChunk, whole, chunk_lanes,
+                                 finite_amax ? nullptr : bits);
         for (uint64_t c = 0; c < whole; ++c) {
-          if (bits[c] < 0x7F800000u) {
+          if (finite_amax || bits[c] < 0x7F800000u) {
             std::copy(chunk_lanes[c], chunk_lanes[c] + 8, lanes);
             finite += kChunk;
-            stats.amax = std::max(stats.amax, num::float_of(bits[c]));
+            if (!finite_amax) stats.amax = std::max(stats.amax, num::float_of(bits[c]));
           } else {
             add_finite_alone(src + c * kChunk * dtype_size(dtype), dtype, at + c * kChunk, kChunk);
           }
@@ -391,7 +396,9 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
                                    : encoder_(&ctx_, &kept, at, data_dtype, m, cols, piece_codes,
                                               piece_scale, piece_scales, &st);
         if (r) return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
-        census.add(at, data_dtype, (r0 + k0) * cols, m * cols);
+        // The CPU encoder's statistics are of these same elements.
+        const bool seen = encoder_ == &giftEncode && st.nonfinite_count == 0;
+        census.add(at, data_dtype, (r0 + k0) * cols, m * cols, seen ? &st.amax : nullptr);
         merge_stats(&t->stats, st, (r0 + k0) * cols);
         if (p.layout != GIFT_SCALE_TENSOR) scales_at += piece_scales;  // else the same again
       }

@@ -186,10 +186,11 @@ HWY_INLINE uint32_t AbsMaxBitsT(const hwy::float16_t* src, size_t n) {
 #undef GIFT_SQUARE_LANES
 #if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR && HWY_HAVE_FLOAT64
 #define GIFT_SQUARE_LANES 1
-// The census's eight lanes of squares in double, held in vectors, and the largest sign-cleared
-// fp32 pattern seen. add() takes kStep elements (a multiple of 8) whose first goes to lane 0:
-// a half vector of squares at a time, each lane's in element order. The square of an fp32
+// The census's eight lanes of squares in double, held in vectors, and with kMax the largest
+// sign-cleared fp32 pattern seen. add() takes kStep elements (a multiple of 8) whose first goes to
+// lane 0: a half vector of squares at a time, each lane's in element order. The square of an fp32
 // value is exact in double, so a fused multiply-add rounds like the scalar sum.
+template <bool kMax = true>
 struct SquareLanes {
   using DD = hn::Rebind<double, hn::Half<DF>>;
   // Doubles per half vector: 8 (one accumulator for all lanes), 4 (two) or 2 (four).
@@ -226,13 +227,13 @@ struct SquareLanes {
     const DI di;
     const DD dd;
     const hn::Half<DF> dh;
-    vmax = hn::Max(vmax, hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF)));
+    if constexpr (kMax) vmax = hn::Max(vmax, hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF)));
     const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, v));
     const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, v));
     lo_acc = hn::MulAdd(lo, lo, lo_acc);
     hi_acc = hn::MulAdd(hi, hi, hi_acc);
   }
-  // Writes the lanes back; returns the largest magnitude's bits.
+  // Writes the lanes back; returns the largest magnitude's bits (with kMax; else 0).
   uint32_t store(double* lanes) const {
     const DD dd;
     hn::StoreU(a0, dd, lanes);
@@ -241,7 +242,7 @@ struct SquareLanes {
       hn::StoreU(a2, dd, lanes + 2 * kHalf);
       hn::StoreU(a3, dd, lanes + 3 * kHalf);
     }
-    return static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(DI(), vmax)));
+    return kMax ? static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(DI(), vmax))) : 0u;
   }
 };
 #else
@@ -262,8 +263,8 @@ HWY_INLINE uint32_t AbsMaxAddSquaresT(const T* src, size_t n, size_t phase, doub
   size_t k = 0;
   for (; k < n && (phase + k) % 8; ++k) scalar(k);
 #if GIFT_SQUARE_LANES
-  SquareLanes acc(lanes);
-  for (; k + SquareLanes::kStep <= n; k += SquareLanes::kStep) acc.add(src + k);
+  SquareLanes<> acc(lanes);
+  for (; k + SquareLanes<>::kStep <= n; k += SquareLanes<>::kStep) acc.add(src + k);
   m = std::max(m, acc.store(lanes));
 #endif
   for (; k < n; ++k) scalar(k);
@@ -287,41 +288,53 @@ uint32_t AbsMaxAddSquares(const void* src, giftDType_t dtype, size_t n, size_t p
 // which independent chains overlap; the spans are also read as that many streams.
 constexpr size_t kSideBySide = 4;
 
-template <typename T>
+// With kMax, the spans' largest magnitudes too (amax_bits), else not (amax_bits unused).
+template <typename T, bool kMax>
 void AddSquaresChunksT(const T* src, size_t chunk, size_t chunks, double (*lanes)[8],
                        uint32_t* amax_bits) {
   size_t c = 0;
 #if GIFT_SQUARE_LANES
-  if (chunk % SquareLanes::kStep == 0) {
+  using Lanes = SquareLanes<kMax>;
+  if (chunk % Lanes::kStep == 0) {
     static const double kZeros[8] = {};
     for (; c + kSideBySide <= chunks; c += kSideBySide) {
-      SquareLanes acc[kSideBySide] = {SquareLanes(kZeros), SquareLanes(kZeros), SquareLanes(kZeros),
-                                      SquareLanes(kZeros)};
+      Lanes acc[kSideBySide] = {Lanes(kZeros), Lanes(kZeros), Lanes(kZeros), Lanes(kZeros)};
       static_assert(kSideBySide == 4, "one initializer per span");
       const T* p = src + c * chunk;
-      for (size_t k = 0; k < chunk; k += SquareLanes::kStep) {
+      for (size_t k = 0; k < chunk; k += Lanes::kStep) {
         for (size_t j = 0; j < kSideBySide; ++j) acc[j].add(p + j * chunk + k);
       }
-      for (size_t j = 0; j < kSideBySide; ++j) amax_bits[c + j] = acc[j].store(lanes[c + j]);
+      for (size_t j = 0; j < kSideBySide; ++j) {
+        const uint32_t bits = acc[j].store(lanes[c + j]);
+        if constexpr (kMax) amax_bits[c + j] = bits;
+      }
     }
   }
 #endif
   for (; c < chunks; ++c) {
     std::fill(lanes[c], lanes[c] + 8, 0.0);
-    amax_bits[c] = AbsMaxAddSquaresT(src + c * chunk, chunk, 0, lanes[c]);
+    const uint32_t bits = AbsMaxAddSquaresT(src + c * chunk, chunk, 0, lanes[c]);
+    if constexpr (kMax) amax_bits[c] = bits;
   }
+}
+
+template <typename T>
+void AddSquaresChunksOf(const void* src, size_t chunk, size_t chunks, double (*lanes)[8],
+                        uint32_t* amax_bits) {
+  const T* s = static_cast<const T*>(src);
+  amax_bits ? AddSquaresChunksT<T, true>(s, chunk, chunks, lanes, amax_bits)
+            : AddSquaresChunksT<T, false>(s, chunk, chunks, lanes, nullptr);
 }
 
 void AddSquaresChunks(const void* src, giftDType_t dtype, size_t chunk, size_t chunks,
                       double (*lanes)[8], uint32_t* amax_bits) {
   switch (dtype) {
     case GIFT_DTYPE_BF16:
-      return AddSquaresChunksT(static_cast<const uint16_t*>(src), chunk, chunks, lanes, amax_bits);
+      return AddSquaresChunksOf<uint16_t>(src, chunk, chunks, lanes, amax_bits);
     case GIFT_DTYPE_F16:
-      return AddSquaresChunksT(static_cast<const hwy::float16_t*>(src), chunk, chunks, lanes,
-                               amax_bits);
+      return AddSquaresChunksOf<hwy::float16_t>(src, chunk, chunks, lanes, amax_bits);
     default:
-      return AddSquaresChunksT(static_cast<const float*>(src), chunk, chunks, lanes, amax_bits);
+      return AddSquaresChunksOf<float>(src, chunk, chunks, lanes, amax_bits);
   }
 }
 

@@ -25,7 +25,8 @@ uint32_t abs_max_add_squares(const void* src, giftDType_t dtype, size_t n, size_
 
 // abs_max_add_squares of `chunks` consecutive spans of `chunk` elements, each from phase 0
 // and lanes of zero: lanes[c] and amax_bits[c] are what that call on span c gives, the same
-// doubles. Faster than one call per span (several spans summed side by side).
+// doubles. Faster than one call per span (several spans summed side by side). With
+// amax_bits null, for spans the caller knows to be finite, only the lanes (faster still).
 void add_squares_chunks(const void* src, giftDType_t dtype, size_t chunk, size_t chunks,
                         double (*lanes)[8], uint32_t* amax_bits);
 
