@@ -150,6 +150,14 @@ HWY_INLINE uint32_t AbsMaxBitsT(const T* src, size_t n) {
   return m;
 }
 
+// The fp32 bits of the 16-bit source pattern `bits`, widened exactly.
+template <typename T>
+HWY_INLINE uint32_t WidenedBits(uint16_t bits) {
+  T t;
+  memcpy(&t, &bits, sizeof t);
+  return num::bits_of(Source<T>::scalar(&t));
+}
+
 // 16-bit sources: both bf16 and fp16 are sign-magnitude, so the largest magnitude is the
 // largest sign-cleared pattern, found on 16-bit lanes (twice as many per vector) and
 // widened once.
@@ -167,10 +175,7 @@ HWY_INLINE uint32_t AbsMaxBits16(const T* src, size_t n) {
   }
   int16_t m = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
   for (; i < n; ++i) m = std::max<int16_t>(m, static_cast<int16_t>(p[i] & 0x7FFF));
-  const uint16_t bits = static_cast<uint16_t>(m);
-  T t;
-  memcpy(&t, &bits, sizeof t);
-  return num::bits_of(Source<T>::scalar(&t));
+  return WidenedBits<T>(static_cast<uint16_t>(m));
 }
 
 template <>
@@ -537,10 +542,7 @@ struct AmaxLanes16 {
     m = hn::Max(m, hn::And(hn::LoadU(d, q + hn::Lanes(d)), hn::Set(d, int16_t(0x7FFF))));
   }
   HWY_INLINE uint32_t bits() const {
-    const uint16_t b = static_cast<uint16_t>(hn::GetLane(hn::MaxOfLanes(DI16(), m)));
-    T t;
-    memcpy(&t, &b, sizeof t);
-    return num::bits_of(Source<T>::scalar(&t));
+    return WidenedBits<T>(static_cast<uint16_t>(hn::GetLane(hn::MaxOfLanes(DI16(), m))));
   }
 };
 
