@@ -565,6 +565,43 @@ class Giftc(unittest.TestCase):
         self.assertEqual(outs[0], outs[2])
         self.assertEqual(run("decode", src + ".gift", "-o", self.path("x.npy"), "--threads", "-1").returncode, 1)
 
+    def test_damaged_codes_leave_no_output(self):
+        # "b" is all ones: its codes are one byte repeated (448 = 1.0 / (1/448), E4M3 0x7E),
+        # a run that no other part of the frame has; one bit flipped in its fourth band of 512 KiB.
+        src = self.path("d.safetensors")
+        save_file({"a": np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float32),
+                   "b": np.ones((1024, 1024), np.float32)}, src)
+        frame = self.path("d.gift")
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        with open(frame, "rb") as f:
+            data = bytearray(f.read())
+        start = data.find(b"\x7e" * 65536)
+        self.assertGreater(start, 0)
+        self.assertEqual(data.find(b"\x7e" * 65536, start + 1024 * 1024 - 65535), -1)
+        data[start + 400000] ^= 1
+        bad = self.path("d_bad.gift")
+        with open(bad, "wb") as f:
+            f.write(data)
+        before = sorted(os.listdir(self.dir))
+        for threads in ("1", "2"):
+            out = self.path("d_bad.safetensors")
+            r = run("decode", bad, "-o", out, "--threads", threads)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("tensor 'b': codes section: checksum mismatch", r.stderr)
+            self.assertEqual(sorted(os.listdir(self.dir)), before, "no output, no temporary left")
+        # Standard output cannot take back what it was given: it gets no byte of the damaged
+        # tensor, only the header and the tensors before it.
+        r = subprocess.run([GIFTC, "decode", bad, "-c", "--threads", "1"], capture_output=True)
+        self.assertEqual(r.returncode, 2)
+        (n,) = struct.unpack("<Q", r.stdout[:8])
+        offsets = json.loads(r.stdout[8:8 + n])["b"]["data_offsets"]
+        self.assertEqual(offsets[0], 1024 * 1024 * 4)
+        self.assertEqual(len(r.stdout), 8 + n + offsets[0])
+        # The undamaged frame decodes whole.
+        r = subprocess.run([GIFTC, "decode", frame, "-c"], capture_output=True)
+        self.assertEqual(r.returncode, 0)
+        self.assertEqual(len(r.stdout), 8 + n + 2 * offsets[0])
+
     def test_integer_options_are_read_strictly(self):
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))

@@ -570,40 +570,108 @@ TEST(Streaming, BandsDecodeAsTheWholeTensor) {
                         Case{"zstd", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 3}}) {
     SCOPED_TRACE(c.name);
     const std::vector<uint8_t> bytes = frame_of(c, "", "");
-    giftFrame* f = nullptr;
-    ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
-    for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
-      giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
-      ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
-      ASSERT_EQ(info.rows * info.cols, info.elements);
-      EXPECT_EQ(info.row_align, c.layout == GIFT_SCALE_TILE && !info.raw ? 3u : 1u);
-      for (const giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16}) {
-        const size_t w = giftDTypeSize(dt);
-        std::vector<uint8_t> whole(info.elements * w), bands(whole.size());
-        ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
-        // In order, then (bf16) from the last band back to the first: a compressed section
-        // read backwards starts again from its beginning for each band.
-        const uint64_t step = info.row_align * 337, count = (info.rows + step - 1) / step;
-        for (uint64_t k = 0; k < count; ++k) {
-          const uint64_t r0 = (dt == GIFT_DTYPE_F32 ? k : count - 1 - k) * step;
-          const uint64_t n = std::min(step, info.rows - r0);
-          ASSERT_EQ(giftFrameDecodeRows(f, i, r0, n, bands.data() + r0 * info.cols * w,
-                                        n * info.cols * w, dt),
-                    GIFT_OK)
-              << giftGetLastErrorMessage();
+    for (const int late : {0, 1}) {
+      SCOPED_TRACE(late ? "late checksums" : "checksums first");
+      giftFrame* f = nullptr;
+      ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
+      ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
+      for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
+        giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+        ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
+        ASSERT_EQ(info.rows * info.cols, info.elements);
+        EXPECT_EQ(info.row_align, c.layout == GIFT_SCALE_TILE && !info.raw ? 3u : 1u);
+        for (const giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16}) {
+          const size_t w = giftDTypeSize(dt);
+          std::vector<uint8_t> whole(info.elements * w), bands(whole.size());
+          ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
+          // In order, then (bf16) from the last band back to the first: a compressed section
+          // read backwards starts again from its beginning for each band.
+          const uint64_t step = info.row_align * 337, count = (info.rows + step - 1) / step;
+          for (uint64_t k = 0; k < count; ++k) {
+            const uint64_t r0 = (dt == GIFT_DTYPE_F32 ? k : count - 1 - k) * step;
+            const uint64_t n = std::min(step, info.rows - r0);
+            ASSERT_EQ(giftFrameDecodeRows(f, i, r0, n, bands.data() + r0 * info.cols * w,
+                                          n * info.cols * w, dt),
+                      GIFT_OK)
+                << giftGetLastErrorMessage();
+          }
+          EXPECT_EQ(bands, whole) << info.name;
         }
-        EXPECT_EQ(bands, whole) << info.name;
+      }
+      float one[5000];
+      EXPECT_EQ(giftFrameDecodeRows(f, 0, 4098, 2, one, sizeof one, GIFT_DTYPE_F32),
+                GIFT_ERROR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("has 4099 rows"), std::string::npos);
+      EXPECT_EQ(
+          giftFrameDecodeRows(f, 0, 1, 1, one, 4, GIFT_DTYPE_F32),
+          c.layout == GIFT_SCALE_TILE ? GIFT_ERROR_INVALID_ARGUMENT : GIFT_ERROR_BUFFER_TOO_SMALL);
+      giftFrameClose(f);
+    }
+  }
+}
+
+// Decodes rows [r0, r0 + n) of tensor i of f into a scratch buffer.
+giftResult_t decode_band(giftFrame* f, uint64_t i, uint64_t r0, uint64_t n, uint64_t cols) {
+  std::vector<float> band(n * cols);
+  return giftFrameDecodeRows(f, i, r0, n, band.data(), band.size() * 4, GIFT_DTYPE_F32);
+}
+
+// With late checksums, damaged codes decoded in order are reported by the last band's call
+// wherever the damage lies, and every call after it fails too; a band out of order, and a
+// compressed section, are checked whole at once, as without them.
+TEST(Streaming, LateChecksumsReportDamageByTheLastBand) {
+  const std::vector<uint8_t> good =
+      frame_of(Case{"block", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 0}, "", "");
+  const fb::Frame* h = fb::GetFrame(good.data() + gift::container::kPreambleBytes);
+  EXPECT_EQ(giftFrameSetLateChecksums(nullptr, 1), GIFT_ERROR_INVALID_ARGUMENT);
+  // "big", 4099 x 1100 in 11 bands, and "bias", raw data of one row (one band).
+  for (const uint64_t i : {0, 1}) {
+    const fb::Section* codes = h->tensors()->Get(flatbuffers::uoffset_t(i))->codes();
+    ASSERT_EQ(codes->compression(), fb::Compression::None);
+    const uint64_t rows = i == 0 ? 4099 : 1, cols = 1100, step = 400;
+    const uint64_t last = (rows - 1) / step * step;
+    const std::string message = std::string("frame: tensor '") + (i == 0 ? "big" : "bias") +
+                                "': " + (i == 0 ? "codes" : "raw data") +
+                                " section: checksum mismatch (the data is damaged)";
+    for (const uint64_t at :
+         {uint64_t(5), codes->stored_length() / 2, codes->stored_length() - 1}) {
+      SCOPED_TRACE(std::to_string(i) + " damaged at " + std::to_string(at));
+      std::vector<uint8_t> bad = good;
+      bad[codes->offset() + at] ^= 1;
+      giftFrame* f = nullptr;
+      ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
+      ASSERT_EQ(giftFrameSetLateChecksums(f, 1), GIFT_OK);
+      for (uint64_t r0 = 0; r0 < last; r0 += step) {
+        ASSERT_EQ(decode_band(f, i, r0, step, cols), GIFT_OK) << r0;
+      }
+      EXPECT_EQ(decode_band(f, i, last, rows - last, cols), GIFT_ERROR_SECTION_CHECKSUM);
+      EXPECT_EQ(giftGetLastErrorMessage(), message);
+      // The last band again, now out of order: the whole section is checked first.
+      EXPECT_EQ(decode_band(f, i, last, rows - last, cols), GIFT_ERROR_SECTION_CHECKSUM);
+      giftFrameClose(f);
+      for (const int late : {0, 1}) {  // the first call out of order, or checks first
+        ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
+        ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
+        EXPECT_EQ(
+            decode_band(f, i, late ? last : 0, late ? rows - last : std::min(step, rows), cols),
+            GIFT_ERROR_SECTION_CHECKSUM);
+        giftFrameClose(f);
       }
     }
-    float one[5000];
-    EXPECT_EQ(giftFrameDecodeRows(f, 0, 4098, 2, one, sizeof one, GIFT_DTYPE_F32),
-              GIFT_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("has 4099 rows"), std::string::npos);
-    EXPECT_EQ(
-        giftFrameDecodeRows(f, 0, 1, 1, one, 4, GIFT_DTYPE_F32),
-        c.layout == GIFT_SCALE_TILE ? GIFT_ERROR_INVALID_ARGUMENT : GIFT_ERROR_BUFFER_TOO_SMALL);
-    giftFrameClose(f);
   }
+  // A compressed section: checked whole by the first band's call.
+  const std::vector<uint8_t> packed =
+      frame_of(Case{"zstd", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 3}, "", "");
+  const fb::Frame* hp = fb::GetFrame(packed.data() + gift::container::kPreambleBytes);
+  const fb::Section* half = hp->tensors()->Get(2)->codes();  // "half", 2050 x 2100
+  ASSERT_EQ(half->compression(), fb::Compression::Zstd);
+  std::vector<uint8_t> bad = packed;
+  bad[half->offset() + half->stored_length() - 1] ^= 1;
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
+  ASSERT_EQ(giftFrameSetLateChecksums(f, 1), GIFT_OK);
+  EXPECT_EQ(decode_band(f, 2, 0, 100, 2100), GIFT_ERROR_SECTION_CHECKSUM);
+  giftFrameClose(f);
 }
 
 TEST(Streaming, OutputAppearsOnlyWhenCommitted) {

@@ -134,6 +134,15 @@ giftResult_t giftFrameSetThreads(giftFrame* frame, int threads) {
   return GIFT_OK;
 }
 
+giftResult_t giftFrameSetLateChecksums(giftFrame* frame, int late) {
+  gift::clear_error();
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameSetLateChecksums: null frame");
+  // Takes effect from the next tensor a call fetches; one already fetched stays checked as it
+  // was (whole, or band by band to its last band).
+  frame->rows_cache.late_checksums = late != 0;
+  return GIFT_OK;
+}
+
 giftResult_t giftFrameGetInfo(const giftFrame* frame, giftFrameInfo* info) {
   gift::clear_error();
   if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameGetInfo: null frame");

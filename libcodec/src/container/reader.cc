@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/map_ahead.h"
 #include "common/utf8.h"
 #include "container/layout.h"
 #include "container/sections.h"
@@ -354,12 +355,17 @@ giftResult_t FrameReader::verify_structure() {
   return GIFT_OK;
 }
 
-giftResult_t FrameReader::checksum_ok(const fb::Section* s, const std::string& what) const {
-  if (checksum64_mapped(bytes_->data() + s->offset(), s->stored_length()) != s->checksum()) {
+giftResult_t FrameReader::checksum_is(uint64_t sum, const fb::Section* s,
+                                      const std::string& what) const {
+  if (sum != s->checksum()) {
     return fail(GIFT_ERROR_SECTION_CHECKSUM, "%s: %s: checksum mismatch (the data is damaged)",
                 name_.c_str(), what.c_str());
   }
   return GIFT_OK;
+}
+
+giftResult_t FrameReader::checksum_ok(const fb::Section* s, const std::string& what) const {
+  return checksum_is(checksum64_mapped(bytes_->data() + s->offset(), s->stored_length()), s, what);
 }
 
 giftResult_t FrameReader::section_bytes(const fb::Section* s, const std::string& what,
@@ -455,6 +461,7 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
   cache->index = SIZE_MAX;
   const fb::Section* codes = e.fb->codes();
   const std::string what = section_name(e.name, e.raw ? "raw data" : "codes");
+  cache->hash.reset();
   if (codes && codes->compression() != fb::Compression::None) {
     cache->codes = nullptr;
     if (const giftResult_t r = checksum_ok(codes, what)) return r;
@@ -463,6 +470,10 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
                                      codes->raw_length(), name_ + ": " + what)) {
       return r;
     }
+  } else if (codes && cache->late_checksums) {
+    cache->codes = bytes_->data() + codes->offset();
+    cache->hash.emplace();
+    cache->hashed = 0;
   } else if (const giftResult_t r = section_bytes(codes, what, nullptr, &cache->codes)) {
     return r;
   }
@@ -479,10 +490,9 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
   return GIFT_OK;
 }
 
-giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0,
-                                      uint64_t n, void* dst, giftDType_t dst_dtype,
-                                      decltype(&giftDecode) decoder) const {
-  if (n == 0 || e.cols == 0) return GIFT_OK;
+giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, uint64_t r0,
+                                       uint64_t n, void* dst, giftDType_t dst_dtype,
+                                       decltype(&giftDecode) decoder) const {
   const uint64_t width = e.raw ? dtype_size(e.dtype) : 1;
   const uint8_t* codes = nullptr;
   if (const giftResult_t r = c.codes_at(r0 * e.cols * width, n * e.cols * width, &codes)) return r;
@@ -504,6 +514,39 @@ giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, uin
   giftScaleBytes(&e.params, n, e.cols, &band_scale_bytes);
   return decoder(&ctx_, &e.params, codes, c.scales + first_group * scale_size(e.params.scale_dtype),
                  band_scale_bytes, n, e.cols, dst, dst_dtype);
+}
+
+// With late checksums pending, a band that continues the bands hashed so far is decoded,
+// then hashed while its codes are still in the cache (hashing them first, from memory, cost
+// as much as reading them twice), and the last one compares the sum; any other band checks
+// the whole section first. A mismatch drops the cache, so that no later call decodes the
+// section unchecked.
+giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0,
+                                      uint64_t n, void* dst, giftDType_t dst_dtype,
+                                      decltype(&giftDecode) decoder) const {
+  if (n == 0 || e.cols == 0) return GIFT_OK;
+  if (!c.hash) return decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
+  const fb::Section* s = e.fb->codes();
+  const std::string what = section_name(e.name, e.raw ? "raw data" : "codes");
+  const uint64_t width = e.raw ? dtype_size(e.dtype) : 1;
+  const uint64_t at = r0 * e.cols * width, bytes = n * e.cols * width;
+  giftResult_t r = GIFT_OK;
+  if (at != c.hashed) {
+    c.hash.reset();
+    r = checksum_ok(s, what);
+    if (!r) r = decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
+  } else {
+    map_ahead(c.codes + at, bytes);
+    r = decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
+    if (r) return r;
+    c.hash->update(c.codes + at, bytes);
+    c.hashed += bytes;
+    if (c.hashed < s->stored_length()) return GIFT_OK;
+    r = checksum_is(c.hash->digest(), s, what);
+    c.hash.reset();
+  }
+  if (r == GIFT_ERROR_SECTION_CHECKSUM) c.index = SIZE_MAX;
+  return r;
 }
 
 giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t rows, void* dst,

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,10 +75,18 @@ class FrameReader {
   // read forward through a window (bands in order decompress the section once), compressed
   // scales expanded.
   struct SectionCache {
+    // Uncompressed codes are hashed band by band as bands are decoded in order (their bytes
+    // then read once instead of twice), the mismatch reported by the last band's call
+    // (giftFrameSetLateChecksums); otherwise, and for any band out of order, the whole
+    // section is checked first.
+    bool late_checksums = false;
     size_t index = SIZE_MAX;
     const uint8_t *codes = nullptr, *scales = nullptr;  // codes: null when windowed
     SectionWindow codes_window;
     std::vector<uint8_t> scales_scratch;
+    // While late checksums are pending: the hash of codes [0, hashed).
+    std::optional<Checksum64> hash;
+    uint64_t hashed = 0;
     // Bytes [at, at + n) of the codes (or raw data).
     giftResult_t codes_at(uint64_t at, uint64_t n, const uint8_t** bytes) {
       if (codes) return *bytes = codes + at, GIFT_OK;
@@ -108,8 +117,11 @@ class FrameReader {
   giftResult_t verify_strings() const;
   giftResult_t fetch(size_t index, SectionCache* cache) const;
   giftResult_t checksum_ok(const fb::Section* s, const std::string& what) const;
+  giftResult_t checksum_is(uint64_t sum, const fb::Section* s, const std::string& what) const;
   giftResult_t decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0, uint64_t n,
                            void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
+  giftResult_t decode_codes(const TensorEntry& e, SectionCache& c, uint64_t r0, uint64_t n,
+                            void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
   static const uint8_t* aligned_scales(const TensorEntry& e, const uint8_t* scales,
                                        std::vector<uint8_t>* scratch);
 
