@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coords/low_rank_update.h"
@@ -182,36 +184,79 @@ TEST_P(ForEachTarget, DivisionAtHalfwayPointsEqualsScalarRule) {
   }
 }
 
-TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
-  std::vector<uint8_t> codes;
+// Codes with a NaN or Inf in most lines of 64, and codes with none (every finite code in
+// turn, 5 lines and a tail) alone and with one NaN or Inf at the start, end or middle of a
+// line, or last: the vector loop's two forms.
+std::vector<std::vector<uint8_t>> dequantize_cases(giftFp8Kind_t kind) {
+  std::vector<std::vector<uint8_t>> out(1);
   for (int rep = 0; rep < 3; ++rep)
-    for (int c = 0; c < 256; ++c) codes.push_back(static_cast<uint8_t>((c * 37 + rep) & 0xFF));
+    for (int c = 0; c < 256; ++c) out[0].push_back(static_cast<uint8_t>((c * 37 + rep) & 0xFF));
+  const auto special = [&](int c) {
+    return kind == GIFT_FP8_E4M3 ? (c & 0x7F) == 0x7F : (c & 0x7C) == 0x7C;
+  };
+  std::vector<uint8_t> finite;
+  for (int c = 0; finite.size() < 5 * 64 + 37; c = (c + 1) % 256)
+    if (!special(c)) finite.push_back(static_cast<uint8_t>(c));
+  out.push_back(finite);
+  for (size_t at :
+       {size_t(0), size_t(63), size_t(64 + 17), size_t(4 * 64 + 63), finite.size() - 1}) {
+    out.push_back(finite);
+    // NaN, or E5M2's +Inf and NaN
+    out.back()[at] = kind == GIFT_FP8_E4M3 ? (at % 2 ? 0xFF : 0x7F) : (at % 2 ? 0xFE : 0x7C);
+  }
+  return out;
+}
+
+TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
   for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
-    // (1 + 2^-11 and 1 - 2^-12 put powers of two, and 3 * 2^-20 some codes, on fp16's and
-    // bf16's halfway points: ties to even. 2^-117 and 2^-110 take the smallest nonzero E4M3
-    // and E5M2 magnitudes to fp32's smallest normal; 1.5 * 2^-118, 2^-120, 1.5 * 2^-111 and
-    // 2^-113, below it, to fp32 and bf16 subnormals, which AVX512_BF16's conversion flushes.)
-    for (float s :
-         {1.0f, 0.0037f, 1e-30f, 2e36f, 0.0f, -0.0f, INFINITY, std::nanf(""),
-          num::float_of(0xFFFFFFFFu), num::float_of(0x00400000u), 0x1.002p0f, 0x1.ffep-1f,
-          0x1.8p-20f, 0x1p-117f, 0x1.8p-118f, 0x1p-120f, 0x1p-110f, 0x1.8p-111f, 0x1p-113f}) {
-      std::vector<float> f(codes.size());
-      std::vector<uint16_t> b(codes.size()), h(codes.size());
-      simd::dequantize(codes.data(), codes.size(), s, kind, f.data(), GIFT_DTYPE_F32);
-      simd::dequantize(codes.data(), codes.size(), s, kind, b.data(), GIFT_DTYPE_BF16);
-      simd::dequantize(codes.data(), codes.size(), s, kind, h.data(), GIFT_DTYPE_F16);
-      for (size_t i = 0; i < codes.size(); ++i) {
-        const float c = kind == GIFT_FP8_E4M3 ? num::fp8_to_float<Fp8::kE4M3>(codes[i])
-                                              : num::fp8_to_float<Fp8::kE5M2>(codes[i]);
-        // FORMAT.md 1.5: NaN and Inf codes stay; a NaN product is 0x7FC00000.
-        float want = c * s;
-        if (std::isinf(c) || std::isnan(c)) want = c;
-        if (std::isnan(want)) want = num::float_of(0x7FC00000u);
-        ASSERT_EQ(num::bits_of(f[i]), num::bits_of(want)) << i;
-        ASSERT_EQ(b[i], num::bf16_from_float(want)) << i;
-        ASSERT_EQ(h[i], num::f16_from_float(want)) << i;
+    for (const std::vector<uint8_t>& codes : dequantize_cases(kind))
+      // (1 + 2^-11 and 1 - 2^-12 put powers of two, and 3 * 2^-20 some codes, on fp16's and
+      // bf16's halfway points: ties to even. 2^-117 and 2^-110 take the smallest nonzero E4M3
+      // and E5M2 magnitudes to fp32's smallest normal; 1.5 * 2^-118, 2^-120, 1.5 * 2^-111 and
+      // 2^-113, below it, to fp32 and bf16 subnormals, which AVX512_BF16's conversion flushes.
+      // The scale times 2^(127 - bias) is finite up to 2^8 - ulp (E4M3) and 2^16 - ulp (E5M2),
+      // where one multiplication replaces two.)
+      for (float s : {1.0f,
+                      0.0037f,
+                      1e-30f,
+                      2e36f,
+                      0.0f,
+                      -0.0f,
+                      INFINITY,
+                      std::nanf(""),
+                      num::float_of(0xFFFFFFFFu),
+                      num::float_of(0x00400000u),
+                      0x1.002p0f,
+                      0x1.ffep-1f,
+                      0x1.8p-20f,
+                      0x1p-117f,
+                      0x1.8p-118f,
+                      0x1p-120f,
+                      0x1p-110f,
+                      0x1.8p-111f,
+                      0x1p-113f,
+                      0x1.fffffep7f,
+                      0x1p8f,
+                      0x1.fffffep15f,
+                      0x1p16f,
+                      -3.0f}) {
+        std::vector<float> f(codes.size());
+        std::vector<uint16_t> b(codes.size()), h(codes.size());
+        simd::dequantize(codes.data(), codes.size(), s, kind, f.data(), GIFT_DTYPE_F32);
+        simd::dequantize(codes.data(), codes.size(), s, kind, b.data(), GIFT_DTYPE_BF16);
+        simd::dequantize(codes.data(), codes.size(), s, kind, h.data(), GIFT_DTYPE_F16);
+        for (size_t i = 0; i < codes.size(); ++i) {
+          const float c = kind == GIFT_FP8_E4M3 ? num::fp8_to_float<Fp8::kE4M3>(codes[i])
+                                                : num::fp8_to_float<Fp8::kE5M2>(codes[i]);
+          // FORMAT.md 1.5: NaN and Inf codes stay; a NaN product is 0x7FC00000.
+          float want = c * s;
+          if (std::isinf(c) || std::isnan(c)) want = c;
+          if (std::isnan(want)) want = num::float_of(0x7FC00000u);
+          ASSERT_EQ(num::bits_of(f[i]), num::bits_of(want)) << i;
+          ASSERT_EQ(b[i], num::bf16_from_float(want)) << i;
+          ASSERT_EQ(h[i], num::f16_from_float(want)) << i;
+        }
       }
-    }
 }
 
 TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
@@ -427,17 +472,29 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
           // written past the run.
           std::vector<uint8_t> in = codes;
           in[block + 3] = 0x7F;  // NaN in both kinds
+          // Scales from other encoders: 2^20, too large for the one multiplication by
+          // scale * 2^(127 - bias), and 2^-118, too small for AVX512_BF16's conversion.
+          std::vector<uint8_t> in_scales = scales;
+          for (const auto& [b, e] : {std::pair<size_t, int>{2, 20}, {6, -118}}) {
+            if (b >= blocks) continue;
+            if (sd == GIFT_SCALE_DTYPE_E8M0) {
+              in_scales[b] = static_cast<uint8_t>(127 + e);
+            } else {
+              const float v = std::ldexp(1.0f, e);
+              std::memcpy(in_scales.data() + 4 * b, &v, 4);
+            }
+          }
           std::vector<float> want(n);
           for (size_t i = 0; i < n; ++i) {
             const size_t b = i / block;
             const float s = sd == GIFT_SCALE_DTYPE_E8M0
-                                ? num::e8m0_to_float(scales[b])
-                                : reinterpret_cast<const float*>(scales.data())[b];
+                                ? num::e8m0_to_float(in_scales[b])
+                                : reinterpret_cast<const float*>(in_scales.data())[b];
             want[i] = kind == GIFT_FP8_E4M3 ? num::decode_element<Fp8::kE4M3>(in[i], s)
                                             : num::decode_element<Fp8::kE5M2>(in[i], s);
           }
           std::vector<float> y(n + 64);
-          std::vector<uint16_t> yb(n + 64);
+          std::vector<uint16_t> yb(n + 64), y16(n + 64);
           const auto past_line = [](void* p, size_t bytes) {
             return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + 63) &
                                               ~uintptr_t(63)) +
@@ -445,6 +502,7 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
           };
           simd::BlockRun decode_run = run;
           decode_run.codes = in.data();
+          decode_run.scales = in_scales.data();
           for (bool stream : {false, true}) {
             decode_run.stream = stream;
             // Bytes past a 64-byte boundary: 16-byte aligned (streamed whole or in pieces)
@@ -452,21 +510,29 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
             for (size_t shift : {0, 4, 16, 32, 48}) {
               std::fill(y.begin(), y.end(), -7.0f);
               std::fill(yb.begin(), yb.end(), uint16_t(0xBEEF));
+              std::fill(y16.begin(), y16.end(), uint16_t(0xBEEF));
               float* yf = reinterpret_cast<float*>(past_line(y.data(), shift));
               uint16_t* yh = reinterpret_cast<uint16_t*>(past_line(yb.data(), shift));
+              uint16_t* yg = reinterpret_cast<uint16_t*>(past_line(y16.data(), shift));
               simd::decode_blocks(decode_run, yf, GIFT_DTYPE_F32);
               simd::decode_blocks(decode_run, yh, GIFT_DTYPE_BF16);
+              simd::decode_blocks(decode_run, yg, GIFT_DTYPE_F16);
               simd::stream_fence();
               for (size_t i = 0; i < n; ++i) {
                 ASSERT_EQ(num::bits_of(yf[i]), num::bits_of(want[i]))
                     << i << " stream " << stream << " shift " << shift;
                 ASSERT_EQ(yh[i], num::bf16_from_float(want[i]))
                     << i << " stream " << stream << " shift " << shift;
+                ASSERT_EQ(yg[i], num::f16_from_float(want[i]))
+                    << i << " stream " << stream << " shift " << shift;
               }
               ASSERT_TRUE(
                   std::all_of(yf + n, y.data() + y.size(), [](float v) { return v == -7.0f; }))
                   << "stream " << stream << " shift " << shift;
               ASSERT_TRUE(std::all_of(yh + n, yb.data() + yb.size(),
+                                      [](uint16_t v) { return v == 0xBEEF; }))
+                  << "stream " << stream << " shift " << shift;
+              ASSERT_TRUE(std::all_of(yg + n, y16.data() + y16.size(),
                                       [](uint16_t v) { return v == 0xBEEF; }))
                   << "stream " << stream << " shift " << shift;
             }

@@ -658,19 +658,21 @@ void QuantizeRNBounded(const void* src, giftDType_t dtype, size_t n, float facto
   QuantizeDispatch<true>(src, dtype, n, factor, divide, kind, codes);
 }
 
-// The vector form of num::fp8_to_float(c) * s, for codes c (sign-extended) of magnitude
-// mag, NaN and Inf codes excepted (see DequantizeK). The magnitude moved up to fp32's
-// exponent and mantissa fields (mag << (23 - M)) reads as the FP8 value times
-// 2^-(127 - bias), FP8 subnormals as fp32 subnormals, so one exact multiplication gives the
-// value; the code's sign is applied last, as IEEE multiplication xors the operands' signs.
+// Codes c (sign-extended) as fp32: shifted up, the magnitude fills fp32's exponent and
+// mantissa fields (mag << (23 - M)) and reads as the FP8 value times 2^-(127 - bias), FP8
+// subnormals as fp32 subnormals; the sign extension puts the sign in bit 31, and the AND
+// clears the copies of it between. NaN and Inf codes excepted (see DequantizeK).
 template <Fp8 K>
-HWY_INLINE VF DecodeScaled(DF d, VI c, VI mag, VF s) {
-  using Tr = Fp8Traits<K>;
+HWY_INLINE VF Fp8TimesPow2(DF d, VI c) {
+  constexpr int kShift = 23 - Fp8Traits<K>::kMantBits;
   const DI di;
-  const VF up = hn::Set(d, num::float_of(uint32_t(127 + 127 - Tr::kBias) << 23));
-  const VF v = hn::Mul(hn::Mul(hn::BitCast(d, hn::ShiftLeft<23 - Tr::kMantBits>(mag)), up), s);
-  return hn::BitCast(d, hn::Xor(hn::BitCast(di, v), hn::And(c, hn::Set(di, INT32_MIN))));
+  const VI fields = hn::Set(di, static_cast<int32_t>(0x80000000u | (0x7Fu << kShift)));
+  return hn::BitCast(d, hn::And(hn::ShiftLeft<kShift>(c), fields));
 }
+
+// 2^(127 - bias): Fp8TimesPow2 times it is the FP8 value, exactly.
+template <Fp8 K>
+constexpr uint32_t kUpBits = uint32_t(127 + 127 - Fp8Traits<K>::kBias) << 23;
 
 // Non-temporal stores of v at p, 16-byte aligned: whole where p is aligned to the vector,
 // else in halves, down to 16-byte pieces (the write-combining buffers still fill whole lines,
@@ -737,16 +739,20 @@ HWY_INLINE hn::Vec<D16> Bf16Native(VF v) {
 HWY_INLINE hn::Vec<D16> Bf16Native(VF v) { return Bf16RN(v); }
 #endif
 
-template <Fp8 K>
-HWY_INLINE bool NativeBf16Applies(float scale) {
+HWY_INLINE bool HasNativeBf16() {
 #if GIFT_BF16_NATIVE
   static const bool has = __builtin_cpu_supports("avx512bf16");
-  // 2^(-126 - step exponent): the smallest nonzero magnitude, 2^step, times it is 2^-126.
-  return has && scale >= num::float_of(uint32_t(1 - Fp8Traits<K>::kSubnormalStepExp) << 23);
+  return has;
 #else
-  (void)scale;
   return false;
 #endif
+}
+
+// 2^(-126 - step exponent): the smallest nonzero magnitude, 2^step, times it is 2^-126.
+template <Fp8 K>
+HWY_INLINE bool NativeBf16Applies(float scale) {
+  return HasNativeBf16() &&
+         scale >= num::float_of(uint32_t(1 - Fp8Traits<K>::kSubnormalStepExp) << 23);
 }
 
 // How far ahead of the codes being decoded their line is fetched, once per 64 codes of a call
@@ -762,46 +768,87 @@ constexpr size_t kDecodeFetchAhead = 2048;
 // call: a test per vector cost about a fifth of the decode to bf16 in cache.
 enum class Output { kF32, kBf16, kBf16Native, kF16 };
 
+// Whether any of the 64 codes at p is NaN or Inf: (c | ~fields) is 0xFF exactly for those,
+// where fields are the bits that are all ones in them (E4M3: 0x7F; E5M2: 0x7C).
+template <Fp8 K>
+HWY_INLINE bool HasSpecial64(const uint8_t* p) {
+  const hn::CappedTag<uint8_t, 64> d8;
+  const auto fill = hn::Set(d8, uint8_t(K == Fp8::kE4M3 ? 0x80 : 0x83));
+  auto top = hn::Or(hn::LoadU(d8, p), fill);
+  for (size_t j = hn::Lanes(d8); j < 64; j += hn::Lanes(d8))
+    top = hn::Max(top, hn::Or(hn::LoadU(d8, p + j), fill));
+  return !hn::AllFalse(d8, hn::Eq(top, hn::Set(d8, uint8_t(0xFF))));
+}
+
+// v stored as element i of dst, converted as kOut says.
+template <Output kOut>
+HWY_INLINE void StoreAs(VF v, void* dst, size_t i, bool stream) {
+  const DF d;
+  const D16 d16;
+  uint16_t* half = static_cast<uint16_t*>(dst) + i;
+  if constexpr (kOut == Output::kF32) {
+    StoreDecoded(v, d, static_cast<float*>(dst) + i, stream);
+  } else if constexpr (kOut == Output::kBf16) {
+    StoreDecoded(Bf16RN(v), d16, half, stream);
+  } else if constexpr (kOut == Output::kBf16Native) {
+    StoreDecoded(Bf16Native(v), d16, half, stream);
+  } else {
+    // fp16: the instruction set's own conversion rounds to nearest even, subnormals and
+    // overflow to Inf included (no caller runs with denormals-are-zero, FpEnvGuard).
+    StoreDecoded(hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v)), d16, half,
+                 stream);
+  }
+}
+
+// A line of 64 codes that HasSpecial64 passed, decoded into elements [at, at + 64) of dst
+// with su = scale * 2^(127 - bias), finite: that product is exact, and so the one
+// multiplication by it rounds as the two of the rule (2^(127 - bias), then the scale) do.
+// A third (bf16) to 40% (fp32) fewer instructions per vector than DecodeVectors' test and
+// two multiplications.
+template <Fp8 K, Output kOut>
+HWY_INLINE void DecodeLine(const uint8_t* codes, VF su, void* dst, size_t at, bool stream) {
+  const DF d;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8;
+  const int8_t* c = reinterpret_cast<const int8_t*>(codes);
+  for (size_t i = 0; i < 64; i += hn::Lanes(d)) {
+    StoreAs<kOut>(hn::Mul(Fp8TimesPow2<K>(d, hn::PromoteTo(di, hn::LoadU(d8, c + i))), su), dst,
+                  at + i, stream);
+  }
+}
+
 // The codes [0, n) decoded and stored, whole vectors a line of codes at a time, up to the
-// first vector with a NaN or Inf code (E5M2), which the scalar rule spells out; returns where
-// it stopped. The scale is finite; with stream, dst is 16-byte aligned (StoreDecoded).
+// first vector with a NaN or Inf code, which the scalar rule spells out; returns where it
+// stopped. The scale is finite; with stream, dst is 16-byte aligned (StoreDecoded).
 template <Fp8 K, Output kOut>
 size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, bool stream) {
   const DF d;
   const DI di;
   const hn::Rebind<int8_t, DI> d8;
-  const D16 d16;
   const size_t lanes = hn::Lanes(d);
-  const VF s = hn::Set(d, scale);
+  const VF s = hn::Set(d, scale), up = hn::Set(d, num::float_of(kUpBits<K>));
+  const float scale_up = scale * num::float_of(kUpBits<K>);
+  const VF su = hn::Set(d, scale_up);
   const VI special = hn::Set(di, (K == Fp8::kE4M3 ? 0x7F : 0x7C) - 1);
   const int8_t* signed_codes = reinterpret_cast<const int8_t*>(codes);
   size_t i = 0;
-  // The vectors of [i, end); false at one with a NaN or Inf code.
-  const auto vectors = [&](size_t end) {
+  // The vectors of [i, end), each tested; false at one with a NaN or Inf code.
+  const auto tested = [&](size_t end) {
     for (; i + lanes <= end; i += lanes) {
       const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
-      const VI mag = hn::And(c, hn::Set(di, 0x7F));
-      if (!hn::AllFalse(di, hn::Gt(mag, special))) return false;
-      const VF v = DecodeScaled<K>(d, c, mag, s);
-      uint16_t* half = static_cast<uint16_t*>(dst) + i;
-      if constexpr (kOut == Output::kF32) {
-        StoreDecoded(v, d, static_cast<float*>(dst) + i, stream);
-      } else if constexpr (kOut == Output::kBf16) {
-        StoreDecoded(Bf16RN(v), d16, half, stream);
-      } else if constexpr (kOut == Output::kBf16Native) {
-        StoreDecoded(Bf16Native(v), d16, half, stream);
-      } else {
-        // fp16: the instruction set's own conversion rounds to nearest even, subnormals and
-        // overflow to Inf included (no caller runs with denormals-are-zero, FpEnvGuard).
-        StoreDecoded(hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v)), d16, half,
-                     stream);
-      }
+      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), special))) return false;
+      StoreAs<kOut>(hn::Mul(hn::Mul(Fp8TimesPow2<K>(d, c), up), s), dst, i, stream);
     }
     return true;
   };
   while (i + lanes <= n) {
     hwy::Prefetch(codes + i + kDecodeFetchAhead);
-    if (!vectors(std::min(n, i + 64))) break;
+    if (std::isfinite(scale_up) && i + 64 <= n && !HasSpecial64<K>(codes + i)) {
+      DecodeLine<K, kOut>(codes + i, su, dst, i, stream);
+      i += 64;
+    } else if (!tested(std::min(n, i + 64))) {
+      break;
+    }
   }
   return i;
 }
@@ -1021,16 +1068,58 @@ uint32_t EncodeBlocksRN(const BlockRun& run) {
   }
 }
 
-void DecodeBlocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
+HWY_INLINE float BlockScale(const BlockRun& run, uint64_t g) {
+  return run.scale_dtype == GIFT_SCALE_DTYPE_E8M0
+             ? num::e8m0_to_float(static_cast<const uint8_t*>(run.scales)[g])
+             : static_cast<const float*>(run.scales)[g];
+}
+
+// The lines of each block that DecodeLine takes decoded here, in one loop for the run (a call
+// per block cost about a fifth of a decode to bf16 in cache), the rest of the block, from a
+// line with a NaN or Inf code on, by DequantizeK. kBf16Native falls back to kBf16 for each
+// block whose scale NativeBf16Applies refuses.
+template <Fp8 K, Output kOut>
+void DecodeBlocksAs(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
   const size_t width = dtype_size(dst_dtype);
+  // fp16 where the instruction set has no fp16 conversion: all in DequantizeK's scalar loop.
+  const bool lines = run.block % 64 == 0 && (kOut != Output::kF16 || !GIFT_WIDEN_F16_HERE);
+  const bool stream = run.stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
-    const float s = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0
-                        ? num::e8m0_to_float(static_cast<const uint8_t*>(run.scales)[g])
-                        : static_cast<const float*>(run.scales)[g];
-    Dequantize(run.codes + b0, len, s, run.kind, static_cast<uint8_t*>(dst) + b0 * width, dst_dtype,
-               run.stream);
+    const float s = BlockScale(run, g), su = s * num::float_of(kUpBits<K>);
+    const bool native = kOut == Output::kBf16Native && NativeBf16Applies<K>(s);
+    size_t i = 0;
+    for (; lines && std::isfinite(su) && i + 64 <= len; i += 64) {
+      const uint8_t* line = run.codes + b0 + i;
+      hwy::Prefetch(line + kDecodeFetchAhead);
+      if (HasSpecial64<K>(line)) break;
+      const VF v = hn::Set(DF(), su);
+      if (kOut != Output::kBf16Native) {
+        DecodeLine<K, kOut>(line, v, dst, b0 + i, stream);
+      } else if (native) {
+        DecodeLine<K, Output::kBf16Native>(line, v, dst, b0 + i, stream);
+      } else {
+        DecodeLine<K, Output::kBf16>(line, v, dst, b0 + i, stream);
+      }
+    }
+    if (i < len) {
+      DequantizeK<K>(run.codes + b0 + i, len - i, s, static_cast<uint8_t*>(dst) + (b0 + i) * width,
+                     dst_dtype, run.stream);
+    }
   }
+}
+
+template <Fp8 K>
+void DecodeBlocksK(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
+  if (dst_dtype == GIFT_DTYPE_F32) return DecodeBlocksAs<K, Output::kF32>(run, dst, dst_dtype);
+  if (dst_dtype == GIFT_DTYPE_F16) return DecodeBlocksAs<K, Output::kF16>(run, dst, dst_dtype);
+  return HasNativeBf16() ? DecodeBlocksAs<K, Output::kBf16Native>(run, dst, dst_dtype)
+                         : DecodeBlocksAs<K, Output::kBf16>(run, dst, dst_dtype);
+}
+
+void DecodeBlocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
+  return run.kind == GIFT_FP8_E4M3 ? DecodeBlocksK<Fp8::kE4M3>(run, dst, dst_dtype)
+                                   : DecodeBlocksK<Fp8::kE5M2>(run, dst, dst_dtype);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
