@@ -92,9 +92,9 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   const FramePtr f = open_frame(o.input);
   use_device(f.get(), device);
   check(giftFrameSetThreads(f.get(), o.threads));
-  // A file is written under a temporary name and removed on any error, so its bands may be
-  // checked as they are decoded (the codes read once, not twice); standard output cannot take
-  // back what it was given, and gets no band of a damaged section.
+  // A file is written unnamed (or under a temporary name) and discarded on any error, so its
+  // bands may be checked as they are decoded (the codes read once, not twice); standard
+  // output cannot take back what it was given, and gets no band of a damaged section.
   check(giftFrameSetLateChecksums(f.get(), !target.to_stdout));
   const uint64_t n = giftFrameTensorCount(f.get());
   const bool npy = target.kind == gift::io::FileKind::kNpy;

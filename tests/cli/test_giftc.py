@@ -567,7 +567,7 @@ class Giftc(unittest.TestCase):
 
     def test_damaged_codes_leave_no_output(self):
         # "b" is all ones: its codes are one byte repeated (448 = 1.0 / (1/448), E4M3 0x7E),
-        # a run that no other part of the frame has; one bit flipped in its fourth band of 512 KiB.
+        # a run that no other part of the frame has; one bit flipped past its first band.
         src = self.path("d.safetensors")
         save_file({"a": np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float32),
                    "b": np.ones((1024, 1024), np.float32)}, src)

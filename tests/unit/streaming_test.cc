@@ -585,7 +585,11 @@ TEST(Streaming, BandsDecodeAsTheWholeTensor) {
           std::vector<uint8_t> whole(info.elements * w), bands(whole.size());
           ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
           // In order, then (bf16) from the last band back to the first: a compressed section
-          // read backwards starts again from its beginning for each band.
+          // read backwards starts again from its beginning for each band, and with late
+          // checksums the first band, out of order, checks the whole section (the call for no
+          // rows of another tensor before makes the pass start this tensor afresh).
+          ASSERT_EQ(giftFrameDecodeRows(f, (i + 1) % giftFrameTensorCount(f), 0, 0, nullptr, 0, dt),
+                    GIFT_OK);
           const uint64_t step = info.row_align * 337, count = (info.rows + step - 1) / step;
           for (uint64_t k = 0; k < count; ++k) {
             const uint64_t r0 = (dt == GIFT_DTYPE_F32 ? k : count - 1 - k) * step;
@@ -617,44 +621,78 @@ giftResult_t decode_band(giftFrame* f, uint64_t i, uint64_t r0, uint64_t n, uint
 }
 
 // With late checksums, damaged codes decoded in order are reported by the last band's call
-// wherever the damage lies, and every call after it fails too; a band out of order, and a
-// compressed section, are checked whole at once, as without them.
+// wherever the damage lies, and every call for the tensor after it fails too; a band out of
+// order, and a compressed section, are checked whole at once, as without them. Block and
+// tile layouts (bands of whole tiles), FP8 codes and raw data.
 TEST(Streaming, LateChecksumsReportDamageByTheLastBand) {
-  const std::vector<uint8_t> good =
-      frame_of(Case{"block", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 0}, "", "");
-  const fb::Frame* h = fb::GetFrame(good.data() + gift::container::kPreambleBytes);
   EXPECT_EQ(giftFrameSetLateChecksums(nullptr, 1), GIFT_ERROR_INVALID_ARGUMENT);
-  // "big", 4099 x 1100 in 11 bands, and "bias", raw data of one row (one band).
-  for (const uint64_t i : {0, 1}) {
-    const fb::Section* codes = h->tensors()->Get(flatbuffers::uoffset_t(i))->codes();
-    ASSERT_EQ(codes->compression(), fb::Compression::None);
-    const uint64_t rows = i == 0 ? 4099 : 1, cols = 1100, step = 400;
-    const uint64_t last = (rows - 1) / step * step;
-    const std::string message = std::string("frame: tensor '") + (i == 0 ? "big" : "bias") +
-                                "': " + (i == 0 ? "codes" : "raw data") +
-                                " section: checksum mismatch (the data is damaged)";
-    for (const uint64_t at :
-         {uint64_t(5), codes->stored_length() / 2, codes->stored_length() - 1}) {
-      SCOPED_TRACE(std::to_string(i) + " damaged at " + std::to_string(at));
-      std::vector<uint8_t> bad = good;
-      bad[codes->offset() + at] ^= 1;
-      giftFrame* f = nullptr;
-      ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
-      ASSERT_EQ(giftFrameSetLateChecksums(f, 1), GIFT_OK);
-      for (uint64_t r0 = 0; r0 < last; r0 += step) {
-        ASSERT_EQ(decode_band(f, i, r0, step, cols), GIFT_OK) << r0;
+  for (const Case& c : {Case{"block", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 0},
+                        Case{"tile", GIFT_SCALE_TILE, GIFT_ROUND_NEAREST, 0}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<uint8_t> good = frame_of(c, "", "");
+    const fb::Frame* h = fb::GetFrame(good.data() + gift::container::kPreambleBytes);
+    // "big", 4099 x 1100 in 11 bands of 402 rows (134 tiles), and "bias", raw data of one
+    // row (one band).
+    for (const uint64_t i : {0, 1}) {
+      const fb::Section* codes = h->tensors()->Get(flatbuffers::uoffset_t(i))->codes();
+      ASSERT_EQ(codes->compression(), fb::Compression::None);
+      const uint64_t rows = i == 0 ? 4099 : 1, cols = 1100, step = 402;
+      const uint64_t last = (rows - 1) / step * step;
+      const std::string message = std::string("frame: tensor '") + (i == 0 ? "big" : "bias") +
+                                  "': " + (i == 0 ? "codes" : "raw data") +
+                                  " section: checksum mismatch (the data is damaged)";
+      // Undamaged, with the first band decoded twice (the second time out of order).
+      giftFrame* g = nullptr;
+      ASSERT_EQ(giftFrameOpen(good.data(), good.size(), &g), GIFT_OK);
+      ASSERT_EQ(giftFrameSetLateChecksums(g, 1), GIFT_OK);
+      ASSERT_EQ(decode_band(g, i, 0, std::min(step, rows), cols), GIFT_OK);
+      for (uint64_t r0 = 0; r0 < rows; r0 += step) {
+        ASSERT_EQ(decode_band(g, i, r0, std::min(step, rows - r0), cols), GIFT_OK) << r0;
       }
-      EXPECT_EQ(decode_band(f, i, last, rows - last, cols), GIFT_ERROR_SECTION_CHECKSUM);
-      EXPECT_EQ(giftGetLastErrorMessage(), message);
-      // The last band again, now out of order: the whole section is checked first.
-      EXPECT_EQ(decode_band(f, i, last, rows - last, cols), GIFT_ERROR_SECTION_CHECKSUM);
-      giftFrameClose(f);
-      for (const int late : {0, 1}) {  // the first call out of order, or checks first
+      giftFrameClose(g);
+      for (const uint64_t at :
+           {uint64_t(5), codes->stored_length() / 2, codes->stored_length() - 1}) {
+        SCOPED_TRACE(std::to_string(i) + " damaged at " + std::to_string(at));
+        std::vector<uint8_t> bad = good;
+        bad[codes->offset() + at] ^= 1;
+        giftFrame* f = nullptr;
         ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
-        ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
-        EXPECT_EQ(
-            decode_band(f, i, late ? last : 0, late ? rows - last : std::min(step, rows), cols),
-            GIFT_ERROR_SECTION_CHECKSUM);
+        ASSERT_EQ(giftFrameSetLateChecksums(f, 1), GIFT_OK);
+        for (uint64_t r0 = 0; r0 < last; r0 += step) {
+          ASSERT_EQ(decode_band(f, i, r0, step, cols), GIFT_OK) << r0;
+        }
+        EXPECT_EQ(decode_band(f, i, last, rows - last, cols), GIFT_ERROR_SECTION_CHECKSUM);
+        EXPECT_EQ(giftGetLastErrorMessage(), message);
+        // The last band again (out of order), or the tensor again from its first band: the
+        // whole section is checked first.
+        EXPECT_EQ(decode_band(f, i, last, rows - last, cols), GIFT_ERROR_SECTION_CHECKSUM);
+        EXPECT_EQ(decode_band(f, i, 0, std::min(step, rows), cols), GIFT_ERROR_SECTION_CHECKSUM);
+        giftFrameClose(f);
+        for (const int late : {0, 1}) {  // the first call out of order, or checks first
+          ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
+          ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
+          EXPECT_EQ(
+              decode_band(f, i, late ? last : 0, late ? rows - last : std::min(step, rows), cols),
+              GIFT_ERROR_SECTION_CHECKSUM);
+          giftFrameClose(f);
+        }
+        if (i == 1) continue;
+        // Late checksums turned off after the first band: this tensor is still checked to
+        // its last band; back from another tensor, it is checked whole first.
+        ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
+        ASSERT_EQ(giftFrameSetLateChecksums(f, 1), GIFT_OK);
+        ASSERT_EQ(decode_band(f, i, 0, step, cols), GIFT_OK);
+        ASSERT_EQ(giftFrameSetLateChecksums(f, 0), GIFT_OK);
+        for (uint64_t r0 = step; r0 < last; r0 += step) {
+          ASSERT_EQ(decode_band(f, i, r0, step, cols), GIFT_OK) << r0;
+        }
+        EXPECT_EQ(decode_band(f, i, last, rows - last, cols), GIFT_ERROR_SECTION_CHECKSUM);
+        giftFrameClose(f);
+        ASSERT_EQ(giftFrameOpen(bad.data(), bad.size(), &f), GIFT_OK);
+        ASSERT_EQ(giftFrameSetLateChecksums(f, 1), GIFT_OK);
+        ASSERT_EQ(decode_band(f, i, 0, step, cols), GIFT_OK);
+        ASSERT_EQ(decode_band(f, 4, 0, 10, 1030), GIFT_OK);  // "noise"
+        EXPECT_EQ(decode_band(f, i, step, step, cols), GIFT_ERROR_SECTION_CHECKSUM);
         giftFrameClose(f);
       }
     }

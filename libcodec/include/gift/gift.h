@@ -337,25 +337,26 @@ GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, vo
  * into dst (rows * cols * size of dst_dtype bytes): the values giftFrameDecodeTensor gives
  * for them, so a large tensor decodes in bands through a small buffer. first_row must be a
  * multiple of giftTensorInfo.row_align (the tile height; 1 for other layouts). The first
- * call for a tensor checks its sections, which the frame keeps while later calls read the
- * same tensor; compressed codes are decompressed forward, keeping only the rows asked for
- * (bands in order decompress them once; an earlier band starts again from the beginning).
- * Not for several threads on one frame. */
+ * call for a tensor checks its sections (but see giftFrameSetLateChecksums), which the frame
+ * keeps while later calls read the same tensor; compressed codes are decompressed forward, keeping
+ * only the rows asked for (bands in order decompress them once; an earlier band starts again from
+ * the beginning). Not for several threads on one frame. */
 GIFT_API giftResult_t giftFrameDecodeRows(giftFrame* frame, uint64_t index, uint64_t first_row,
                                           uint64_t rows, void* dst, uint64_t dst_bytes,
                                           giftDType_t dst_dtype);
 
-/* With late = 1, giftFrameDecodeRows checks a tensor's uncompressed codes (or raw data) as it
- * decodes its bands in order, from row 0 to the last: each band's bytes are hashed right
- * after they are decoded, while they are in the cache, instead of all of them first (a
- * 512 MiB bf16 decode on one core took 8% less time), and a mismatch is reported by the
- * call for the last band. Until that call returns GIFT_OK, the bands returned so far (and
+/* With late = 1, giftFrameDecodeRows (and giftFrameDecodeRowsWithBasis) checks a tensor's
+ * uncompressed codes (or raw data) as it decodes its bands in order, from row 0 to the last: each
+ * band's bytes are hashed right after they are decoded, while they are in the cache, instead of all
+ * of them first (a 512 MiB bf16 decode on one core took 8% less time), and a mismatch is reported
+ * by the call for the last band. Until that call returns GIFT_OK, the bands returned so far (and
  * the last one, on a mismatch) are unchecked: a caller that gets the error must discard
- * them (giftc decode writes to a temporary file that it then removes), and a caller that
- * stops before the last band has no check of them at all. A band out of order, and a
- * compressed section, are checked whole at their first call, as by default (late = 0),
- * where no band of a damaged section is ever returned. The setting applies from the next
- * tensor a call moves to. giftFrameDecodeTensor and giftFrameVerify always check first. */
+ * them (giftc decode writes to a giftOutput, which is never committed then), and a caller
+ * that stops before the last band has no check of them at all. A band out of order, a
+ * compressed section, and a tensor already found damaged are checked whole at their first
+ * call, as by default (late = 0), where no band of a damaged section is ever returned. The
+ * setting applies from the next tensor a call moves to. giftFrameDecodeTensor and
+ * giftFrameVerify always check first. */
 GIFT_API giftResult_t giftFrameSetLateChecksums(giftFrame* frame, int late);
 
 /* Zero-copy access to an FP8 tensor's codes and scales where they lie in the frame (after

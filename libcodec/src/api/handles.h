@@ -21,7 +21,7 @@ struct giftFrame {
   // The embedded basis, parsed on first use and kept.
   bool basis_read = false, has_basis = false;
   giftBasis basis;
-  // The sections of the tensor giftFrameDecodeRows reads, checked once for its bands.
+  // The sections of the tensor giftFrameDecodeRows reads, kept for its bands.
   gift::container::FrameReader::SectionCache rows_cache;
 };
 

@@ -326,8 +326,7 @@ giftResult_t FrameReader::verify_structure() {
     return GIFT_OK;
   };
   for (const TensorEntry& e : tensors_) {
-    if (const giftResult_t r = check_section(
-            e.fb->codes(), section_name(e.name, e.raw ? "raw data" : "codes"), e.codes_bytes)) {
+    if (const giftResult_t r = check_section(e.fb->codes(), codes_name(e), e.codes_bytes)) {
       return r;
     }
     if (!e.raw) {
@@ -460,8 +459,11 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
   const TensorEntry& e = tensors_[index];
   cache->index = SIZE_MAX;
   const fb::Section* codes = e.fb->codes();
-  const std::string what = section_name(e.name, e.raw ? "raw data" : "codes");
+  const std::string what = codes_name(e);
   cache->hash.reset();
+  const bool late =
+      cache->late_checksums && codes && codes->stored_length() > 0 &&
+      std::find(cache->damaged.begin(), cache->damaged.end(), index) == cache->damaged.end();
   if (codes && codes->compression() != fb::Compression::None) {
     cache->codes = nullptr;
     if (const giftResult_t r = checksum_ok(codes, what)) return r;
@@ -470,7 +472,7 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
                                      codes->raw_length(), name_ + ": " + what)) {
       return r;
     }
-  } else if (codes && cache->late_checksums) {
+  } else if (late) {
     cache->codes = bytes_->data() + codes->offset();
     cache->hash.emplace();
     cache->hashed = 0;
@@ -488,6 +490,10 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
   }
   cache->index = index;
   return GIFT_OK;
+}
+
+std::string FrameReader::codes_name(const TensorEntry& e) {
+  return section_name(e.name, e.raw ? "raw data" : "codes");
 }
 
 giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, uint64_t r0,
@@ -519,33 +525,37 @@ giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, ui
 // With late checksums pending, a band that continues the bands hashed so far is decoded,
 // then hashed while its codes are still in the cache (hashing them first, from memory, cost
 // as much as reading them twice), and the last one compares the sum; any other band checks
-// the whole section first. A mismatch drops the cache, so that no later call decodes the
-// section unchecked.
+// the whole section first. A tensor found damaged is remembered, so that no later run of it
+// decodes a band unchecked. Pages are mapped ahead for bands up to kMapAheadBytes; larger
+// ones fault theirs in, so that a file larger than memory is not read twice.
 giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0,
                                       uint64_t n, void* dst, giftDType_t dst_dtype,
                                       decltype(&giftDecode) decoder) const {
   if (n == 0 || e.cols == 0) return GIFT_OK;
   if (!c.hash) return decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
   const fb::Section* s = e.fb->codes();
-  const std::string what = section_name(e.name, e.raw ? "raw data" : "codes");
   const uint64_t width = e.raw ? dtype_size(e.dtype) : 1;
   const uint64_t at = r0 * e.cols * width, bytes = n * e.cols * width;
   giftResult_t r = GIFT_OK;
   if (at != c.hashed) {
     c.hash.reset();
-    r = checksum_ok(s, what);
+    r = checksum_ok(s, codes_name(e));
     if (!r) r = decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
   } else {
-    map_ahead(c.codes + at, bytes);
+    if (bytes <= kMapAheadBytes) map_ahead(c.codes + at, bytes);
     r = decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
     if (r) return r;
     c.hash->update(c.codes + at, bytes);
     c.hashed += bytes;
     if (c.hashed < s->stored_length()) return GIFT_OK;
-    r = checksum_is(c.hash->digest(), s, what);
+    const uint64_t sum = c.hash->digest();
     c.hash.reset();
+    r = checksum_is(sum, s, codes_name(e));
   }
-  if (r == GIFT_ERROR_SECTION_CHECKSUM) c.index = SIZE_MAX;
+  if (r == GIFT_ERROR_SECTION_CHECKSUM) {
+    c.damaged.push_back(c.index);
+    c.index = SIZE_MAX;
+  }
   return r;
 }
 

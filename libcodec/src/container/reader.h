@@ -71,14 +71,13 @@ class FrameReader {
   giftResult_t decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
                       bool coded_values = false) const;
 
-  // A tensor's sections, checked once for a run of decode_rows calls: compressed codes are
-  // read forward through a window (bands in order decompress the section once), compressed
-  // scales expanded.
+  // A tensor's sections for a run of decode_rows calls, checked when the run starts:
+  // compressed codes are read forward through a window (bands in order decompress the
+  // section once), compressed scales expanded. With late_checksums
+  // (giftFrameSetLateChecksums), uncompressed codes are instead hashed band by band as bands
+  // are decoded in order, and the last band's call compares the sum; a band out of order
+  // checks the whole section first, and so does every run of a tensor found damaged.
   struct SectionCache {
-    // Uncompressed codes are hashed band by band as bands are decoded in order (their bytes
-    // then read once instead of twice), the mismatch reported by the last band's call
-    // (giftFrameSetLateChecksums); otherwise, and for any band out of order, the whole
-    // section is checked first.
     bool late_checksums = false;
     size_t index = SIZE_MAX;
     const uint8_t *codes = nullptr, *scales = nullptr;  // codes: null when windowed
@@ -87,6 +86,7 @@ class FrameReader {
     // While late checksums are pending: the hash of codes [0, hashed).
     std::optional<Checksum64> hash;
     uint64_t hashed = 0;
+    std::vector<size_t> damaged;  // tensors whose late checksum failed
     // Bytes [at, at + n) of the codes (or raw data).
     giftResult_t codes_at(uint64_t at, uint64_t n, const uint8_t** bytes) {
       if (codes) return *bytes = codes + at, GIFT_OK;
@@ -122,6 +122,7 @@ class FrameReader {
                            void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
   giftResult_t decode_codes(const TensorEntry& e, SectionCache& c, uint64_t r0, uint64_t n,
                             void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
+  static std::string codes_name(const TensorEntry& e);
   static const uint8_t* aligned_scales(const TensorEntry& e, const uint8_t* scales,
                                        std::vector<uint8_t>* scratch);
 

@@ -21,7 +21,7 @@ uint64_t checksum64(const void* data, uint64_t size) {
 }
 
 uint64_t checksum64_mapped(const void* data, uint64_t size) {
-  constexpr uint64_t kPiece = uint64_t(4) << 20;
+  constexpr uint64_t kPiece = kMapAheadBytes;
   const uint8_t* p = static_cast<const uint8_t*>(data);
   if (size <= kPiece) {
     map_ahead(p, size);
