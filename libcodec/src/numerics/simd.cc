@@ -764,6 +764,14 @@ HWY_INLINE bool NativeBf16Applies(float scale) {
 // 0.91-0.98, SSE4 0.62-0.63 to 0.74-0.77.
 constexpr size_t kDecodeFetchAhead = 2048;
 
+// The prefetch of the line kDecodeFetchAhead bytes past p, which may lie past the end of p's
+// buffer: a prefetch never faults, and its address is formed as an integer, since C++ has
+// no pointer past one past the end.
+HWY_INLINE void FetchAhead(const uint8_t* p) {
+  hwy::Prefetch(
+      reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) + kDecodeFetchAhead));
+}
+
 // What the vector loop of DequantizeK converts the decoded fp32 values to, chosen once per
 // call: a test per vector cost about a fifth of the decode to bf16 in cache.
 enum class Output { kF32, kBf16, kBf16Native, kF16 };
@@ -842,7 +850,7 @@ size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, boo
     return true;
   };
   while (i + lanes <= n) {
-    hwy::Prefetch(codes + i + kDecodeFetchAhead);
+    FetchAhead(codes + i);
     if (std::isfinite(scale_up) && i + 64 <= n && !HasSpecial64<K>(codes + i)) {
       DecodeLine<K, kOut>(codes + i, su, dst, i, stream);
       i += 64;
@@ -1091,7 +1099,7 @@ void DecodeBlocksAs(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
     size_t i = 0;
     for (; lines && std::isfinite(su) && i + 64 <= len; i += 64) {
       const uint8_t* line = run.codes + b0 + i;
-      hwy::Prefetch(line + kDecodeFetchAhead);
+      FetchAhead(line);
       if (HasSpecial64<K>(line)) break;
       const VF v = hn::Set(DF(), su);
       if (kOut != Output::kBf16Native) {
