@@ -198,8 +198,8 @@ std::vector<std::vector<uint8_t>> dequantize_cases(giftFp8Kind_t kind) {
   for (int c = 0; finite.size() < 5 * 64 + 37; c = (c + 1) % 256)
     if (!special(c)) finite.push_back(static_cast<uint8_t>(c));
   out.push_back(finite);
-  for (size_t at :
-       {size_t(0), size_t(63), size_t(64 + 17), size_t(4 * 64 + 63), finite.size() - 1}) {
+  for (size_t at : {size_t(0), size_t(63), size_t(64 + 17), size_t(2 * 64 + 40),
+                    size_t(4 * 64 + 63), finite.size() - 1}) {
     out.push_back(finite);
     // NaN, or E5M2's +Inf and NaN
     out.back()[at] = kind == GIFT_FP8_E4M3 ? (at % 2 ? 0xFF : 0x7F) : (at % 2 ? 0xFE : 0x7C);
@@ -239,7 +239,10 @@ TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
                       0x1p8f,
                       0x1.fffffep15f,
                       0x1p16f,
-                      -3.0f}) {
+                      -3.0f,
+                      -0x1p8f,
+                      -0x1p16f,
+                      -2e36f}) {
         std::vector<float> f(codes.size());
         std::vector<uint16_t> b(codes.size()), h(codes.size());
         simd::dequantize(codes.data(), codes.size(), s, kind, f.data(), GIFT_DTYPE_F32);
@@ -429,7 +432,7 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   for (giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16})
     for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
       for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
-        for (uint32_t block : {16u, 48u, 80u, 128u, 256u, 4096u}) {
+        for (uint32_t block : {16u, 48u, 80u, 100u, 128u, 256u, 4096u}) {
           const void* src = dt == GIFT_DTYPE_F32    ? static_cast<const void*>(x.data())
                             : dt == GIFT_DTYPE_BF16 ? static_cast<const void*>(xb.data())
                                                     : static_cast<const void*>(xh.data());
@@ -472,17 +475,26 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
           // written past the run.
           std::vector<uint8_t> in = codes;
           in[block + 3] = 0x7F;  // NaN in both kinds
+          // One more after a whole line of the fourth block: NaN, or E5M2's +Inf.
+          if (block >= 128 && 3 * block + 64 + 40 < n)
+            in[3 * block + 64 + 40] = kind == GIFT_FP8_E4M3 ? 0xFF : 0x7C;
           // Scales from other encoders: 2^20, too large for the one multiplication by
-          // scale * 2^(127 - bias), and 2^-118, too small for AVX512_BF16's conversion.
+          // scale * 2^(127 - bias); 2^-118, too small for AVX512_BF16's conversion; NaN
+          // (an fp32 pattern, and E8M0's 0xFF), +Inf and -2^20.
           std::vector<uint8_t> in_scales = scales;
-          for (const auto& [b, e] : {std::pair<size_t, int>{2, 20}, {6, -118}}) {
-            if (b >= blocks) continue;
-            if (sd == GIFT_SCALE_DTYPE_E8M0) {
-              in_scales[b] = static_cast<uint8_t>(127 + e);
-            } else {
-              const float v = std::ldexp(1.0f, e);
-              std::memcpy(in_scales.data() + 4 * b, &v, 4);
-            }
+          const std::pair<size_t, uint32_t> f32_scales[] = {{2, 0x49800000u},
+                                                            {6, 0x04800000u},
+                                                            {8, 0xFFFFFFFFu},
+                                                            {9, 0x7F800000u},
+                                                            {10, 0xC9800000u}};
+          const std::pair<size_t, uint32_t> e8m0_scales[] = {
+              {2, 127 + 20}, {6, 127 - 118}, {8, 0xFF}};
+          if (sd == GIFT_SCALE_DTYPE_E8M0) {
+            for (const auto& [b, e] : e8m0_scales)
+              if (b < blocks) in_scales[b] = static_cast<uint8_t>(e);
+          } else {
+            for (const auto& [b, bits] : f32_scales)
+              if (b < blocks) std::memcpy(in_scales.data() + 4 * b, &bits, 4);
           }
           std::vector<float> want(n);
           for (size_t i = 0; i < n; ++i) {

@@ -772,8 +772,9 @@ HWY_INLINE void FetchAhead(const uint8_t* p) {
       reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) + kDecodeFetchAhead));
 }
 
-// What the vector loop of DequantizeK converts the decoded fp32 values to, chosen once per
-// call: a test per vector cost about a fifth of the decode to bf16 in cache.
+// What the vector loops of decode convert the decoded fp32 values to, chosen once per call
+// (per block for kBf16Native in DecodeBlocksAs): a test per vector cost about a fifth of the
+// decode to bf16 in cache.
 enum class Output { kF32, kBf16, kBf16Native, kF16 };
 
 // Whether any of the 64 codes at p is NaN or Inf: (c | ~fields) is 0xFF exactly for those,
@@ -808,21 +809,30 @@ HWY_INLINE void StoreAs(VF v, void* dst, size_t i, bool stream) {
   }
 }
 
-// A line of 64 codes that HasSpecial64 passed, decoded into elements [at, at + 64) of dst
-// with su = scale * 2^(127 - bias), finite: that product is exact, and so the one
-// multiplication by it rounds as the two of the rule (2^(127 - bias), then the scale) do.
-// A third (bf16) to 40% (fp32) fewer instructions per vector than DecodeVectors' test and
-// two multiplications.
+// The lines of 64 codes of [0, n) from the first on, up to the first with a NaN or Inf code
+// or the last whole line, decoded into elements at + [0, ...) of dst; returns where it
+// stopped. su = scale * 2^(127 - bias) is finite: that product is then exact, so
+// Fp8TimesPow2(c) * su is exactly the FP8 value times the scale before rounding, and rounds
+// once as the rule does. One test per line and one multiplication per vector: a third
+// (bf16) to 40% (fp32) fewer instructions than DecodeVectors' test and two multiplications
+// per vector.
 template <Fp8 K, Output kOut>
-HWY_INLINE void DecodeLine(const uint8_t* codes, VF su, void* dst, size_t at, bool stream) {
+HWY_INLINE size_t DecodeCleanLines(const uint8_t* codes, size_t n, VF su, void* dst, size_t at,
+                                   bool stream) {
   const DF d;
   const DI di;
   const hn::Rebind<int8_t, DI> d8;
   const int8_t* c = reinterpret_cast<const int8_t*>(codes);
-  for (size_t i = 0; i < 64; i += hn::Lanes(d)) {
-    StoreAs<kOut>(hn::Mul(Fp8TimesPow2<K>(d, hn::PromoteTo(di, hn::LoadU(d8, c + i))), su), dst,
-                  at + i, stream);
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    FetchAhead(codes + i);
+    if (HasSpecial64<K>(codes + i)) break;
+    for (size_t j = i; j < i + 64; j += hn::Lanes(d)) {
+      StoreAs<kOut>(hn::Mul(Fp8TimesPow2<K>(d, hn::PromoteTo(di, hn::LoadU(d8, c + j))), su), dst,
+                    at + j, stream);
+    }
   }
+  return i;
 }
 
 // The codes [0, n) decoded and stored, whole vectors a line of codes at a time, up to the
@@ -836,26 +846,20 @@ size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, boo
   const size_t lanes = hn::Lanes(d);
   const VF s = hn::Set(d, scale), up = hn::Set(d, num::float_of(kUpBits<K>));
   const float scale_up = scale * num::float_of(kUpBits<K>);
-  const VF su = hn::Set(d, scale_up);
   const VI special = hn::Set(di, (K == Fp8::kE4M3 ? 0x7F : 0x7C) - 1);
   const int8_t* signed_codes = reinterpret_cast<const int8_t*>(codes);
   size_t i = 0;
-  // The vectors of [i, end), each tested; false at one with a NaN or Inf code.
-  const auto tested = [&](size_t end) {
-    for (; i + lanes <= end; i += lanes) {
-      const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
-      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), special))) return false;
-      StoreAs<kOut>(hn::Mul(hn::Mul(Fp8TimesPow2<K>(d, c), up), s), dst, i, stream);
-    }
-    return true;
-  };
   while (i + lanes <= n) {
+    if (std::isfinite(scale_up)) {
+      i += DecodeCleanLines<K, kOut>(codes + i, n - i, hn::Set(d, scale_up), dst, i, stream);
+    }
+    // A line with a NaN or Inf code (or with no finite scale * 2^(127 - bias), any line), or
+    // the last vectors: each vector tested, up to one with such a code.
     FetchAhead(codes + i);
-    if (std::isfinite(scale_up) && i + 64 <= n && !HasSpecial64<K>(codes + i)) {
-      DecodeLine<K, kOut>(codes + i, su, dst, i, stream);
-      i += 64;
-    } else if (!tested(std::min(n, i + 64))) {
-      break;
+    for (const size_t end = std::min(n, i + 64); i + lanes <= end; i += lanes) {
+      const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
+      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), special))) return i;
+      StoreAs<kOut>(hn::Mul(hn::Mul(Fp8TimesPow2<K>(d, c), up), s), dst, i, stream);
     }
   }
   return i;
@@ -1082,36 +1086,38 @@ HWY_INLINE float BlockScale(const BlockRun& run, uint64_t g) {
              : static_cast<const float*>(run.scales)[g];
 }
 
-// The lines of each block that DecodeLine takes decoded here, in one loop for the run (a call
-// per block cost about a fifth of a decode to bf16 in cache), the rest of the block, from a
-// line with a NaN or Inf code on, by DequantizeK. kBf16Native falls back to kBf16 for each
-// block whose scale NativeBf16Applies refuses.
+// Each block's clean lines (DecodeCleanLines) decoded in one loop for the run (a call per
+// block cost about a fifth of a decode to bf16 in cache), and the rest of the block by
+// DequantizeK: from a line with a NaN or Inf code on, the last codes short of a line, and
+// whole blocks where a block is not whole lines (which keeps each line's stores 16-byte
+// aligned), where the scale times 2^(127 - bias) is not finite, and for fp16 where the
+// instruction set has no fp16 conversion (DequantizeK's scalar loop). kBf16Native falls back
+// to kBf16 for each block whose scale NativeBf16Applies refuses.
 template <Fp8 K, Output kOut>
 void DecodeBlocksAs(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
   const size_t width = dtype_size(dst_dtype);
-  // fp16 where the instruction set has no fp16 conversion: all in DequantizeK's scalar loop.
-  const bool lines = run.block % 64 == 0 && (kOut != Output::kF16 || !GIFT_WIDEN_F16_HERE);
+  constexpr bool kLinesHere = kOut != Output::kF16 || !GIFT_WIDEN_F16_HERE;
+  const bool lines = kLinesHere && run.block % 64 == 0;
   const bool stream = run.stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
     const float s = BlockScale(run, g), su = s * num::float_of(kUpBits<K>);
-    const bool native = kOut == Output::kBf16Native && NativeBf16Applies<K>(s);
+    const uint8_t* codes = run.codes + b0;
     size_t i = 0;
-    for (; lines && std::isfinite(su) && i + 64 <= len; i += 64) {
-      const uint8_t* line = run.codes + b0 + i;
-      FetchAhead(line);
-      if (HasSpecial64<K>(line)) break;
-      const VF v = hn::Set(DF(), su);
-      if (kOut != Output::kBf16Native) {
-        DecodeLine<K, kOut>(line, v, dst, b0 + i, stream);
-      } else if (native) {
-        DecodeLine<K, Output::kBf16Native>(line, v, dst, b0 + i, stream);
-      } else {
-        DecodeLine<K, Output::kBf16>(line, v, dst, b0 + i, stream);
+    if constexpr (kLinesHere) {
+      if (lines && std::isfinite(su)) {
+        const VF v = hn::Set(DF(), su);
+        if constexpr (kOut != Output::kBf16Native) {
+          i = DecodeCleanLines<K, kOut>(codes, len, v, dst, b0, stream);
+        } else if (NativeBf16Applies<K>(s)) {
+          i = DecodeCleanLines<K, Output::kBf16Native>(codes, len, v, dst, b0, stream);
+        } else {
+          i = DecodeCleanLines<K, Output::kBf16>(codes, len, v, dst, b0, stream);
+        }
       }
     }
     if (i < len) {
-      DequantizeK<K>(run.codes + b0 + i, len - i, s, static_cast<uint8_t*>(dst) + (b0 + i) * width,
+      DequantizeK<K>(codes + i, len - i, s, static_cast<uint8_t*>(dst) + (b0 + i) * width,
                      dst_dtype, run.stream);
     }
   }
@@ -1121,8 +1127,10 @@ template <Fp8 K>
 void DecodeBlocksK(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
   if (dst_dtype == GIFT_DTYPE_F32) return DecodeBlocksAs<K, Output::kF32>(run, dst, dst_dtype);
   if (dst_dtype == GIFT_DTYPE_F16) return DecodeBlocksAs<K, Output::kF16>(run, dst, dst_dtype);
-  return HasNativeBf16() ? DecodeBlocksAs<K, Output::kBf16Native>(run, dst, dst_dtype)
-                         : DecodeBlocksAs<K, Output::kBf16>(run, dst, dst_dtype);
+#if GIFT_BF16_NATIVE
+  if (HasNativeBf16()) return DecodeBlocksAs<K, Output::kBf16Native>(run, dst, dst_dtype);
+#endif
+  return DecodeBlocksAs<K, Output::kBf16>(run, dst, dst_dtype);
 }
 
 void DecodeBlocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
