@@ -835,9 +835,28 @@ HWY_INLINE size_t DecodeCleanLines(const uint8_t* codes, size_t n, VF su, void* 
   return i;
 }
 
-// The codes [0, n) decoded and stored, whole vectors a line of codes at a time, up to the
-// first vector with a NaN or Inf code, which the scalar rule spells out; returns where it
-// stopped. The scale is finite; with stream, dst is 16-byte aligned (StoreDecoded).
+// Codes [from, to) by the scalar rule, which spells out NaN and Inf codes and non-finite
+// scales, converted to dtype.
+template <Fp8 K>
+void DecodeScalar(const uint8_t* codes, size_t from, size_t to, float scale, void* dst,
+                  giftDType_t dtype) {
+  for (size_t i = from; i < to; ++i) {
+    const float v = num::decode_element<K>(codes[i], scale);
+    if (dtype == GIFT_DTYPE_F32) {
+      static_cast<float*>(dst)[i] = v;
+    } else if (dtype == GIFT_DTYPE_BF16) {
+      static_cast<uint16_t*>(dst)[i] = num::bf16_from_float(v);
+    } else {
+      static_cast<uint16_t*>(dst)[i] = num::f16_from_float(v);
+    }
+  }
+}
+
+// The codes [0, n) decoded and stored in whole vectors, a line of 64 codes at a time; a line
+// with a NaN or Inf code takes the scalar rule from the first vector with one to its end, and
+// the vectors go on from the next line (no line but that one leaves the vector loop); returns
+// where the whole vectors end. The scale is finite; with stream, dst is 16-byte aligned
+// (StoreDecoded), and lines keep it so.
 template <Fp8 K, Output kOut>
 size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, bool stream) {
   const DF d;
@@ -858,7 +877,14 @@ size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, boo
     FetchAhead(codes + i);
     for (const size_t end = std::min(n, i + 64); i + lanes <= end; i += lanes) {
       const VI c = hn::PromoteTo(di, hn::LoadU(d8, signed_codes + i));
-      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), special))) return i;
+      if (!hn::AllFalse(di, hn::Gt(hn::And(c, hn::Set(di, 0x7F)), special))) {
+        DecodeScalar<K>(codes, i, end, scale, dst,
+                        kOut == Output::kF32   ? GIFT_DTYPE_F32
+                        : kOut == Output::kF16 ? GIFT_DTYPE_F16
+                                               : GIFT_DTYPE_BF16);
+        i = end;
+        break;
+      }
       StoreAs<kOut>(hn::Mul(hn::Mul(Fp8TimesPow2<K>(d, c), up), s), dst, i, stream);
     }
   }
@@ -885,16 +911,7 @@ void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDTy
       i = DecodeVectors<K, Output::kF16>(codes, n, scale, dst, stream);
     }
   }
-  for (; i < n; ++i) {
-    const float v = num::decode_element<K>(codes[i], scale);
-    if (dtype == GIFT_DTYPE_F32) {
-      static_cast<float*>(dst)[i] = v;
-    } else if (dtype == GIFT_DTYPE_BF16) {
-      static_cast<uint16_t*>(dst)[i] = num::bf16_from_float(v);
-    } else {
-      static_cast<uint16_t*>(dst)[i] = num::f16_from_float(v);
-    }
-  }
+  DecodeScalar<K>(codes, i, n, scale, dst, dtype);
 }
 
 void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
