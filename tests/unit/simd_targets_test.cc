@@ -469,10 +469,10 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
                                         << " block " << block << " i " << i;
             }
           }
-          // Decoding the run gives code * scale, as decode_element does, to fp32 and bf16,
-          // with plain and with streaming stores, at several alignments of the output, with
-          // a NaN code in the second block (the scalar path after vectors); nothing is
-          // written past the run.
+          // Decoding the run gives code * scale, as decode_element does, to fp32, bf16 and
+          // fp16, with plain and with streaming stores, at several alignments of the output,
+          // with a NaN code in the second block (the scalar path after vectors) and scales
+          // set as below; nothing is written past the run.
           std::vector<uint8_t> in = codes;
           in[block + 3] = 0x7F;  // NaN in both kinds
           // One more after a whole line of the fourth block: NaN, or E5M2's +Inf.

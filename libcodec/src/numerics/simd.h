@@ -42,8 +42,8 @@ void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float fac
                          giftFp8Kind_t kind, uint8_t* codes);
 
 // dst[i] = fp8_to_float(codes[i]) * scale, stored as `dtype` (bf16/fp16 round to nearest even).
-// With stream, fp32 and bf16 through non-temporal stores where dst is 16-byte aligned, as
-// BlockRun::stream says.
+// With stream, through non-temporal stores where dst is 16-byte aligned (fp16 too where the
+// instruction set converts it), as BlockRun::stream says.
 void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
                 giftDType_t dtype, bool stream = false);
 
