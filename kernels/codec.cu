@@ -249,11 +249,6 @@ __device__ __forceinline__ void store_scale(void* scales, bool e8m0, uint64_t g,
   }
 }
 
-__device__ __forceinline__ float load_scale(const void* scales, bool e8m0, uint64_t g) {
-  return e8m0 ? num::e8m0_to_float(static_cast<const uint8_t*>(scales)[g])
-              : static_cast<const float*>(scales)[g];
-}
-
 // The threads of one block group: `tpg` lanes of a warp (a power of two), each taking runs
 // of 16 elements, interleaved so that a group's lanes read consecutive bytes.
 struct BlockLanes {
@@ -333,7 +328,7 @@ __global__ void __launch_bounds__(kThreads)
   for (uint64_t g = l.first_group(); g < l.groups; g += l.stride()) {
     const uint64_t row = g / l.groups_per_row, c0 = (g % l.groups_per_row) * l.block;
     const uint64_t len = min64(l.block, cols - c0), start = row * cols + c0;
-    const float s = load_scale(scales, e8m0, g);
+    const float s = num::stored_scale(scales, e8m0, g);
     for (uint32_t m = 0; m < l.steps; ++m) {
       if (l.chunk(m, 0) >= len) break;
 #pragma unroll
@@ -439,7 +434,7 @@ __global__ void __launch_bounds__(kThreads)
   for (uint64_t i = blockIdx.x; i < it.count(); i += gridDim.x) {
     uint64_t g = 0;
     const Rect r = it.rect(i, &g);
-    const float s = load_scale(scales, e8m0, g);
+    const float s = num::stored_scale(scales, e8m0, g);
     for_each_in(r, it.grid.cols, [&](uint64_t e) {
       const float v = num::decode_element<K>(codes[e], s);
       if constexpr (DT == GIFT_DTYPE_F32) {

@@ -335,9 +335,7 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
     return;
   }
   auto scale_of = [&](uint64_t g) {
-    return p.scale_dtype == GIFT_SCALE_DTYPE_E8M0
-               ? num::e8m0_to_float(static_cast<const uint8_t*>(scales)[g])
-               : static_cast<const float*>(scales)[g];
+    return num::stored_scale(scales, p.scale_dtype == GIFT_SCALE_DTYPE_E8M0, g);
   };
   auto decode_span = [&](uint64_t b, uint64_t n, float s) {
     simd::dequantize(codes + b, n, s, p.kind, out + b * width, dst_dtype, stream);

@@ -192,6 +192,12 @@ GIFT_HD float e8m0_to_float(uint8_t b) {
   return float_of(uint32_t(b) << 23);
 }
 
+// Scale g of a tensor's stored scales: E8M0 bytes, or fp32.
+GIFT_HD float stored_scale(const void* scales, bool e8m0, uint64_t g) {
+  return e8m0 ? e8m0_to_float(static_cast<const uint8_t*>(scales)[g])
+              : static_cast<const float*>(scales)[g];
+}
+
 // Exact reciprocal of an E8M0 scale, so that x * inv == x / s bit for bit.
 GIFT_HD float e8m0_reciprocal(uint8_t b) { return e8m0_to_float(static_cast<uint8_t>(254 - b)); }
 

@@ -1097,12 +1097,6 @@ uint32_t EncodeBlocksRN(const BlockRun& run) {
   }
 }
 
-HWY_INLINE float BlockScale(const BlockRun& run, uint64_t g) {
-  return run.scale_dtype == GIFT_SCALE_DTYPE_E8M0
-             ? num::e8m0_to_float(static_cast<const uint8_t*>(run.scales)[g])
-             : static_cast<const float*>(run.scales)[g];
-}
-
 // Each block's clean lines (DecodeCleanLines) decoded in one loop for the run (a call per
 // block cost about a fifth of a decode to bf16 in cache), and the rest of the block by
 // DequantizeK: from a line with a NaN or Inf code on, the last codes short of a line, and
@@ -1118,7 +1112,8 @@ void DecodeBlocksAs(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
   const bool stream = run.stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
   for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
-    const float s = BlockScale(run, g), su = s * num::float_of(kUpBits<K>);
+    const float s = num::stored_scale(run.scales, run.scale_dtype == GIFT_SCALE_DTYPE_E8M0, g);
+    const float su = s * num::float_of(kUpBits<K>);
     const uint8_t* codes = run.codes + b0;
     size_t i = 0;
     if constexpr (kLinesHere) {
