@@ -2,10 +2,13 @@
 """giftc at scale against cp, in one run: encode and decode of safetensors dumps, one thread,
 page cache hot, each timed against `cp` of the same input file, and with --fsync against cp
 followed by `sync` of the copy, with the peak anonymous memory (RssAnon: the process's own
-memory, not the page cache of the files it maps) of each command. A benchmark, not a test:
-it prints a table and asserts nothing.
+memory, not the page cache of the files it maps) of each command; and beside each command
+its I/O floor (io_floor, built next to giftc: the same mapping of the input and writes of an
+output of the same size, without the codec), which no codec can beat. A benchmark, not a
+test: it prints a table and asserts nothing.
 
-Usage: giftc_stream_bench.py PATH/TO/giftc [--dir DIR] [--sizes 512M,6G] [--repeat 3]
+Usage: giftc_stream_bench.py PATH/TO/giftc [--floor PATH/TO/io_floor] [--dir DIR]
+                             [--sizes 512M,6G] [--repeat 3]
 DIR (default: a folder under $TMPDIR) needs about 3.5x the largest size free.
 """
 import argparse
@@ -80,11 +83,18 @@ def interleaved_runs(commands, repeat):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("giftc")
+    ap.add_argument("--floor", default=None,
+                    help="io_floor (default: tests/bench/io_floor in giftc's build tree)")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--sizes", default="512M,6G")
     ap.add_argument("--dtypes", default="F32,BF16")
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
+    floor = a.floor or os.path.join(os.path.dirname(os.path.abspath(a.giftc)), os.pardir, "tests",
+                                    "bench", "io_floor")
+    if not os.access(floor, os.X_OK):
+        raise SystemExit(f"{floor}: no io_floor there (build the io_floor target, or name it "
+                         "with --floor)")
     work = a.dir or tempfile.mkdtemp(prefix="giftc-bench-")
     units = {"M": 1 << 20, "G": 1 << 30}
     rows, fastest = [], []
@@ -101,13 +111,18 @@ def main():
             # The frame decode reads, made once up front.
             subprocess.run([a.giftc, "encode", src, "-o", frame, "-q"], check=True)
             encoded = frame + ".new"
+            # The floors write outputs of the commands' sizes: the decoded dump's, made once.
+            subprocess.run([a.giftc, "decode", frame, "-o", out, "-q"], check=True)
+            decoded_bytes = os.path.getsize(out)
+            rm(out)
             # giftc leaves its outputs to the kernel's writeback, as cp does; with --fsync it
             # syncs each one before naming it, and the like-for-like copy syncs too. Every
             # command writes a new file, as cp does (replacing one costs freeing it).
             enc = [a.giftc, "encode", src, "-o", encoded, "--threads", "1", "-q"]
             dec = [a.giftc, "decode", frame, "-o", out, "--threads", "1", "-q"]
             (cp_t, cp_m, cp_min), (sync_t, _, sync_min), (enc_t, enc_m, enc_min), \
-                (encs_t, _, encs_min), (dec_t, dec_m, dec_min), (decs_t, _, decs_min) = \
+                (encs_t, _, encs_min), (dec_t, dec_m, dec_min), (decs_t, _, decs_min), \
+                (encf_t, _, encf_min), (decf_t, _, decf_min) = \
                 interleaved_runs([
                     (["cp", src, copy], lambda: rm(copy)),
                     (["sh", "-c", 'cp "$1" "$2" && sync "$2"', "sh", src, copy], lambda: rm(copy)),
@@ -115,11 +130,13 @@ def main():
                     (enc + ["--fsync"], lambda: rm(encoded)),
                     (dec, lambda: rm(out)),
                     (dec + ["--fsync"], lambda: rm(out)),
+                    ([floor, src, encoded, str(os.path.getsize(frame))], lambda: rm(encoded)),
+                    ([floor, frame, out, str(decoded_bytes)], lambda: rm(out)),
                 ], a.repeat)
             rows.append((f"{size} {dtype}", real, os.path.getsize(frame), cp_t, sync_t, cp_m,
-                         enc_t, encs_t, enc_m, dec_t, decs_t, dec_m))
+                         enc_t, encs_t, enc_m, dec_t, decs_t, dec_m, encf_t, decf_t))
             fastest.append((f"{size} {dtype}", cp_min, sync_min, enc_min, encs_min, dec_min,
-                            decs_min))
+                            decs_min, encf_min, decf_min))
             rm(src, frame, encoded, out, copy)
     if not a.dir:
         shutil.rmtree(work, ignore_errors=True)
@@ -127,24 +144,29 @@ def main():
           f", one thread, page cache hot, median of {a.repeat} interleaved rounds; RssAnon: peak sampled every ms")
     print("| dump | frame | cp s | cp+sync s | encode s (x cp) | encode --fsync s (x cp+sync) "
           "| encode RssAnon MiB | decode s (x cp) | decode --fsync s (x cp+sync) "
-          "| decode RssAnon MiB | cp RssAnon MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, real, fb, cp_t, sync_t, cp_m, enc_t, encs_t, enc_m, dec_t, decs_t, dec_m in rows:
+          "| decode RssAnon MiB | cp RssAnon MiB | encode's I/O floor s (x cp) "
+          "| decode's I/O floor s (x cp) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (name, real, fb, cp_t, sync_t, cp_m, enc_t, encs_t, enc_m, dec_t, decs_t, dec_m, encf_t,
+         decf_t) in rows:
         print(f"| {name} ({real / 2**20:.0f} MiB) | {fb / 2**20:.0f} MiB | {cp_t:.3f} "
               f"| {sync_t:.3f} | {enc_t:.3f} ({enc_t / cp_t:.2f}) "
               f"| {encs_t:.3f} ({encs_t / sync_t:.2f}) | {enc_m:.1f} "
               f"| {dec_t:.3f} ({dec_t / cp_t:.2f}) | {decs_t:.3f} ({decs_t / sync_t:.2f}) "
-              f"| {dec_m:.1f} | {cp_m:.1f} |")
+              f"| {dec_m:.1f} | {cp_m:.1f} | {encf_t:.3f} ({encf_t / cp_t:.2f}) "
+              f"| {decf_t:.3f} ({decf_t / cp_t:.2f}) |")
     # Writes on a shared VM can take several times longer now and then: the fastest of the
     # runs shows each command's own cost.
     print(f"\nFastest of {a.repeat}:")
     print("| dump | cp s | cp+sync s | encode s (x cp) | encode --fsync s (x cp+sync) "
-          "| decode s (x cp) | decode --fsync s (x cp+sync) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, cp_t, sync_t, enc_t, encs_t, dec_t, decs_t in fastest:
+          "| decode s (x cp) | decode --fsync s (x cp+sync) | encode's I/O floor s (x cp) "
+          "| decode's I/O floor s (x cp) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, cp_t, sync_t, enc_t, encs_t, dec_t, decs_t, encf_t, decf_t in fastest:
         print(f"| {name} | {cp_t:.3f} | {sync_t:.3f} | {enc_t:.3f} ({enc_t / cp_t:.2f}) "
               f"| {encs_t:.3f} ({encs_t / sync_t:.2f}) | {dec_t:.3f} ({dec_t / cp_t:.2f}) "
-              f"| {decs_t:.3f} ({decs_t / sync_t:.2f}) |")
+              f"| {decs_t:.3f} ({decs_t / sync_t:.2f}) | {encf_t:.3f} ({encf_t / cp_t:.2f}) "
+              f"| {decf_t:.3f} ({decf_t / cp_t:.2f}) |")
 
 
 if __name__ == "__main__":
