@@ -179,6 +179,20 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
                 p.bucket.offset.begin() - 1);
 }
 
+// Zeroes what an encode of `count` elements with `extra_bytes` of extra data leaves unwritten in
+// a message: the padding after its scales and after its codes (shorter shards leave more), and
+// after the extra data. The rest is written whole, so messages hold no stale bytes without a
+// pass over all of them first (a message is larger than the cache: that pass cost a write of
+// every line and a read of it back as the encode wrote it again).
+void zero_unwritten(const gift::transport::Layout& l, const giftQuantParams& params, uint64_t count,
+                    uint64_t extra_bytes, uint8_t* msg) {
+  uint64_t scale_bytes = 0;
+  (void)giftScaleBytes(&params, 1, count, &scale_bytes);  // valid: at most the layout's
+  memset(msg + l.scales_at + scale_bytes, 0, l.codes_at - l.scales_at - scale_bytes);
+  memset(msg + l.codes_at + count, 0, l.extra_at - l.codes_at - count);
+  memset(msg + l.extra_at + extra_bytes, 0, l.message_bytes - l.extra_at - extra_bytes);
+}
+
 // Encodes values[0, count) into `msg` chunk by chunk. Each chunk is first written by
 // fill(begin, n, scratch) (the step's own passes over it, while it is in cache; kChunk floats
 // of scratch) and, with `feedback`, replaced after its encode by values - decoded: what the
@@ -189,7 +203,7 @@ giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint
                             int shard, float* values, uint64_t count, bool feedback, uint8_t* msg,
                             Fill&& fill, uint32_t flags = 0, const void* extra = nullptr,
                             uint64_t extra_bytes = 0) {
-  memset(msg, 0, p.layout.message_bytes);
+  zero_unwritten(p.layout, p.params, count, extra_bytes, msg);
   MessageHeader h{};
   p.coords.fill_header(&h);
   h.flags = flags;

@@ -52,9 +52,10 @@ class SimulatedWorld {
   uint64_t message_bytes() const { return bytes_; }
 
   // Step 1 on every rank, then the all-to-all: recv[r] holds rank r's incoming messages.
-  std::vector<std::vector<uint8_t>> scatter(const std::vector<Bucket>& inputs) {
+  // The send buffers hold `stale` bytes before step 1.
+  std::vector<std::vector<uint8_t>> scatter(const std::vector<Bucket>& inputs, uint8_t stale = 0) {
     const uint64_t w = uint64_t(world());
-    std::vector<std::vector<uint8_t>> send(w, std::vector<uint8_t>(w * bytes_));
+    std::vector<std::vector<uint8_t>> send(w, std::vector<uint8_t>(w * bytes_, stale));
     for (uint64_t r = 0; r < w; ++r) {
       const std::vector<const void*> in = pointers(inputs[r]);
       EXPECT_EQ(giftReduceEncodeShards(plans_[r].get(), in.data(), send[r].data()), GIFT_OK)
@@ -357,6 +358,31 @@ TEST(LocalSteps, MessagesAreTheCodecsEncodeOfTheirShards) {
         }
       }
     }
+  }
+}
+
+// Every byte of a message is the step's own: buffers that held other bytes before give the
+// same messages as zeroed ones, shorter shards included (padding after their scales and
+// codes), and the space for estimates that a call does not carry.
+TEST(LocalSteps, MessagesHoldNoStaleBytes) {
+  const std::vector<TensorSpec> specs = {{"a", GIFT_DTYPE_F32, {5, 1000}}};  // shards unequal
+  const int world = 3;
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  ASSERT_EQ(c.coords, GIFT_COORDS_MODE_AUTO);     // messages have room for estimates
+  std::vector<std::vector<uint8_t>> messages[2];  // sent, then reduced, by rank
+  for (const uint8_t stale : {uint8_t(0), uint8_t(0xA5)}) {
+    SimulatedWorld sim(c, world, specs);
+    const std::vector<std::vector<uint8_t>> recv = sim.scatter(inputs_for(specs, world, 1), stale);
+    for (int r = 0; r < world; ++r) {
+      std::vector<uint8_t> out(sim.message_bytes(), stale);
+      ASSERT_EQ(sim.reduce(r, recv[size_t(r)], out.data()), GIFT_OK) << giftGetLastErrorMessage();
+      messages[stale != 0].push_back(recv[size_t(r)]);
+      messages[stale != 0].push_back(out);
+    }
+  }
+  for (size_t i = 0; i < messages[0].size(); ++i) {
+    EXPECT_TRUE(messages[0][i] == messages[1][i])
+        << (i % 2 ? "reduced message of rank " : "messages received by rank ") << i / 2;
   }
 }
 
