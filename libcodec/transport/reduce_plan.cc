@@ -28,6 +28,7 @@
 #include "numerics/convert.h"
 #include "numerics/fp_env.h"
 #include "numerics/shapes.h"
+#include "numerics/simd.h"
 #include "transport/config.h"
 #include "transport/dump.h"
 #include "transport/message.h"
@@ -92,8 +93,8 @@ uint64_t tensor_elements(const giftReducePlan& p, size_t i) {
 constexpr uint64_t kChunk = 16384;
 static_assert(kChunk % GIFT_BLOCK_MAX == 0, "a chunk holds whole blocks");
 
-// kChunk floats for each of the plan's threads, for one step's chunked passes: allocated as
-// the step starts, before it changes anything (plans hold no memory for it).
+// Two spans of kChunk floats for each of the plan's threads, for one step's chunked passes:
+// allocated as the step starts, before it changes anything (plans hold no memory for it).
 struct ChunkScratch {
   int threads = 1;
   std::unique_ptr<float[]> floats;
@@ -101,12 +102,13 @@ struct ChunkScratch {
 
 giftResult_t make_scratch(const giftReducePlan& p, ChunkScratch* s) {
   s->threads = std::max(1, gift::thread_count(&p.ctx));
-  s->floats.reset(new (std::nothrow) float[uint64_t(s->threads) * kChunk]);
+  s->floats.reset(new (std::nothrow) float[uint64_t(s->threads) * 2 * kChunk]);
   return s->floats ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for a step's scratch");
 }
 
-// f(begin, count, scratch) for the chunks of [0, n), on the plan's threads, with kChunk
-// floats of scratch each. Every element's arithmetic is the same wherever the chunks fall.
+// f(begin, count, a, b) for the chunks of [0, n), on the plan's threads, with two spans of
+// kChunk floats of scratch each (a, b). Every element's arithmetic is the same wherever the chunks
+// fall.
 template <typename F>
 void for_each_chunk(const ChunkScratch& s, uint64_t n, F&& f) {
   const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
@@ -115,7 +117,8 @@ void for_each_chunk(const ChunkScratch& s, uint64_t n, F&& f) {
   for (int64_t c = 0; c < chunks; ++c) {
     const gift::num::FpEnvGuard fp_env;
     const uint64_t b = uint64_t(c) * kChunk;
-    f(b, std::min(kChunk, n - b), s.floats.get() + uint64_t(omp_get_thread_num()) * kChunk);
+    float* scratch = s.floats.get() + uint64_t(omp_get_thread_num()) * 2 * kChunk;
+    f(b, std::min(kChunk, n - b), scratch, scratch + kChunk);
   }
 }
 
@@ -193,11 +196,14 @@ void zero_unwritten(const gift::transport::Layout& l, const giftQuantParams& par
   memset(msg + l.extra_at + extra_bytes, 0, l.message_bytes - l.extra_at - extra_bytes);
 }
 
-// Encodes values[0, count) into `msg` chunk by chunk. Each chunk is first written by
-// fill(begin, n, scratch) (the step's own passes over it, while it is in cache; kChunk floats
-// of scratch) and, with `feedback`, replaced after its encode by values - decoded: what the
-// next call adds back so that rounding errors do not accumulate. Kept NaN or Inf
-// (GIFT_NONFINITE_KEEP) mark the message.
+// Encodes `count` values into `msg` chunk by chunk. fill(begin, n, x, spare) gives each
+// chunk's values, formed by the step's own passes while they are in cache: in x (kChunk
+// floats of scratch; spare is kChunk more for its own use), or already in place at
+// values + begin; it returns where they are. With `feedback`, the chunk's residual (its values
+// minus their decode: what the next call adds back so that rounding errors do not accumulate)
+// then goes to values + begin: in place, or from scratch through non-temporal stores, since
+// only the next call reads it (plain stores would first read every line of the work buffer
+// from memory). Kept NaN or Inf (GIFT_NONFINITE_KEEP) mark the message.
 template <typename Fill>
 giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint32_t step,
                             int shard, float* values, uint64_t count, bool feedback, uint8_t* msg,
@@ -217,12 +223,12 @@ giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint
   const giftQuantParams q = encode_params(p, step, p.rank, shard);
   std::vector<giftEncodeStats>& seen = p.chunk_stats;  // one per chunk of the shard
   std::atomic<bool> out_of_memory{false};
-  for_each_chunk(scratch, count, [&](uint64_t b, uint64_t n, float* decoded) {
-    fill(b, n, decoded);
+  for_each_chunk(scratch, count, [&](uint64_t b, uint64_t n, float* x, float* spare) {
+    const float* in = fill(b, n, x, spare);
     try {
       // The chunk's codes are those of an encode of the whole shard: its stochastic rounding
       // counts elements from b.
-      (void)gift::encode_tensor(&kOneThread, q, values + b, GIFT_DTYPE_F32, 1, n,
+      (void)gift::encode_tensor(&kOneThread, q, in, GIFT_DTYPE_F32, 1, n,
                                 msg + p.layout.codes_at + b, msg + scales_of(p, b),
                                 &seen[b / kChunk], gift::BandOrigin{b, -1.0f});
     } catch (const std::bad_alloc&) {
@@ -230,8 +236,11 @@ giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint
       return;
     }
     if (!feedback) return;
-    decode_range(p, msg, b, n, decoded);
-    for (uint64_t i = 0; i < n; ++i) values[b + i] = values[b + i] - decoded[i];
+    float* residual = values + b;
+    decode_range(p, msg, b, n, spare);
+    const bool stream = in != residual && reinterpret_cast<uintptr_t>(residual) % 16 == 0;
+    gift::simd::subtract(in, spare, residual, n, stream);
+    if (stream) gift::simd::stream_fence();
   });
   if (out_of_memory) return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while encoding");
   uint64_t nonfinite = 0, first = UINT64_MAX;
@@ -297,13 +306,16 @@ void for_each_piece(const giftReducePlan& p, uint64_t begin, uint64_t n, F&& f) 
   }
 }
 
-// Elements [begin, begin + n) of the bucket from the tensors, in fp32 at dst.
+// Elements [begin, begin + n) of the bucket from the tensors, in fp32 at dst; with `plus`,
+// plus[0, n) added in the same pass (one read of both from memory, where a copy and then a sum
+// took two).
 void gather_span(const giftReducePlan& p, const void* const* tensors, uint64_t begin, uint64_t n,
-                 float* dst) {
+                 float* dst, const float* plus = nullptr) {
   for_each_piece(p, begin, n, [&](size_t i, uint64_t from, uint64_t to, uint64_t count) {
     const giftDType_t t = p.bucket.dtypes[i];
-    gift::convert_elements(static_cast<const uint8_t*>(tensors[i]) + from * giftDTypeSize(t), t,
-                           dst + to, GIFT_DTYPE_F32, count);
+    const uint8_t* src = static_cast<const uint8_t*>(tensors[i]) + from * giftDTypeSize(t);
+    if (plus) return gift::simd::widen_add(src, t, plus + to, dst + to, count);
+    gift::convert_elements(src, t, dst + to, GIFT_DTYPE_F32, count);
   });
 }
 
@@ -459,31 +471,30 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // whitening, and mapped back to them after encoding, so a change of basis or coordinates
   // between calls does not strand it.
   const bool feedback = !p.residual.empty();
-  const auto gather = [&](uint64_t b, uint64_t n) {
-    float* x = p.flat.data() + b;
-    gather_span(p, tensors, b, n, x);
-    if (feedback) {
-      for (uint64_t i = 0; i < n; ++i) x[i] += p.residual[b + i];
-    }
+  const auto gather = [&](uint64_t b, uint64_t n, float* x) {
+    gather_span(p, tensors, b, n, x, feedback ? p.residual.data() + b : nullptr);
   };
   const bool measure_now = p.coords.measuring(p.config);
   const bool whitened = p.coords.any_in_gift();
   // A measurement or whitening needs the whole bucket first; otherwise each chunk is
   // gathered just before it is encoded.
   if (measure_now || whitened) {
-    for_each_chunk(scratch, p.bucket.offset.back(),
-                   [&](uint64_t b, uint64_t n, float*) { gather(b, n); });
+    for_each_chunk(scratch, p.bucket.offset.back(), [&](uint64_t b, uint64_t n, float*, float*) {
+      gather(b, n, p.flat.data() + b);
+    });
   }
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
   if (p.coords.has_basis) ++p.coords.calls_with_basis;
   apply_coords(p, p.flat.data(), false);
-  // This call's residuals replace the values they come from in the work buffer, in original
-  // coordinates, until step 5 commits them.
+  // This call's residuals go to the work buffer (over the values they come from, where the
+  // whole bucket is there), in original coordinates, until step 5 commits them.
   for (int r = 0; r < p.world; ++r) {
     const uint64_t begin = p.layout.shard_begin[r];
     const bool carry = measure_now && r == 0;
-    const auto fill = [&](uint64_t b, uint64_t n, float*) {
-      if (!measure_now && !whitened) gather(begin + b, n);
+    const auto fill = [&](uint64_t b, uint64_t n, float* x, float*) -> const float* {
+      if (measure_now || whitened) return p.flat.data() + begin + b;
+      gather(begin + b, n, x);
+      return x;
     };
     if (const giftResult_t rc = encode_message(
             p, scratch, kScatter, r, p.flat.data() + begin, p.shard_count(r), feedback,
@@ -524,14 +535,13 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
     d = p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);
     flags |= kCarriesDecision;
   }
-  // Each chunk of the sum is formed just before it is encoded: the pieces in rank order, in
-  // fp32, so every owner reduces the same way whatever the arrival order; then the average
-  // and the residual. The new residual replaces the sum it comes from, until step 5 commits
+  // Each chunk of the sum is formed in scratch just before it is encoded: the pieces in rank
+  // order, in fp32, so every owner reduces the same way whatever the arrival order; then the
+  // average and the residual. The new residual goes to the work buffer until step 5 commits
   // it.
   const bool average = p.config.op == GIFT_REDUCE_AVG, feedback = !p.shard_residual.empty();
   const float w = float(p.world);
-  const auto fill = [&](uint64_t b, uint64_t n, float* piece) {
-    float* sum = p.sum.data() + b;
+  const auto fill = [&](uint64_t b, uint64_t n, float* sum, float* piece) -> const float* {
     decode_range(p, recv, b, n, sum);
     for (int s = 1; s < p.world; ++s) {
       decode_range(p, recv + uint64_t(s) * p.layout.message_bytes, b, n, piece);
@@ -543,6 +553,7 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
     if (feedback) {
       for (uint64_t i = 0; i < n; ++i) sum[i] += p.shard_residual[b + i];
     }
+    return sum;
   };
   const giftResult_t rc = encode_message(p, scratch, kGather, p.rank, p.sum.data(), count, feedback,
                                          out_msg, fill, flags, d.data(), d.size());
@@ -578,7 +589,7 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   for (int s = 0; s < p.world; ++s) {
     const uint8_t* msg = gathered + uint64_t(s) * p.layout.message_bytes;
     const uint64_t at = p.layout.shard_begin[s];
-    for_each_chunk(scratch, p.shard_count(s), [&](uint64_t b, uint64_t n, float* values) {
+    for_each_chunk(scratch, p.shard_count(s), [&](uint64_t b, uint64_t n, float* values, float*) {
       if (whitened) return decode_range(p, msg, b, n, p.flat.data() + at + b);
       decode_range(p, msg, b, n, values);
       scatter_span(p, values, at + b, n, out_tensors);
@@ -586,7 +597,7 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   }
   if (whitened) {
     apply_coords(p, p.flat.data(), true);
-    for_each_chunk(scratch, p.bucket.offset.back(), [&](uint64_t b, uint64_t n, float*) {
+    for_each_chunk(scratch, p.bucket.offset.back(), [&](uint64_t b, uint64_t n, float*, float*) {
       scatter_span(p, p.flat.data() + b, b, n, out_tensors);
     });
   }

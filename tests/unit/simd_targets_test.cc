@@ -262,6 +262,56 @@ TEST_P(ForEachTarget, DequantizeEqualsScalarRule) {
       }
 }
 
+// The all-reduce's passes (a tensor widened plus the residual; values minus their decode):
+// IEEE fp32 sums and differences, each element alone, from sources at any alignment, stored
+// plainly or streamed, in place too. A NaN result only has to be a NaN (which operand's
+// payload an addition keeps is the instruction's choice).
+TEST_P(ForEachTarget, WidenAddAndSubtractEqualScalarArithmetic) {
+  std::mt19937 gen(5);
+  const size_t n = 1000 + 13;  // whole vectors of every width, and a tail
+  std::vector<float> a(n + 4), b(n + 4);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), 1e-40f, -3e38f, 3e38f};
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = i % 9 < 8 ? std::ldexp(float(gen()) / 4294967296.0f - 0.5f, int(gen() % 60) - 30)
+                     : specials[gen() % 8];
+    b[i] = i % 7 < 6 ? std::ldexp(float(gen()) / 4294967296.0f - 0.5f, int(gen() % 60) - 30)
+                     : specials[gen() % 8];
+  }
+  const auto same = [](float got, float want) {
+    return std::isnan(want) ? std::isnan(got) : num::bits_of(got) == num::bits_of(want);
+  };
+  for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
+    std::vector<uint16_t> half(n + 4);
+    for (size_t i = 0; i < half.size(); ++i) {
+      half[i] = dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(a[i]) : num::f16_from_float(a[i]);
+    }
+    for (size_t at = 0; at < 4; ++at) {  // sources at every element offset of a vector
+      const void* src = dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(a.data() + at)
+                                                : static_cast<const void*>(half.data() + at);
+      std::vector<float> out(n);
+      simd::widen_add(src, dtype, b.data() + at, out.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float x = dtype == GIFT_DTYPE_F32    ? a[at + i]
+                        : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[at + i])
+                                                   : num::f16_to_float(half[at + i]);
+        ASSERT_TRUE(same(out[i], x + b[at + i]))
+            << "dtype " << dtype << ", offset " << at << ", " << i;
+      }
+    }
+  }
+  for (const bool stream : {false, true}) {
+    std::vector<float> out(n), in_place(a.begin(), a.begin() + n);
+    simd::subtract(a.data(), b.data(), out.data(), n, stream);
+    simd::subtract(in_place.data(), b.data(), in_place.data(), n, stream);
+    simd::stream_fence();
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(same(out[i], a[i] - b[i])) << (stream ? "streamed " : "") << i;
+      ASSERT_TRUE(same(in_place[i], a[i] - b[i]))
+          << (stream ? "streamed, " : "") << "in place " << i;
+    }
+  }
+}
+
 TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
   std::vector<float> x(1000);
   float amax = 0;

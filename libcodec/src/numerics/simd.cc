@@ -697,11 +697,11 @@ HWY_INLINE void StreamAligned16(hn::Vec<D> v, D d, hn::TFromD<D>* p) {
 #endif
 }
 
-// A decoded vector stored at p: with stream, through non-temporal stores, which write a line
+// An output vector stored at p: with stream, through non-temporal stores, which write a line
 // without reading it first (a decode's output is four times its input, so that read is 4 of
 // the 9 bytes a cached decode to fp32 moves per element); p is then 16-byte aligned.
 template <class D>
-HWY_INLINE void StoreDecoded(hn::Vec<D> v, D d, hn::TFromD<D>* p, bool stream) {
+HWY_INLINE void StoreOutput(hn::Vec<D> v, D d, hn::TFromD<D>* p, bool stream) {
   if (stream) {
     StreamAligned16(v, d, p);
   } else {
@@ -796,16 +796,16 @@ HWY_INLINE void StoreAs(VF v, void* dst, size_t i, bool stream) {
   const D16 d16;
   uint16_t* half = static_cast<uint16_t*>(dst) + i;
   if constexpr (kOut == Output::kF32) {
-    StoreDecoded(v, d, static_cast<float*>(dst) + i, stream);
+    StoreOutput(v, d, static_cast<float*>(dst) + i, stream);
   } else if constexpr (kOut == Output::kBf16) {
-    StoreDecoded(Bf16RN(v), d16, half, stream);
+    StoreOutput(Bf16RN(v), d16, half, stream);
   } else if constexpr (kOut == Output::kBf16Native) {
-    StoreDecoded(Bf16Native(v), d16, half, stream);
+    StoreOutput(Bf16Native(v), d16, half, stream);
   } else {
     // fp16: the instruction set's own conversion rounds to nearest even, subnormals and
     // overflow to Inf included (no caller runs with denormals-are-zero, FpEnvGuard).
-    StoreDecoded(hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v)), d16, half,
-                 stream);
+    StoreOutput(hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v)), d16, half,
+                stream);
   }
 }
 
@@ -856,7 +856,7 @@ void DecodeScalar(const uint8_t* codes, size_t from, size_t to, float scale, voi
 // with a NaN or Inf code takes the scalar rule from the first vector with one to its end, and
 // the vectors go on from the next line (no line but that one leaves the vector loop); returns
 // where the whole vectors end. The scale is finite; with stream, dst is 16-byte aligned
-// (StoreDecoded), and lines keep it so.
+// (StoreOutput), and lines keep it so.
 template <Fp8 K, Output kOut>
 size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, bool stream) {
   const DF d;
@@ -891,7 +891,7 @@ size_t DecodeVectors(const uint8_t* codes, size_t n, float scale, void* dst, boo
   return i;
 }
 
-// stream: as StoreDecoded, where dst is 16-byte aligned (plain stores otherwise).
+// stream: as StoreOutput, where dst is 16-byte aligned (plain stores otherwise).
 template <Fp8 K>
 void DequantizeK(const uint8_t* codes, size_t n, float scale, void* dst, giftDType_t dtype,
                  bool stream) {
@@ -921,6 +921,38 @@ void Dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind,
   } else {
     DequantizeK<Fp8::kE5M2>(codes, n, scale, dst, dtype, stream);
   }
+}
+
+template <typename T>
+void WidenAddT(const T* src, const float* plus, float* out, size_t n) {
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::Add(Source<T>::load(d, src + i), hn::LoadU(d, plus + i)), d, out + i);
+  }
+  for (; i < n; ++i) out[i] = Source<T>::scalar(src + i) + plus[i];
+}
+
+void WidenAdd(const void* src, giftDType_t dtype, const float* plus, float* out, size_t n) {
+  switch (dtype) {
+    case GIFT_DTYPE_BF16:
+      return WidenAddT(static_cast<const uint16_t*>(src), plus, out, n);
+    case GIFT_DTYPE_F16:
+      return WidenAddT(static_cast<const hwy::float16_t*>(src), plus, out, n);
+    default:
+      return WidenAddT(static_cast<const float*>(src), plus, out, n);
+  }
+}
+
+void Subtract(const float* a, const float* b, float* out, size_t n, bool stream) {
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    StoreOutput(hn::Sub(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i, stream);
+  }
+  for (; i < n; ++i) out[i] = a[i] - b[i];
 }
 
 // Blocks are taken in batches: the amax of each block of the batch, then their scales, then
@@ -1165,6 +1197,8 @@ HWY_EXPORT(AddSquaresChunks);
 HWY_EXPORT(QuantizeRN);
 HWY_EXPORT(QuantizeRNBounded);
 HWY_EXPORT(Dequantize);
+HWY_EXPORT(Subtract);
+HWY_EXPORT(WidenAdd);
 HWY_EXPORT(EncodeBlocksRN);
 HWY_EXPORT(DecodeBlocks);
 HWY_EXPORT(TargetName);
@@ -1196,6 +1230,14 @@ void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float fac
 void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
                 giftDType_t dtype, bool stream) {
   HWY_DYNAMIC_DISPATCH(Dequantize)(codes, n, scale, kind, dst, dtype, stream);
+}
+
+void widen_add(const void* src, giftDType_t dtype, const float* plus, float* out, size_t n) {
+  HWY_DYNAMIC_DISPATCH(WidenAdd)(src, dtype, plus, out, n);
+}
+
+void subtract(const float* a, const float* b, float* out, size_t n, bool stream) {
+  HWY_DYNAMIC_DISPATCH(Subtract)(a, b, out, n, stream);
 }
 
 uint32_t encode_blocks_rn(const BlockRun& run) { return HWY_DYNAMIC_DISPATCH(EncodeBlocksRN)(run); }

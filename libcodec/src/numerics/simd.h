@@ -47,6 +47,15 @@ void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float fac
 void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,
                 giftDType_t dtype, bool stream = false);
 
+// out[i] = src[i] (of `dtype`, widened exactly) + plus[i] in fp32: a conversion and a sum in
+// one pass (out may be plus).
+void widen_add(const void* src, giftDType_t dtype, const float* plus, float* out, size_t n);
+
+// out[i] = a[i] - b[i] in fp32 (out may be a). With stream, through non-temporal stores, for
+// an output that is not read again soon: out is then 16-byte aligned, and other threads read
+// it only after this thread's stream_fence().
+void subtract(const float* a, const float* b, float* out, size_t n, bool stream);
+
 // A run of whole 1-D blocks, consecutive in memory as their scales are (within one row, or
 // across rows that are whole blocks; the last block may be short): the encoder's hot path,
 // done in one call so that nothing per block leaves vector code.
