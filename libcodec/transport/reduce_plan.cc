@@ -65,10 +65,11 @@ struct giftReducePlan {
 
   // A call's residuals wait in the work buffers until step 5 commits them by a swap (see
   // giftReduceDecodeResult): flat holds this call's encode residual from step 1, sum the
-  // reduced shard's from step 3, each while its flag is set.
-  std::vector<float> flat;            // the bucket in fp32 (input, then result)
+  // reduced shard's from step 3, each while its flag is set. Both are empty without error
+  // feedback, flat until a basis is set.
+  std::vector<float> flat;            // the bucket in fp32 where a basis needs it whole
   std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
-  std::vector<float> sum;             // this rank's shard: the sum being reduced
+  std::vector<float> sum;             // the reduced shard's new residual
   std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
   bool residual_pending = false;
   bool shard_residual_pending = false;
@@ -369,10 +370,13 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
     if (const giftResult_t rc =
             gift::transport::make_layout(p->params, p->config, total, n, world, &p->layout))
       return rc;
-    p->flat.resize(total);
-    p->sum.resize(p->layout.max_shard);
     p->chunk_stats.resize((p->layout.max_shard + kChunk - 1) / kChunk);
+    // The work buffers hold a call's residuals until they are committed, and the whole bucket
+    // where a basis needs it (giftReducePlanSetBasis): without either, chunks are formed in
+    // scratch and no buffer of the bucket's size is needed.
     if (p->config.error_feedback) {
+      p->flat.resize(total);
+      p->sum.resize(p->layout.max_shard);
       p->residual.assign(total, 0.0f);
       p->shard_residual.assign(p->layout.max_shard, 0.0f);
     }
@@ -390,6 +394,7 @@ giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
   try {
+    if (basis && p.flat.empty()) p.flat.resize(p.bucket.offset.back());
     std::vector<uint8_t> in_gift;
     p.coords.set_basis(p.bucket, p.config, basis, &in_gift);
     set_coords(p, in_gift);
