@@ -501,8 +501,9 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
       gather(begin + b, n, x);
       return x;
     };
+    float* work = p.flat.empty() ? nullptr : p.flat.data() + begin;  // empty: no use for it
     if (const giftResult_t rc = encode_message(
-            p, scratch, kScatter, r, p.flat.data() + begin, p.shard_count(r), feedback,
+            p, scratch, kScatter, r, work, p.shard_count(r), feedback,
             send + uint64_t(r) * p.layout.message_bytes, fill, carry ? kCarriesEstimates : 0,
             p.coords.estimates.data(), carry ? p.coords.estimates.size() * sizeof(float) : 0)) {
       return rc;

@@ -220,7 +220,10 @@ class ReferenceWorld {
     out.scattered.resize(size_t(world_));
     for (int s = 0; s < world_; ++s) {
       std::vector<float> v = x[size_t(s)];
-      for (uint64_t i = 0; i < total; ++i) v[i] += residual_[size_t(s)][i];
+      // Without error feedback nothing is added (not even zeros, which would turn -0 to +0).
+      if (c_.error_feedback) {
+        for (uint64_t i = 0; i < total; ++i) v[i] += residual_[size_t(s)][i];
+      }
       for (int r = 0; r < world_; ++r) {
         const uint64_t begin = l_.shard_begin[size_t(r)], n = l_.shard_count(r);
         std::vector<float> decoded(n);
@@ -240,7 +243,7 @@ class ReferenceWorld {
       std::vector<float>& sum = sums[size_t(r)];
       for (uint64_t i = 0; i < n; ++i) {
         if (c_.op == GIFT_REDUCE_AVG) sum[i] /= float(world_);
-        sum[i] += shard_residual_[size_t(r)][i];
+        if (c_.error_feedback) sum[i] += shard_residual_[size_t(r)][i];
       }
       out.reduced.push_back(
           encode(call, gift::transport::kGather, r, r, sum.data(), n, out.result.data() + begin));
@@ -301,8 +304,13 @@ TEST(LocalSteps, MessagesAreTheCodecsEncodeOfTheirShards) {
   wide.block = 4096;
   wide.nonfinite = GIFT_NONFINITE_KEEP;
   wide.threads = 1;
-  for (const giftAllReduceConfig& c : {stochastic, wide}) {
-    SCOPED_TRACE(c.rounding == GIFT_ROUND_STOCHASTIC ? "stochastic" : "e5m2, e8m0, 4096, NaN");
+  giftAllReduceConfig plain = GIFT_ALLREDUCE_CONFIG_INITIALIZER;  // no buffer of the bucket's size
+  plain.error_feedback = 0;
+  plain.threads = 2;
+  for (const giftAllReduceConfig& c : {stochastic, wide, plain}) {
+    SCOPED_TRACE(!c.error_feedback                     ? "no error feedback"
+                 : c.rounding == GIFT_ROUND_STOCHASTIC ? "stochastic"
+                                                       : "e5m2, e8m0, 4096, NaN");
     SimulatedWorld sim(c, world, specs);
     ReferenceWorld ref(c, world, total);
     const gift::transport::Layout& l = ref.layout();
