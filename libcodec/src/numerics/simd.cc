@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "numerics/simd.cc"
@@ -129,6 +130,20 @@ struct Source<hwy::float16_t> : Consecutive<hwy::float16_t> {
     return num::f16_to_float(h);
   }
 };
+
+// f(src as const T*), for T the element type Source reads for `dtype`: one switch for every
+// entry point that takes a tensor of any input type.
+template <typename F>
+HWY_INLINE auto WithSource(const void* src, giftDType_t dtype, F&& f) {
+  switch (dtype) {
+    case GIFT_DTYPE_BF16:
+      return f(static_cast<const uint16_t*>(src));
+    case GIFT_DTYPE_F16:
+      return f(static_cast<const hwy::float16_t*>(src));
+    default:
+      return f(static_cast<const float*>(src));
+  }
+}
 
 template <typename T>
 HWY_INLINE uint32_t AbsMaxBitsT(const T* src, size_t n) {
@@ -278,14 +293,8 @@ HWY_INLINE uint32_t AbsMaxAddSquaresT(const T* src, size_t n, size_t phase, doub
 
 uint32_t AbsMaxAddSquares(const void* src, giftDType_t dtype, size_t n, size_t phase,
                           double* lanes) {
-  switch (dtype) {
-    case GIFT_DTYPE_BF16:
-      return AbsMaxAddSquaresT(static_cast<const uint16_t*>(src), n, phase, lanes);
-    case GIFT_DTYPE_F16:
-      return AbsMaxAddSquaresT(static_cast<const hwy::float16_t*>(src), n, phase, lanes);
-    default:
-      return AbsMaxAddSquaresT(static_cast<const float*>(src), n, phase, lanes);
-  }
+  return WithSource(src, dtype,
+                    [&](const auto* s) { return AbsMaxAddSquaresT(s, n, phase, lanes); });
 }
 
 // Spans summed side by side in AddSquaresChunksT: each lane's additions are a chain of
@@ -323,24 +332,13 @@ void AddSquaresChunksT(const T* src, size_t chunk, size_t chunks, double (*lanes
   }
 }
 
-template <typename T>
-void AddSquaresChunksOf(const void* src, size_t chunk, size_t chunks, double (*lanes)[8],
-                        uint32_t* amax_bits) {
-  const T* s = static_cast<const T*>(src);
-  amax_bits ? AddSquaresChunksT<T, true>(s, chunk, chunks, lanes, amax_bits)
-            : AddSquaresChunksT<T, false>(s, chunk, chunks, lanes, nullptr);
-}
-
 void AddSquaresChunks(const void* src, giftDType_t dtype, size_t chunk, size_t chunks,
                       double (*lanes)[8], uint32_t* amax_bits) {
-  switch (dtype) {
-    case GIFT_DTYPE_BF16:
-      return AddSquaresChunksOf<uint16_t>(src, chunk, chunks, lanes, amax_bits);
-    case GIFT_DTYPE_F16:
-      return AddSquaresChunksOf<hwy::float16_t>(src, chunk, chunks, lanes, amax_bits);
-    default:
-      return AddSquaresChunksOf<float>(src, chunk, chunks, lanes, amax_bits);
-  }
+  WithSource(src, dtype, [&](const auto* s) {
+    amax_bits
+        ? AddSquaresChunksT<std::decay_t<decltype(*s)>, true>(s, chunk, chunks, lanes, amax_bits)
+        : AddSquaresChunksT<std::decay_t<decltype(*s)>, false>(s, chunk, chunks, lanes, nullptr);
+  });
 }
 
 // The vector form of num::fp8_from_float_rn, for any input.
@@ -612,9 +610,8 @@ HWY_INLINE uint32_t QuantizeT(const T* src, size_t n, float factor, uint8_t* cod
 }
 
 template <bool kBounded, typename T>
-void QuantizeOf(const void* src, size_t n, float factor, bool divide, giftFp8Kind_t kind,
+void QuantizeOf(const T* s, size_t n, float factor, bool divide, giftFp8Kind_t kind,
                 uint8_t* codes) {
-  const T* s = static_cast<const T*>(src);
   if (kind == GIFT_FP8_E4M3) {
     divide ? QuantizeT<T, Fp8::kE4M3, Scaling::kDivide, kBounded>(s, n, factor, codes)
            : QuantizeT<T, Fp8::kE4M3, Scaling::kMultiply, kBounded>(s, n, factor, codes);
@@ -627,25 +624,12 @@ void QuantizeOf(const void* src, size_t n, float factor, bool divide, giftFp8Kin
 template <bool kBounded>
 void QuantizeDispatch(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
                       giftFp8Kind_t kind, uint8_t* codes) {
-  switch (dtype) {
-    case GIFT_DTYPE_BF16:
-      return QuantizeOf<kBounded, uint16_t>(src, n, factor, divide, kind, codes);
-    case GIFT_DTYPE_F16:
-      return QuantizeOf<kBounded, hwy::float16_t>(src, n, factor, divide, kind, codes);
-    default:
-      return QuantizeOf<kBounded, float>(src, n, factor, divide, kind, codes);
-  }
+  WithSource(src, dtype,
+             [&](const auto* s) { QuantizeOf<kBounded>(s, n, factor, divide, kind, codes); });
 }
 
 uint32_t AbsMaxBits(const void* src, giftDType_t dtype, size_t n) {
-  switch (dtype) {
-    case GIFT_DTYPE_BF16:
-      return AbsMaxBitsT(static_cast<const uint16_t*>(src), n);
-    case GIFT_DTYPE_F16:
-      return AbsMaxBitsT(static_cast<const hwy::float16_t*>(src), n);
-    default:
-      return AbsMaxBitsT(static_cast<const float*>(src), n);
-  }
+  return WithSource(src, dtype, [&](const auto* s) { return AbsMaxBitsT(s, n); });
 }
 
 void QuantizeRN(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
@@ -935,14 +919,7 @@ void WidenAddT(const T* src, const float* plus, float* out, size_t n) {
 }
 
 void WidenAdd(const void* src, giftDType_t dtype, const float* plus, float* out, size_t n) {
-  switch (dtype) {
-    case GIFT_DTYPE_BF16:
-      return WidenAddT(static_cast<const uint16_t*>(src), plus, out, n);
-    case GIFT_DTYPE_F16:
-      return WidenAddT(static_cast<const hwy::float16_t*>(src), plus, out, n);
-    default:
-      return WidenAddT(static_cast<const float*>(src), plus, out, n);
-  }
+  WithSource(src, dtype, [&](const auto* s) { WidenAddT(s, plus, out, n); });
 }
 
 void Subtract(const float* a, const float* b, float* out, size_t n, bool stream) {
@@ -1119,14 +1096,8 @@ uint32_t EncodeBlocksD(const BlockRun& run) {
 }
 
 uint32_t EncodeBlocksRN(const BlockRun& run) {
-  switch (run.dtype) {
-    case GIFT_DTYPE_BF16:
-      return EncodeBlocksD<uint16_t>(run);
-    case GIFT_DTYPE_F16:
-      return EncodeBlocksD<hwy::float16_t>(run);
-    default:
-      return EncodeBlocksD<float>(run);
-  }
+  return WithSource(run.src, run.dtype,
+                    [&](const auto* s) { return EncodeBlocksD<std::decay_t<decltype(*s)>>(run); });
 }
 
 // Each block's clean lines (DecodeCleanLines) decoded in one loop for the run (a call per
