@@ -21,6 +21,7 @@
 #include "api/handles.h"
 #include "common/ctx.h"
 #include "common/error.h"
+#include "common/line_aligned.h"
 #include "common/xxh3.h"
 #include "coords/whitener.h"
 #include "gift/gift_transport.h"
@@ -63,14 +64,15 @@ struct giftReducePlan {
 
   gift::transport::PlanCoords coords;  // GIFT coordinates (transport/plan_coords.h)
 
-  // A call's residuals wait in the work buffers until step 5 commits them by a swap (see
-  // giftReduceDecodeResult): flat holds this call's encode residual from step 1, sum the
-  // reduced shard's from step 3, each while its flag is set. Both are empty without error
-  // feedback, flat until a basis is set.
-  std::vector<float> flat;            // the bucket in fp32 where a basis needs it whole
-  std::vector<float> residual;        // error feedback of this rank's encode, over the bucket
-  std::vector<float> sum;             // the reduced shard's new residual
-  std::vector<float> shard_residual;  // error feedback of the reduced shard's encode
+  // The work buffers. flat: the whole bucket in fp32 where a basis needs it (whitening, AUTO's
+  // measurement), and with error feedback this call's encode residual from step 1; sum: the
+  // reduced shard's new residual from step 3. Each residual waits there, while its flag is
+  // set, until step 5 commits it by a swap (giftReduceDecodeResult). Without error feedback
+  // sum is empty, and so is flat until a basis is set.
+  gift::LineAlignedVector<float> flat;
+  gift::LineAlignedVector<float> residual;        // this rank's encode's error feedback
+  gift::LineAlignedVector<float> sum;             // the reduced shard's new residual
+  gift::LineAlignedVector<float> shard_residual;  // the reduced shard's encode's feedback
   bool residual_pending = false;
   bool shard_residual_pending = false;
   std::vector<giftEncodeStats> chunk_stats;  // of a message's encode, chunk by chunk
