@@ -192,8 +192,8 @@ size_t tensor_of(const giftReducePlan& p, uint64_t index) {
 // every line and a read of it back as the encode wrote it again).
 void zero_unwritten(const gift::transport::Layout& l, const giftQuantParams& params, uint64_t count,
                     uint64_t extra_bytes, uint8_t* msg) {
-  uint64_t scale_bytes = 0;
-  (void)giftScaleBytes(&params, 1, count, &scale_bytes);  // valid: at most the layout's
+  const uint64_t scale_bytes =
+      (count + params.block - 1) / params.block * gift::scale_size(params.scale_dtype);
   memset(msg + l.scales_at + scale_bytes, 0, l.codes_at - l.scales_at - scale_bytes);
   memset(msg + l.codes_at + count, 0, l.extra_at - l.codes_at - count);
   memset(msg + l.extra_at + extra_bytes, 0, l.message_bytes - l.extra_at - extra_bytes);
@@ -287,6 +287,18 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
                 " (it says step %" PRIu32 ", sender %" PRIu32 ", shard %" PRIu32 ", call %" PRIu64
                 ", %" PRIu64 " elements)",
                 sender, step_name(step), shard, p.call, h.step, h.sender, h.shard, h.call, h.count);
+  }
+  // Estimates go to rank 0 in step 1 and its decision comes back in step 3, in the space that
+  // AUTO plans keep for them in every message: a flag anywhere else would have them read or
+  // written past what the message holds.
+  const bool auto_coords = p.config.coords == GIFT_COORDS_MODE_AUTO;
+  if (((h.flags & kCarriesEstimates) && !(auto_coords && step == kScatter && shard == 0)) ||
+      ((h.flags & kCarriesDecision) && !(auto_coords && step == kGather && sender == 0))) {
+    return fail(GIFT_ERROR_CORRUPT_INPUT,
+                "the message from rank %d in %s carries %s this plan has no room for (do the "
+                "ranks' configs differ in their coordinates?)",
+                sender, step_name(step),
+                h.flags & kCarriesEstimates ? "error estimates" : "a choice of coordinates");
   }
   return p.coords.check_header(h, sender, step);
 }
@@ -396,13 +408,19 @@ giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
   try {
-    if (basis && p.flat.empty()) p.flat.resize(p.bucket.offset.back());
+    // Whitening and AUTO's measurement need the whole bucket: flat, which error feedback
+    // keeps anyway.
+    const bool whole =
+        (basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN) || !p.residual.empty();
+    if (whole && p.flat.empty()) p.flat.resize(p.bucket.offset.back());
     std::vector<uint8_t> in_gift;
     p.coords.set_basis(p.bucket, p.config, basis, &in_gift);
     set_coords(p, in_gift);
+    if (!whole) gift::LineAlignedVector<float>().swap(p.flat);
     return GIFT_OK;
   } catch (const std::bad_alloc&) {
-    return fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for the plan's copy of the basis");
+    return fail(GIFT_ERROR_OUT_OF_MEMORY,
+                "no memory for the plan's copy of the basis or its work buffer");
   }
 }
 
@@ -538,6 +556,17 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   // Rank 0 receives every rank's estimates on a measuring call and sends back the decision.
   MessageHeader first;
   memcpy(&first, recv, sizeof first);
+  for (int s = 1; s < p.world; ++s) {
+    MessageHeader h;
+    memcpy(&h, recv + uint64_t(s) * p.layout.message_bytes, sizeof h);
+    if ((h.flags ^ first.flags) & kCarriesEstimates) {
+      return fail(GIFT_ERROR_CORRUPT_INPUT,
+                  "rank %d's message in %s %s error estimates and rank 0's %s: the ranks "
+                  "disagree on whether this call measures",
+                  s, step_name(kScatter), h.flags & kCarriesEstimates ? "carries" : "has no",
+                  first.flags & kCarriesEstimates ? "does" : "does not");
+    }
+  }
   std::vector<uint8_t> d;
   if (first.flags & kCarriesEstimates) {
     d = p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);

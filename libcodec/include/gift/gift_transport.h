@@ -86,8 +86,9 @@ typedef struct {
 
 /* ---- Local steps ---------------------------------------------------------------------- */
 
-/* The state of one bucket shape on one rank: layout, work buffers (allocated once), the
- * error-feedback residuals and the call counter. Not thread-safe; one per bucket. */
+/* The state of one bucket shape on one rank: layout, work buffers (allocated at creation, or
+ * for GIFT coordinates when a basis is set), the error-feedback residuals and the call
+ * counter. Not thread-safe; one per bucket. */
 typedef struct giftReducePlan giftReducePlan;
 
 GIFT_API giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, int rank,
