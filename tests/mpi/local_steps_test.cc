@@ -369,28 +369,55 @@ TEST(LocalSteps, MessagesAreTheCodecsEncodeOfTheirShards) {
   }
 }
 
-// Every byte of a message is the step's own: buffers that held other bytes before give the
-// same messages as zeroed ones, shorter shards included (padding after their scales and
-// codes), and the space for estimates that a call does not carry.
-TEST(LocalSteps, MessagesHoldNoStaleBytes) {
-  const std::vector<TensorSpec> specs = {{"a", GIFT_DTYPE_F32, {5, 1000}}};  // shards unequal
-  const int world = 3;
-  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
-  ASSERT_EQ(c.coords, GIFT_COORDS_MODE_AUTO);     // messages have room for estimates
-  std::vector<std::vector<uint8_t>> messages[2];  // sent, then reduced, by rank
-  for (const uint8_t stale : {uint8_t(0), uint8_t(0xA5)}) {
-    SimulatedWorld sim(c, world, specs);
-    const std::vector<std::vector<uint8_t>> recv = sim.scatter(inputs_for(specs, world, 1), stale);
-    for (int r = 0; r < world; ++r) {
-      std::vector<uint8_t> out(sim.message_bytes(), stale);
-      ASSERT_EQ(sim.reduce(r, recv[size_t(r)], out.data()), GIFT_OK) << giftGetLastErrorMessage();
-      messages[stale != 0].push_back(recv[size_t(r)]);
-      messages[stale != 0].push_back(out);
-    }
+// Every rank's received messages and reduced message of one call, the send and reduced
+// buffers holding `stale` bytes before the steps.
+std::vector<std::vector<uint8_t>> call_messages(const giftAllReduceConfig& c, int world,
+                                                const std::vector<TensorSpec>& specs,
+                                                const giftBasis* basis, uint8_t stale) {
+  SimulatedWorld sim(c, world, specs);
+  if (basis) sim.set_basis(basis);
+  const std::vector<std::vector<uint8_t>> recv = sim.scatter(inputs_for(specs, world, 1), stale);
+  std::vector<std::vector<uint8_t>> messages;
+  for (int r = 0; r < world; ++r) {
+    std::vector<uint8_t> out(sim.message_bytes(), stale);
+    EXPECT_EQ(sim.reduce(r, recv[size_t(r)], out.data()), GIFT_OK) << giftGetLastErrorMessage();
+    messages.push_back(recv[size_t(r)]);
+    messages.push_back(out);
   }
-  for (size_t i = 0; i < messages[0].size(); ++i) {
-    EXPECT_TRUE(messages[0][i] == messages[1][i])
-        << (i % 2 ? "reduced message of rank " : "messages received by rank ") << i / 2;
+  return messages;
+}
+
+// Every byte of a message is the step's own: buffers that held other bytes before give the
+// same messages as zeroed ones, shorter and empty shards included (padding after their
+// scales and codes, fp32 or E8M0), and the space for estimates and the decision of AUTO's
+// measuring call, carried or not.
+TEST(LocalSteps, MessagesHoldNoStaleBytes) {
+  giftAllReduceConfig unequal = GIFT_ALLREDUCE_CONFIG_INITIALIZER;  // shards of 13, 13, 14 blocks
+  ASSERT_EQ(unequal.coords, GIFT_COORDS_MODE_AUTO);  // room for estimates, none carried
+  giftAllReduceConfig empty = unequal;               // 2 blocks for 3 ranks
+  empty.scale_dtype = GIFT_SCALE_DTYPE_E8M0;
+  empty.block = 4096;
+  const gift::test::BasisPtr basis = gift::test::fit_basis(16);
+  struct Case {
+    const char* name;
+    giftAllReduceConfig config;
+    std::vector<TensorSpec> specs;
+    const giftBasis* basis;
+  };
+  const std::vector<Case> cases = {
+      {"unequal shards", unequal, {{"a", GIFT_DTYPE_F32, {5, 1000}}}, nullptr},
+      {"an empty shard, e8m0", empty, {{"a", GIFT_DTYPE_F32, {5, 1000}}}, nullptr},
+      {"measuring call", unequal, gift::test::kCoordsBucket, basis.get()}};
+  const int world = 3;
+  for (const Case& k : cases) {
+    const auto zeroed = call_messages(k.config, world, k.specs, k.basis, 0);
+    const auto stale = call_messages(k.config, world, k.specs, k.basis, 0xA5);
+    ASSERT_EQ(zeroed.size(), stale.size());
+    for (size_t i = 0; i < zeroed.size(); ++i) {
+      EXPECT_TRUE(zeroed[i] == stale[i])
+          << k.name << ": " << (i % 2 ? "reduced message of rank " : "messages received by rank ")
+          << i / 2;
+    }
   }
 }
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <random>
 #include <string>
 #include <utility>
@@ -299,17 +301,31 @@ TEST_P(ForEachTarget, WidenAddAndSubtractEqualScalarArithmetic) {
       }
     }
   }
-  for (const bool stream : {false, true}) {
-    std::vector<float> out(n), in_place(a.begin(), a.begin() + n);
-    simd::subtract(a.data(), b.data(), out.data(), n, stream);
-    simd::subtract(in_place.data(), b.data(), in_place.data(), n, stream);
-    simd::stream_fence();
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(same(out[i], a[i] - b[i])) << (stream ? "streamed " : "") << i;
-      ASSERT_TRUE(same(in_place[i], a[i] - b[i]))
-          << (stream ? "streamed, " : "") << "in place " << i;
-    }
+  {
+    std::vector<float> sum(b.begin(), b.begin() + n);  // out may be plus
+    simd::widen_add(a.data(), GIFT_DTYPE_F32, sum.data(), sum.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_TRUE(same(sum[i], a[i] + b[i])) << "in place " << i;
   }
+  // Outputs at every 16-byte offset of a cache line: streamed vectors wider than 16 bytes are
+  // stored whole where aligned to their width and in halves down to 16 bytes elsewhere.
+  struct Free {
+    void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
+  };
+  const std::unique_ptr<float, Free> line(
+      static_cast<float*>(::operator new((n + 16) * sizeof(float), std::align_val_t(64))));
+  for (const bool stream : {false, true})
+    for (size_t at = 0; at < 16; at += 4) {
+      float* out = line.get() + at;
+      std::vector<float> in_place(a.begin(), a.begin() + n);
+      simd::subtract(a.data(), b.data(), out, n, stream);
+      simd::subtract(in_place.data(), b.data(), in_place.data(), n, false);
+      simd::stream_fence();
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(same(out[i], a[i] - b[i]))
+            << (stream ? "streamed, " : "") << "offset " << at << ", " << i;
+        ASSERT_TRUE(same(in_place[i], a[i] - b[i])) << "in place " << i;
+      }
+    }
 }
 
 TEST_P(ForEachTarget, AbsMaxSeesNanAndInfAsLargest) {
