@@ -204,9 +204,10 @@ void zero_unwritten(const gift::transport::Layout& l, const giftQuantParams& par
 // floats of scratch; spare is kChunk more for its own use), or already in place at
 // values + begin; it returns where they are. With `feedback`, the chunk's residual (its values
 // minus their decode: what the next call adds back so that rounding errors do not accumulate)
-// then goes to values + begin: in place, or from scratch through non-temporal stores, since
-// only the next call reads it (plain stores would first read every line of the work buffer
-// from memory). Kept NaN or Inf (GIFT_NONFINITE_KEEP) mark the message.
+// then goes to values + begin: in place, or from scratch through non-temporal stores (where
+// values is 16-byte aligned, as the plan's buffers are), since only the next call reads it
+// (plain stores would first read every line of the work buffer from memory). Kept NaN or Inf
+// (GIFT_NONFINITE_KEEP) mark the message.
 template <typename Fill>
 giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint32_t step,
                             int shard, float* values, uint64_t count, bool feedback, uint8_t* msg,
