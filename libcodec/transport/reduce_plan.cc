@@ -68,7 +68,7 @@ struct giftReducePlan {
   // measurement), and with error feedback this call's encode residual from step 1; sum: the
   // reduced shard's new residual from step 3. Each residual waits there, while its flag is
   // set, until step 5 commits it by a swap (giftReduceDecodeResult). Without error feedback
-  // sum is empty, and so is flat until a basis is set.
+  // sum is empty, and so is flat unless a basis is set in GIFT or AUTO mode.
   gift::LineAlignedVector<float> flat;
   gift::LineAlignedVector<float> residual;        // this rank's encode's error feedback
   gift::LineAlignedVector<float> sum;             // the reduced shard's new residual
@@ -293,13 +293,16 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
   // AUTO plans keep for them in every message: a flag anywhere else would have them read or
   // written past what the message holds.
   const bool auto_coords = p.config.coords == GIFT_COORDS_MODE_AUTO;
-  if (((h.flags & kCarriesEstimates) && !(auto_coords && step == kScatter && shard == 0)) ||
-      ((h.flags & kCarriesDecision) && !(auto_coords && step == kGather && sender == 0))) {
+  const bool bad_estimates =
+      (h.flags & kCarriesEstimates) && !(auto_coords && step == kScatter && shard == 0);
+  const bool bad_decision =
+      (h.flags & kCarriesDecision) && !(auto_coords && step == kGather && sender == 0);
+  if (bad_estimates || bad_decision) {
     return fail(GIFT_ERROR_CORRUPT_INPUT,
                 "the message from rank %d in %s carries %s this plan has no room for (do the "
                 "ranks' configs differ in their coordinates?)",
                 sender, step_name(step),
-                h.flags & kCarriesEstimates ? "error estimates" : "a choice of coordinates");
+                bad_estimates ? "error estimates" : "a choice of coordinates");
   }
   return p.coords.check_header(h, sender, step);
 }
@@ -485,9 +488,11 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   const gift::num::FpEnvGuard fp_env;  // residuals, sums and means in IEEE arithmetic
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
-  // Every call advances the counter, failed ones too, so that ranks stay on the same call
-  // number after an error on one of them.
+  // Every call advances the counters, failed ones too, so that ranks stay on the same call
+  // number, and agree on which calls measure, after an error on one of them.
   ++p.call;
+  const bool measure_now = p.coords.measuring(p.config);
+  if (p.coords.has_basis) ++p.coords.calls_with_basis;
   p.residual_pending = p.shard_residual_pending = false;
   if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, tensors)) return rc;
   if (const giftResult_t rc = check_messages(p, send, "send")) return rc;
@@ -500,7 +505,6 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   const auto gather = [&](uint64_t b, uint64_t n, float* x) {
     gather_span(p, tensors, b, n, x, feedback ? p.residual.data() + b : nullptr);
   };
-  const bool measure_now = p.coords.measuring(p.config);
   const bool whitened = p.coords.any_in_gift();
   // A measurement or whitening needs the whole bucket first; otherwise each chunk is
   // gathered just before it is encoded.
@@ -510,7 +514,6 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
     });
   }
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
-  if (p.coords.has_basis) ++p.coords.calls_with_basis;
   apply_coords(p, p.flat.data(), false);
   // This call's residuals go to the work buffer (over the values they come from, where the
   // whole bucket is there), in original coordinates, until step 5 commits them.
@@ -645,8 +648,13 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
   memcpy(&zero, gathered, sizeof zero);
   if (zero.flags & kCarriesDecision) {
     if (finite) {
-      set_coords(p, std::vector<uint8_t>(gathered + p.layout.extra_at,
-                                         gathered + p.layout.extra_at + p.coords.in_gift.size()));
+      // GIFT only where this plan has a whitener: a corrupt byte (without integrity) must not
+      // send a tensor without one to be whitened.
+      std::vector<uint8_t> choice(gathered + p.layout.extra_at,
+                                  gathered + p.layout.extra_at + p.coords.in_gift.size());
+      for (size_t i = 0; i < choice.size(); ++i)
+        choice[i] = choice[i] && p.coords.whitener[i] ? 1 : 0;
+      set_coords(p, choice);
     } else {
       --p.coords.calls_with_basis;
     }

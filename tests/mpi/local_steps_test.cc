@@ -774,23 +774,28 @@ TEST(LocalStepsCoords, NonFiniteMeasuringCallIsMeasuredAgain) {
 
 // A rank whose config measures (AUTO) sends estimates where a rank of another coordinates
 // mode keeps no room for them: refused by name, never read or answered past the message.
+// (A EUCLIDEAN plan in the same basis passes every other check of the header: both sides are
+// in Euclidean coordinates until the measurement decides.)
 TEST(LocalStepsCoords, EstimatesForAPlanOfAnotherModeAreRefused) {
   const BasisPtr basis = fit_basis(16);
   giftAllReduceConfig measuring = coords_config(GIFT_COORDS_MODE_AUTO);
   measuring.integrity = 0;  // the layouts differ; what is checked is the header's claim
-  giftAllReduceConfig other = measuring;
-  other.coords = GIFT_COORDS_MODE_GIFT;
-  SimulatedWorld sender(measuring, 1, kCoordsBucket), receiver(other, 1, kCoordsBucket);
-  sender.set_basis(basis.get());
-  receiver.set_basis(basis.get());
-  ASSERT_GT(sender.message_bytes(), receiver.message_bytes());  // the room for estimates
-  const std::vector<std::vector<uint8_t>> recv = sender.scatter({coords_input(0)});
-  const std::vector<uint8_t> in(recv[0].begin(), recv[0].begin() + receiver.message_bytes());
-  receiver.scatter({coords_input(0)});  // the receiver's call counter reaches the sender's
-  std::vector<uint8_t> out(receiver.message_bytes());
-  EXPECT_EQ(giftReduceSumShard(receiver.plan(0), in.data(), out.data()), GIFT_ERROR_CORRUPT_INPUT);
-  const std::string m = giftGetLastErrorMessage();
-  EXPECT_NE(m.find("error estimates"), std::string::npos) << m;
+  for (const giftCoordsMode_t mode : {GIFT_COORDS_MODE_EUCLIDEAN, GIFT_COORDS_MODE_GIFT}) {
+    giftAllReduceConfig other = measuring;
+    other.coords = mode;
+    SimulatedWorld sender(measuring, 1, kCoordsBucket), receiver(other, 1, kCoordsBucket);
+    sender.set_basis(basis.get());
+    receiver.set_basis(basis.get());
+    ASSERT_GT(sender.message_bytes(), receiver.message_bytes());  // the room for estimates
+    const std::vector<std::vector<uint8_t>> recv = sender.scatter({coords_input(0)});
+    const std::vector<uint8_t> in(recv[0].begin(), recv[0].begin() + receiver.message_bytes());
+    receiver.scatter({coords_input(0)});  // the receiver's call counter reaches the sender's
+    std::vector<uint8_t> out(receiver.message_bytes());
+    EXPECT_EQ(giftReduceSumShard(receiver.plan(0), in.data(), out.data()), GIFT_ERROR_CORRUPT_INPUT)
+        << "mode " << mode;
+    const std::string m = giftGetLastErrorMessage();
+    EXPECT_NE(m.find("error estimates"), std::string::npos) << m;
+  }
 }
 
 TEST(LocalStepsCoords, ARankInAnotherBasisIsNamedByTheReceiver) {
