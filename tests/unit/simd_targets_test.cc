@@ -686,30 +686,41 @@ TEST_P(ForEachTarget, LowRankUpdateMatchesDoublePrecision) {
 }
 
 // Values of the whitener reach FP8 codes, so machines of different vector widths must agree:
-// every FMA target gives the bits of the widest (vector columns and scalar tail both fuse).
+// every FMA target gives the bits of the widest (vector columns and scalar tail both fuse),
+// however many vectors of columns a step takes: shapes with tails at every width, and on
+// AVX-512 steps of two vectors, of one (rank 40: 48 padded columns; dim 93 = 64 + 16 + 13)
+// and the scalar tail.
 TEST(LowRankUpdate, FmaTargetsAgreeBitForBit) {
-  const uint32_t rows = 21, dim = 77, rank = 19;  // tails at every width
-  std::mt19937 gen(3);
-  std::normal_distribution<float> nd;
-  std::vector<float> v(dim * rank), c(rank), pre(dim), x0(rows * dim);
-  for (auto* a : {&v, &c, &pre, &x0})
-    for (float& e : *a) e = nd(gen);
-  std::vector<std::vector<float>> results;
-  std::vector<std::string> names;
-  for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    if (!(t & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL))) continue;
-    hwy::SetSupportedTargetsForTest(t);
-    std::vector<float> x = x0;
-    coords::low_rank_update(v.data(), c.data(), dim, rank, pre.data(), nullptr, x.data(), rows);
-    results.push_back(std::move(x));
-    names.push_back(hwy::TargetName(t));
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  if (results.size() < 2) GTEST_SKIP() << "fewer than two FMA targets on this machine";
-  for (size_t k = 1; k < results.size(); ++k) {
-    for (size_t i = 0; i < x0.size(); ++i) {
-      ASSERT_EQ(num::bits_of(results[k][i]), num::bits_of(results[0][i]))
-          << names[k] << " vs " << names[0] << " at " << i;
+  struct Shape {
+    uint32_t rows, dim, rank;
+  };
+  for (const Shape k : {Shape{21, 77, 19}, Shape{13, 93, 40}}) {
+    std::mt19937 gen(3);
+    std::normal_distribution<float> nd;
+    std::vector<float> v(k.dim * k.rank), c(k.rank), pre(k.dim), post(k.dim), x0(k.rows * k.dim);
+    for (auto* a : {&v, &c, &pre, &post, &x0})
+      for (float& e : *a) e = nd(gen);
+    for (const bool inverse : {false, true}) {
+      std::vector<std::vector<float>> results;
+      std::vector<std::string> names;
+      for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
+        if (!(t & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL))) continue;
+        hwy::SetSupportedTargetsForTest(t);
+        std::vector<float> x = x0;
+        coords::low_rank_update(v.data(), c.data(), k.dim, k.rank, inverse ? nullptr : pre.data(),
+                                inverse ? post.data() : nullptr, x.data(), k.rows);
+        results.push_back(std::move(x));
+        names.push_back(hwy::TargetName(t));
+      }
+      hwy::SetSupportedTargetsForTest(0);
+      if (results.size() < 2) GTEST_SKIP() << "fewer than two FMA targets on this machine";
+      for (size_t t = 1; t < results.size(); ++t) {
+        for (size_t i = 0; i < x0.size(); ++i) {
+          ASSERT_EQ(num::bits_of(results[t][i]), num::bits_of(results[0][i]))
+              << names[t] << " vs " << names[0] << ", dim " << k.dim << " rank " << k.rank
+              << (inverse ? ", post" : ", pre") << " at " << i;
+        }
+      }
     }
   }
 }

@@ -38,8 +38,8 @@ struct Operands {
 };
 
 // P[r, k .. k + kVecs n) = X[r, :] V[:, k .. k + kVecs n) for the kRows rows at x: each
-// output one chain of fused multiply-adds in i order, whatever kVecs, so the values do not
-// depend on how many columns a step takes.
+// output one chain of MulAdd (fused on FMA targets) in i order, whatever kVecs, so the values
+// do not depend on how many columns a step takes.
 template <size_t kRows, size_t kVecs>
 HWY_INLINE void Project(const Operands& o, const float* x, float* p, size_t k) {
   const DF d;
@@ -60,7 +60,7 @@ HWY_INLINE void Project(const Operands& o, const float* x, float* p, size_t k) {
 }
 
 // X[r, i .. i + kVecs n) += P[r, :] diag(c) V^T (P already scaled by c), then the post
-// scaling: each output one chain in j order, whatever kVecs.
+// scaling: each output one chain of MulAdd in j order, whatever kVecs.
 template <size_t kRows, size_t kVecs>
 HWY_INLINE void Update(const Operands& o, float* x, const float* p, size_t i) {
   const DF d;
