@@ -91,7 +91,8 @@ HWY_INLINE void Update(const Operands& o, float* x, const float* p, size_t i) {
 // FMAs per cycle; with two, a broadcast serves both (ten loads per sixteen FMAs), and a band's
 // 16 accumulators fit AVX-512's 32 registers (not AVX2's 16). One thread, AVX-512, whiten and
 // unwhiten of 1280 x 3456 at rank 32 (bench_whitener): 14.3-15.7 -> 10.6-10.8 ms, about 100
-// GFLOP/s; three vectors measured no faster.
+// GFLOP/s; three vectors measured no faster, nor did AVX2 with two vectors in passes of four
+// rows (its loads keep up with one).
 #undef GIFT_LOW_RANK_VECS
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define GIFT_LOW_RANK_VECS 2
