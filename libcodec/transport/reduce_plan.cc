@@ -549,20 +549,15 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   ChunkScratch scratch;
   if (const giftResult_t rc = make_scratch(p, &scratch)) return rc;
   const uint64_t count = p.shard_count(p.rank);
-  for (int s = 0; s < p.world; ++s) {
-    if (const giftResult_t rc =
-            check_message(p, kScatter, s, p.rank, recv + uint64_t(s) * p.layout.message_bytes)) {
-      return rc;
-    }
-  }
-  // A reduced shard holds what its pieces held, whatever its own encode saw.
-  uint32_t flags = holds_nonfinite(p, recv) ? kHoldsNonFinite : 0;
-  // Rank 0 receives every rank's estimates on a measuring call and sends back the decision.
+  // Rank 0 receives every rank's estimates on a measuring call (or none) and sends back the
+  // decision.
   MessageHeader first;
   memcpy(&first, recv, sizeof first);
-  for (int s = 1; s < p.world; ++s) {
+  for (int s = 0; s < p.world; ++s) {
+    const uint8_t* msg = recv + uint64_t(s) * p.layout.message_bytes;
+    if (const giftResult_t rc = check_message(p, kScatter, s, p.rank, msg)) return rc;
     MessageHeader h;
-    memcpy(&h, recv + uint64_t(s) * p.layout.message_bytes, sizeof h);
+    memcpy(&h, msg, sizeof h);
     if ((h.flags ^ first.flags) & kCarriesEstimates) {
       return fail(GIFT_ERROR_CORRUPT_INPUT,
                   "rank %d's message in %s %s error estimates and rank 0's %s: the ranks "
@@ -571,6 +566,8 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
                   first.flags & kCarriesEstimates ? "does" : "does not");
     }
   }
+  // A reduced shard holds what its pieces held, whatever its own encode saw.
+  uint32_t flags = holds_nonfinite(p, recv) ? kHoldsNonFinite : 0;
   std::vector<uint8_t> d;
   if (first.flags & kCarriesEstimates) {
     d = p.coords.decide(recv, p.layout.message_bytes, p.layout.extra_at, p.world);
