@@ -477,7 +477,9 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
 // short last blocks, runs read as four parts (blocks of 16 to 128; the last part shorter)
-// and as one (blocks of 256: three batches; of 4096: one), all-zero and subnormal blocks, bf16
+// and as one (blocks of 256: three batches; of 4096: one), on AVX-512 blocks of one or two
+// vectors of source bytes taken 16 at a time (fp32 blocks of 16 and 32, 16-bit of 32 and 64)
+// and the rest of the run as above, all-zero and subnormal blocks, bf16
 // values (whose few mantissa bits put many quotients next to FP8 rounding midpoints), and a NaN
 // that stops the run.
 TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
@@ -498,7 +500,7 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   for (giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16})
     for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
       for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
-        for (uint32_t block : {16u, 48u, 80u, 100u, 128u, 256u, 4096u}) {
+        for (uint32_t block : {16u, 32u, 48u, 64u, 80u, 100u, 128u, 256u, 4096u}) {
           const void* src = dt == GIFT_DTYPE_F32    ? static_cast<const void*>(x.data())
                             : dt == GIFT_DTYPE_BF16 ? static_cast<const void*>(xb.data())
                                                     : static_cast<const void*>(xh.data());
@@ -619,7 +621,7 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   // A NaN or an infinity in any block, the last of a part included, is reported, from fp32
   // and from bf16 (whose amax beside the codes is taken on 16-bit lanes).
   for (size_t at : {size_t(0), size_t(21 * 128 + 5), size_t(17 * 128 + 127), n - 1})
-    for (uint32_t block : {80u, 128u}) {
+    for (uint32_t block : {16u, 32u, 64u, 80u, 128u}) {
       std::vector<float> y = x;
       y[at] = at % 2 ? std::nanf("") : -INFINITY;
       std::vector<uint16_t> yb(n);
