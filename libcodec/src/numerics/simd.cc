@@ -1314,6 +1314,45 @@ uint32_t EncodeBlocksRN(const BlockRun& run) {
                     [&](const auto* s) { return EncodeBlocksD<std::decay_t<decltype(*s)>>(run); });
 }
 
+// Lines of 64 codes of blocks of 16 or 32 (whole vectors), from code `from` (a line's first)
+// on, each block's vectors multiplied by its own su as DecodeCleanLines does, up to the first
+// line with a NaN or Inf code, or with a block whose su is not finite (or, for kBf16Native,
+// whose scale NativeBf16Applies refuses), or the last whole line; returns where it stopped.
+// A call per block (DequantizeK, as for blocks that are not whole lines) decoded blocks of
+// 32 at a third of the speed of blocks of 128.
+template <Fp8 K, Output kOut>
+HWY_INLINE uint64_t DecodeSmallBlockLines(const BlockRun& run, uint64_t from, void* dst,
+                                          bool stream) {
+  const DF d;
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8;
+  const size_t lanes = hn::Lanes(d), per_line = 64 / run.block;
+  const int8_t* c = reinterpret_cast<const int8_t*>(run.codes);
+  const bool e8m0 = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0;
+  uint64_t i = from;
+  for (; i + 64 <= run.n; i += 64) {
+    FetchAhead(run.codes + i);
+    if (HasSpecial64<K>(run.codes + i)) break;
+    float su[4];
+    bool clean = true;
+    for (size_t g = 0; g < per_line; ++g) {
+      const float s = num::stored_scale(run.scales, e8m0, i / run.block + g);
+      su[g] = s * num::float_of(kUpBits<K>);
+      clean =
+          clean && std::isfinite(su[g]) && (kOut != Output::kBf16Native || NativeBf16Applies<K>(s));
+    }
+    if (!clean) break;
+    for (size_t g = 0; g < per_line; ++g) {
+      const VF v = hn::Set(d, su[g]);
+      for (uint64_t j = i + g * run.block; j < i + (g + 1) * run.block; j += lanes) {
+        StoreAs<kOut>(hn::Mul(Fp8TimesPow2<K>(d, hn::PromoteTo(di, hn::LoadU(d8, c + j))), v), dst,
+                      j, stream);
+      }
+    }
+  }
+  return i;
+}
+
 // Each block's clean lines (DecodeCleanLines) decoded in one loop for the run (a call per
 // block cost about a fifth of a decode to bf16 in cache), and the rest of the block by
 // DequantizeK: from a line with a NaN or Inf code on, the last codes short of a line, and
@@ -1327,9 +1366,23 @@ void DecodeBlocksAs(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
   constexpr bool kLinesHere = kOut != Output::kF16 || !GIFT_WIDEN_F16_HERE;
   const bool lines = kLinesHere && run.block % 64 == 0;
   const bool stream = run.stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  const bool e8m0 = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0;
+  if (kLinesHere && (run.block == 16 || run.block == 32) && run.block % hn::Lanes(DF()) == 0) {
+    // Blocks smaller than a line: lines at a time, and a line they leave (or the last codes)
+    // block by block.
+    for (uint64_t i = 0; i < run.n;) {
+      i = DecodeSmallBlockLines<K, kOut>(run, i, dst, stream);
+      for (const uint64_t end = std::min(run.n, i + 64); i < end; i += run.block) {
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - i));
+        DequantizeK<K>(run.codes + i, len, num::stored_scale(run.scales, e8m0, i / run.block),
+                       static_cast<uint8_t*>(dst) + i * width, dst_dtype, run.stream);
+      }
+    }
+    return;
+  }
   for (uint64_t b0 = 0, g = 0; b0 < run.n; b0 += run.block, ++g) {
     const size_t len = static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b0));
-    const float s = num::stored_scale(run.scales, run.scale_dtype == GIFT_SCALE_DTYPE_E8M0, g);
+    const float s = num::stored_scale(run.scales, e8m0, g);
     const float su = s * num::float_of(kUpBits<K>);
     const uint8_t* codes = run.codes + b0;
     size_t i = 0;
