@@ -15,7 +15,7 @@ namespace giftc {
 namespace {
 
 struct BenchOptions {
-  std::string size = std::to_string(uint64_t(256) << 20);
+  std::string size = "256M";
   std::string fp8 = "e4m3", scale = "block:128", scale_dtype = "f32", dtype = "f32";
   int threads = 0;
   bool json = false;
@@ -97,7 +97,7 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   const giftDType_t dt = parse_dtype(o.dtype);
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   const uint64_t width = giftDTypeSize(dt);
-  const uint64_t n = parse_uint(o.size, "--size", 1, uint64_t(1) << 40) / width;
+  const uint64_t n = parse_bytes(o.size, "--size", 1, uint64_t(1) << 40) / width;
   if (n < 1024) throw Failure(kUsage, "--size: at least 4 KiB");
   const uint64_t cols = 4096, rows = n / cols;
   const uint64_t elems = rows * cols;
@@ -152,7 +152,8 @@ void add_bench(CLI::App& app, Verbosity& v) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* c =
       app.add_subcommand("bench", "Encode/decode throughput against memcpy on this machine");
-  c->add_option("--size", o->size, "Input bytes")->capture_default_str();
+  c->add_option("--size", o->size, "Input size in bytes (suffixes K, M, G, T: powers of 1024)")
+      ->capture_default_str();
   c->add_option("--dtype", o->dtype, "Input element type: f32, bf16 or f16")->capture_default_str();
   c->add_option("--fp8", o->fp8, "FP8 kind: e4m3 or e5m2")->capture_default_str();
   c->add_option("--scale", o->scale, "Scale groups: tensor, row, block:N or tile:RxC")

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "io/tensor_file.h"
 
@@ -97,6 +98,32 @@ uint64_t parse_uint(const std::string& s, const std::string& what, uint64_t min,
     throw Failure(kUsage, what + ": " + s + " is larger than " + std::to_string(max));
   if (v < min) throw Failure(kUsage, what + ": " + s + " is less than " + std::to_string(min));
   return v;
+}
+
+uint64_t parse_bytes(const std::string& s, const std::string& what, uint64_t min, uint64_t max) {
+  const size_t digits = s.find_first_not_of("0123456789");
+  if (digits == std::string::npos) return parse_uint(s, what, min, max);
+  static const std::pair<const char*, int> kSuffixes[] = {{"K", 10},   {"KiB", 10}, {"M", 20},
+                                                          {"MiB", 20}, {"G", 30},   {"GiB", 30},
+                                                          {"T", 40},   {"TiB", 40}};
+  const auto out_of_range = [&](uint64_t limit, const char* side) {
+    return Failure(kUsage, what + ": " + s + " is " + side + " than " + std::to_string(limit) +
+                               (limit == 1 ? " byte" : " bytes"));
+  };
+  for (const auto& [name, shift] : kSuffixes) {
+    if (s.compare(digits, std::string::npos, name) != 0 || digits == 0) continue;
+    uint64_t v;
+    try {  // the digits alone fail only where the product overflows
+      v = parse_uint(s.substr(0, digits), what, 0, UINT64_MAX >> shift);
+    } catch (const Failure&) {
+      throw out_of_range(max, "larger");
+    }
+    if ((v << shift) > max) throw out_of_range(max, "larger");
+    if ((v << shift) < min) throw out_of_range(min, "less");
+    return v << shift;
+  }
+  throw Failure(kUsage, what + ": '" + s +
+                            "' is not a byte count (digits, with an optional K, M, G or T suffix)");
 }
 
 namespace {

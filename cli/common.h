@@ -26,6 +26,9 @@ struct Verbosity {
 
 // Option values as the command line spells them. Integers: decimal digits in [min, max].
 uint64_t parse_uint(const std::string& s, const std::string& what, uint64_t min, uint64_t max);
+// Byte counts: decimal digits with an optional binary suffix, K, M, G or T (also KiB, MiB,
+// GiB, TiB; powers of 1024, as dd and zstd read them), the product in [min, max].
+uint64_t parse_bytes(const std::string& s, const std::string& what, uint64_t min, uint64_t max);
 giftFp8Kind_t parse_fp8(const std::string& s);
 void parse_scale(const std::string& s, giftQuantParams* p);  // tensor|row|block:N|tile:RxC
 giftScaleDType_t parse_scale_dtype(const std::string& s);

@@ -614,7 +614,14 @@ class Giftc(unittest.TestCase):
             self.assertIn(why, r.stderr)
         r = run("bench", "--size", "-1")
         self.assertEqual(r.returncode, 1)
-        self.assertIn("not a positive integer", r.stderr)
+        self.assertIn("not a byte count", r.stderr)
+        for size, why in (("4X", "not a byte count"), ("M", "not a byte count"),
+                          ("4 M", "not a byte count"), ("0K", "less than"),
+                          ("2T", "larger than 1099511627776 bytes"),
+                          ("99999999999999999999K", "larger than")):
+            r = run("bench", "--size", size)
+            self.assertEqual(r.returncode, 1, size)
+            self.assertIn(why, r.stderr, size)
         self.assertFalse(os.path.exists(self.path("x.gift")))
 
     def test_sample_round_trip_with_every_command(self):
@@ -918,6 +925,11 @@ class Giftc(unittest.TestCase):
         r = run("bench", "--size", 1 << 22, "--json", "--threads", 1)
         self.assertEqual(r.returncode, 0, r.stderr)
         doc = json.loads(r.stdout)
+        self.assertEqual(doc["bytes"], 1 << 22)
+        for size in ("4M", "4MiB", "4096K"):  # binary suffixes, as dd and zstd read them
+            r = run("bench", "--size", size, "--json", "--threads", 1)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["bytes"], 1 << 22, size)
         self.assertEqual(doc["baseline"], "memcpy")
         for k in ("baseline_gbps", "encode_gbps", "decode_gbps"):
             self.assertGreater(doc[k], 0)
