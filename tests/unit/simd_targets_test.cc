@@ -476,10 +476,10 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
-// short last blocks, runs read as four parts (blocks of 16 to 128; the last part shorter)
-// and as one (blocks of 256: three batches; of 4096: one), on AVX-512 blocks of one or two
-// vectors of source bytes taken 16 at a time (fp32 blocks of 16 and 32, 16-bit of 32 and 64)
-// and the rest of the run as above, all-zero and subnormal blocks, bf16
+// short last blocks, runs read as four parts (blocks of 16 to 128; the last part shorter;
+// on AVX-512, fp32 blocks of 16 and 32 and 16-bit ones of 32 and 64 are taken 16 at a time
+// instead, and only the rest of the run in parts: blocks of 48 to 128 keep the parts there)
+// and as one (blocks of 256: three batches; of 4096: one), all-zero and subnormal blocks, bf16
 // values (whose few mantissa bits put many quotients next to FP8 rounding midpoints), and a NaN
 // that stops the run.
 TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
@@ -510,9 +510,17 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
                                            : num::f16_to_float(xh[i]);
           };
           const size_t blocks = (n + block - 1) / block;
-          std::vector<uint8_t> codes(n, 0xAA), scales(blocks * 4, 0xAA);
+          const size_t scale_bytes = blocks * (sd == GIFT_SCALE_DTYPE_E8M0 ? 1 : 4);
+          // 64 guard bytes past the codes and past the scales, which nothing may write.
+          std::vector<uint8_t> codes(n + 64, 0xAA), scales(scale_bytes + 64, 0xAA);
           const simd::BlockRun run{src, dt, n, block, kind, sd, codes.data(), scales.data()};
           const uint32_t run_max = simd::encode_blocks_rn(run);
+          const auto untouched = [](auto from, auto to) {
+            return std::all_of(from, to, [](uint8_t v) { return v == 0xAA; });
+          };
+          ASSERT_TRUE(untouched(codes.begin() + n, codes.end())) << "codes, block " << block;
+          ASSERT_TRUE(untouched(scales.begin() + scale_bytes, scales.end()))
+              << "scales, block " << block;
           float amax_all = 0;
           for (size_t i = 0; i < n; ++i) amax_all = std::max(amax_all, std::fabs(value(i)));
           ASSERT_EQ(run_max, num::bits_of(amax_all));
@@ -546,6 +554,8 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
           // One more after a whole line of the fourth block: NaN, or E5M2's +Inf.
           if (block >= 128 && 3 * block + 64 + 40 < n)
             in[3 * block + 64 + 40] = kind == GIFT_FP8_E4M3 ? 0xFF : 0x7C;
+          // And one in a line of blocks of 16 or 32 whose scales below are all left alone.
+          if (block < 64) in[7 * 64 + 5] = kind == GIFT_FP8_E4M3 ? 0xFF : 0x7C;
           // Scales from other encoders: 2^20, too large for the one multiplication by
           // scale * 2^(127 - bias); 2^-118, too small for AVX512_BF16's conversion; NaN
           // (an fp32 pattern, and E8M0's 0xFF), +Inf and -2^20.
@@ -618,23 +628,27 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
             }
           }
         }
-  // A NaN or an infinity in any block, the last of a part included, is reported, from fp32
-  // and from bf16 (whose amax beside the codes is taken on 16-bit lanes).
+  // A NaN or an infinity in any block, the last of a part included, is reported, from every
+  // source type (bf16's amax beside the codes is taken on 16-bit lanes) and both scale types.
   for (size_t at : {size_t(0), size_t(21 * 128 + 5), size_t(17 * 128 + 127), n - 1})
     for (uint32_t block : {16u, 32u, 64u, 80u, 128u}) {
       std::vector<float> y = x;
       y[at] = at % 2 ? std::nanf("") : -INFINITY;
-      std::vector<uint16_t> yb(n);
-      for (size_t i = 0; i < n; ++i) yb[i] = static_cast<uint16_t>(num::bits_of(y[i]) >> 16);
+      std::vector<uint16_t> yb(n), yh(n);
+      for (size_t i = 0; i < n; ++i) {
+        yb[i] = static_cast<uint16_t>(num::bits_of(y[i]) >> 16);
+        yh[i] = num::f16_from_float(y[i]);
+      }
       std::vector<uint8_t> codes(n), scales(((n + block - 1) / block) * 4);
-      EXPECT_GE(simd::encode_blocks_rn({y.data(), GIFT_DTYPE_F32, n, block, GIFT_FP8_E4M3,
-                                        GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
-                0x7F800000u)
-          << at << " block " << block;
-      EXPECT_GE(simd::encode_blocks_rn({yb.data(), GIFT_DTYPE_BF16, n, block, GIFT_FP8_E4M3,
-                                        GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()}),
-                0x7F800000u)
-          << "bf16 " << at << " block " << block;
+      const std::pair<giftDType_t, const void*> sources[] = {
+          {GIFT_DTYPE_F32, y.data()}, {GIFT_DTYPE_BF16, yb.data()}, {GIFT_DTYPE_F16, yh.data()}};
+      for (const auto& [dt, src] : sources)
+        for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+          EXPECT_GE(simd::encode_blocks_rn(
+                        {src, dt, n, block, GIFT_FP8_E4M3, sd, codes.data(), scales.data()}),
+                    0x7F800000u)
+              << at << " block " << block << " dtype " << dt << " sd " << sd;
+        }
     }
 }
 

@@ -585,8 +585,9 @@ HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float rec
     }
     StoreCodes4<K, Source<T>::kZipped, kBounded>(c, x, codes + i);
   }
-  // Blocks of whole vectors (128 on every target) skip the tail's AbsMaxBitsT: on no
-  // elements it still reduces its vectors across lanes, which cost a 7% slower block encode.
+  // Blocks of whole 4-vector steps (those of 128 elements on the x86 targets) skip the tail's
+  // AbsMaxBitsT: on no elements it still reduces its vectors across lanes, which cost a 7%
+  // slower block encode.
   const uint32_t amax_bits =
       kAmaxNext ? (i == n ? amax.bits() : std::max(amax.bits(), AbsMaxBitsT(next + i, n - i))) : 0;
   for (; i + lanes <= n; i += lanes) StoreCodes(code_at(i), codes + i);
@@ -1359,7 +1360,9 @@ HWY_INLINE uint64_t DecodeSmallBlockLines(const BlockRun& run, uint64_t from, vo
 // whole blocks where a block is not whole lines (which keeps each line's stores 16-byte
 // aligned), where the scale times 2^(127 - bias) is not finite, and for fp16 where the
 // instruction set has no fp16 conversion (DequantizeK's scalar loop). kBf16Native falls back
-// to kBf16 for each block whose scale NativeBf16Applies refuses.
+// to kBf16 for each block whose scale NativeBf16Applies refuses. Blocks of 16 and 32 codes
+// (whole vectors) are taken a line of several blocks at a time instead
+// (DecodeSmallBlockLines), and a line that it leaves block by block.
 template <Fp8 K, Output kOut>
 void DecodeBlocksAs(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
   const size_t width = dtype_size(dst_dtype);
