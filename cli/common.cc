@@ -101,11 +101,10 @@ uint64_t parse_uint(const std::string& s, const std::string& what, uint64_t min,
 }
 
 uint64_t parse_bytes(const std::string& s, const std::string& what, uint64_t min, uint64_t max) {
-  const size_t digits = s.find_first_not_of("0123456789");
-  if (digits == std::string::npos) return parse_uint(s, what, min, max);
-  static const std::pair<const char*, int> kSuffixes[] = {{"K", 10},   {"KiB", 10}, {"M", 20},
-                                                          {"MiB", 20}, {"G", 30},   {"GiB", 30},
-                                                          {"T", 40},   {"TiB", 40}};
+  const size_t digits = std::min(s.find_first_not_of("0123456789"), s.size());
+  static const std::pair<const char*, int> kSuffixes[] = {{"", 0},     {"K", 10},   {"KiB", 10},
+                                                          {"M", 20},   {"MiB", 20}, {"G", 30},
+                                                          {"GiB", 30}, {"T", 40},   {"TiB", 40}};
   const auto out_of_range = [&](uint64_t limit, const char* side) {
     return Failure(kUsage, what + ": " + s + " is " + side + " than " + std::to_string(limit) +
                                (limit == 1 ? " byte" : " bytes"));

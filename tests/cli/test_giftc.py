@@ -616,7 +616,9 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("not a byte count", r.stderr)
         for size, why in (("4X", "not a byte count"), ("M", "not a byte count"),
-                          ("4 M", "not a byte count"), ("0K", "less than"),
+                          ("4 M", "not a byte count"), ("", "not a byte count"),
+                          ("0K", "less than 1 byte"), ("0", "less than 1 byte"),
+                          ("2000000000000", "larger than 1099511627776 bytes"),
                           ("2T", "larger than 1099511627776 bytes"),
                           ("99999999999999999999K", "larger than")):
             r = run("bench", "--size", size)
@@ -926,6 +928,9 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         doc = json.loads(r.stdout)
         self.assertEqual(doc["bytes"], 1 << 22)
+        r = run("bench", "--size", "4K", "--json", "--threads", 1)  # the least: 1024 fp32
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["bytes"], 4096)
         for size in ("4M", "4MiB", "4096K"):  # binary suffixes, as dd and zstd read them
             r = run("bench", "--size", size, "--json", "--threads", 1)
             self.assertEqual(r.returncode, 0, r.stderr)
