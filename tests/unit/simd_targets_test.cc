@@ -36,14 +36,32 @@ std::vector<float> dense_sample() {
   return x;
 }
 
-class ForEachTarget : public ::testing::TestWithParam<int64_t> {
+// A target forced for the test, and on AVX-512 how it divides by fp32 scales (through their
+// reciprocals, or with a division: the CPU's vendor picks one, and both must give the same
+// bytes on any machine).
+struct TargetCase {
+  int64_t target;
+  int reciprocal;  // simd::set_reciprocal_division_for_test's mode
+};
+
+void PrintTo(const TargetCase& c, std::ostream* os) {
+  *os << hwy::TargetName(c.target) << ", reciprocal division " << c.reciprocal;
+}
+
+class ForEachTarget : public ::testing::TestWithParam<TargetCase> {
  protected:
-  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
-  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+  void SetUp() override {
+    hwy::SetSupportedTargetsForTest(GetParam().target);
+    simd::set_reciprocal_division_for_test(GetParam().reciprocal);
+  }
+  void TearDown() override {
+    hwy::SetSupportedTargetsForTest(0);
+    simd::set_reciprocal_division_for_test(-1);
+  }
 };
 
 TEST_P(ForEachTarget, QuantizeEqualsScalarRule) {
-  ASSERT_STREQ(simd::target_name(), hwy::TargetName(GetParam()));
+  ASSERT_STREQ(simd::target_name(), hwy::TargetName(GetParam().target));
   static const std::vector<float> x = dense_sample();
   std::vector<uint8_t> codes(x.size());
   for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
@@ -741,10 +759,22 @@ TEST(LowRankUpdate, FmaTargetsAgreeBitForBit) {
   }
 }
 
-std::vector<int64_t> targets() { return hwy::SupportedAndGeneratedTargets(); }
+std::vector<TargetCase> targets() {
+  std::vector<TargetCase> out;
+  for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    out.push_back({t, 0});
+    if (t <= HWY_AVX3) out.push_back({t, 1});  // AVX-512 and later: both ways to divide
+  }
+  return out;
+}
 
 INSTANTIATE_TEST_SUITE_P(Targets, ForEachTarget, ::testing::ValuesIn(targets()),
-                         [](const auto& info) { return std::string(hwy::TargetName(info.param)); });
+                         [](const auto& info) {
+                           return std::string(hwy::TargetName(info.param.target)) +
+                                  (info.param.target <= HWY_AVX3
+                                       ? (info.param.reciprocal ? "_reciprocal" : "_division")
+                                       : "");
+                         });
 
 }  // namespace
 }  // namespace gift

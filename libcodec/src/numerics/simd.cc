@@ -1,6 +1,7 @@
 #include "numerics/simd.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -19,6 +20,12 @@
 
 #include "numerics/elementwise.h"
 #include "numerics/shapes.h"
+
+namespace gift::simd {
+// Whether the AVX-512 encoder divides by fp32 scales through their reciprocals: by the CPU's
+// vendor, or as set_reciprocal_division_for_test says (defined once, below).
+bool reciprocal_division_chosen();
+}  // namespace gift::simd
 
 HWY_BEFORE_NAMESPACE();
 namespace gift::simd {
@@ -486,10 +493,13 @@ enum class Scaling { kMultiply, kDivide };
 // - The sign is x's, as the quotient's is (s > 0), except that of a zero: RN(a + b) of an
 //   exact cancellation is +0 whatever x's sign. The conversions take the code's sign from x
 //   (ConvertRNBounded, StoreCodes4), so the quotient's magnitude is all that is used.
-// It needs a true FMA (HWY_NATIVE_FMA; elsewhere MulAdd rounds twice), and is used where it
-// measured faster: AVX-512, whose vdivps costs as much per lane as the 256-bit one while the
-// rest of the work is twice as fast (encode in cache 12 to 14% faster). On AVX2 the division
-// stays (the five operations measured 25% slower); other targets are unmeasured.
+// It needs a true FMA (HWY_NATIVE_FMA; elsewhere MulAdd rounds twice), and is compiled where
+// it can pay: AVX-512. There the CPU decides (reciprocal_division_chosen): an Intel Xeon's
+// vdivps costs as much per lane as the 256-bit one while the rest of the work is twice as fast
+// (encode in cache 12 to 14% faster this way), but AMD's Zen 4 runs 512-bit FMAs as two 256-bit
+// halves too, and the division measured faster there (encode_blocks_rn in cache, blocks of
+// 128: fp32 4.1 -> 4.8 elements/ns, bf16 4.1 -> 5.0; blocks of 32: 3.7 -> 4.9). On AVX2 the
+// division stays (the five operations measured 25% slower); other targets are unmeasured.
 #undef GIFT_RECIPROCAL_PAYS
 #if HWY_NATIVE_FMA && HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define GIFT_RECIPROCAL_PAYS 1
@@ -499,6 +509,16 @@ enum class Scaling { kMultiply, kDivide };
 constexpr float kReciprocalMin = 0x1p-80f, kReciprocalMax = 0x1p+125f;
 
 HWY_INLINE bool ReciprocalApplies(float s) { return s >= kReciprocalMin && s <= kReciprocalMax; }
+
+// Whether this call divides through QuotientMagnitudeRN (where its domain allows): the same
+// bytes either way.
+HWY_INLINE bool ReciprocalChosen() {
+#if GIFT_RECIPROCAL_PAYS
+  return reciprocal_division_chosen();
+#else
+  return false;
+#endif
+}
 
 HWY_INLINE VF QuotientMagnitudeRN(VF x, VF s, VF z) {
   const VF q0 = hn::Mul(x, z);
@@ -598,14 +618,14 @@ HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float rec
   return amax_bits;
 }
 
-// The bounded conversion divides through QuotientMagnitudeRN wherever that pays and its
-// domain allows, with RN(1 / factor) from `reciprocal` where the caller has it (the block
-// encoder's, from BatchScalesF32), else taken here.
+// The bounded conversion divides through QuotientMagnitudeRN where `recip` (ReciprocalChosen)
+// and its domain allow, with RN(1 / factor) from `reciprocal` where the caller has it (the
+// block encoder's, from BatchScalesF32), else taken here.
 template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kAmaxNext = false>
-HWY_INLINE uint32_t QuantizeT(const T* src, size_t n, float factor, uint8_t* codes,
+HWY_INLINE uint32_t QuantizeT(const T* src, size_t n, float factor, uint8_t* codes, bool recip,
                               const float* reciprocal = nullptr, const T* next = nullptr) {
   if constexpr (kS == Scaling::kDivide && kBounded && GIFT_RECIPROCAL_PAYS) {
-    if (ReciprocalApplies(factor)) {
+    if (recip && ReciprocalApplies(factor)) {
       return QuantizeLoop<T, K, Scaling::kDivide, true, true, kAmaxNext>(
           src, n, factor, reciprocal ? *reciprocal : 1.0f / factor, codes, next);
     }
@@ -616,12 +636,13 @@ HWY_INLINE uint32_t QuantizeT(const T* src, size_t n, float factor, uint8_t* cod
 template <bool kBounded, typename T>
 void QuantizeOf(const T* s, size_t n, float factor, bool divide, giftFp8Kind_t kind,
                 uint8_t* codes) {
+  const bool recip = ReciprocalChosen();
   if (kind == GIFT_FP8_E4M3) {
-    divide ? QuantizeT<T, Fp8::kE4M3, Scaling::kDivide, kBounded>(s, n, factor, codes)
-           : QuantizeT<T, Fp8::kE4M3, Scaling::kMultiply, kBounded>(s, n, factor, codes);
+    divide ? QuantizeT<T, Fp8::kE4M3, Scaling::kDivide, kBounded>(s, n, factor, codes, recip)
+           : QuantizeT<T, Fp8::kE4M3, Scaling::kMultiply, kBounded>(s, n, factor, codes, recip);
   } else {
-    divide ? QuantizeT<T, Fp8::kE5M2, Scaling::kDivide, kBounded>(s, n, factor, codes)
-           : QuantizeT<T, Fp8::kE5M2, Scaling::kMultiply, kBounded>(s, n, factor, codes);
+    divide ? QuantizeT<T, Fp8::kE5M2, Scaling::kDivide, kBounded>(s, n, factor, codes, recip)
+           : QuantizeT<T, Fp8::kE5M2, Scaling::kMultiply, kBounded>(s, n, factor, codes, recip);
   }
 }
 
@@ -947,10 +968,11 @@ void Subtract(const float* a, const float* b, float* out, size_t n, bool stream)
 constexpr size_t kBatchBlocks = 16;
 
 // fp32 scales of a batch, FORMAT.md's rule (num::scale_f32: RN(amax / fp8_max), a division
-// that the vector one equals), and their reciprocals RN(1 / s) where ReciprocalApplies(s)
-// (elsewhere unused, and never a division by zero).
+// that the vector one equals), and with recip their reciprocals RN(1 / s) where
+// ReciprocalApplies(s) (elsewhere unused, and never a division by zero).
 template <Fp8 K>
-HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* reciprocal) {
+HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* reciprocal,
+                               bool recip) {
   size_t k = 0;
   const hn::CappedTag<float, kBatchBlocks> d;
   const hn::RebindToUnsigned<decltype(d)> du;
@@ -958,12 +980,11 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
   for (; k + hn::Lanes(d) <= kBatchBlocks; k += hn::Lanes(d)) {
     const auto s = hn::Div(hn::BitCast(d, hn::LoadU(du, amax_bits + k)), max);
     hn::StoreU(s, d, scale + k);
-    if constexpr (GIFT_RECIPROCAL_PAYS)
-      hn::StoreU(hn::Div(one, hn::Max(s, hn::Set(d, kReciprocalMin))), d, reciprocal + k);
+    if (recip) hn::StoreU(hn::Div(one, hn::Max(s, hn::Set(d, kReciprocalMin))), d, reciprocal + k);
   }
   for (; k < kBatchBlocks; ++k) {
     scale[k] = num::scale_f32(num::float_of(amax_bits[k]), K);
-    if constexpr (GIFT_RECIPROCAL_PAYS) reciprocal[k] = 1.0f / std::max(scale[k], kReciprocalMin);
+    if (recip) reciprocal[k] = 1.0f / std::max(scale[k], kReciprocalMin);
   }
 }
 
@@ -988,14 +1009,14 @@ HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to) {
 // One block's codes with its scale factor (and with fp32 scales, its reciprocal from
 // BatchScalesF32); with kAmaxNext, returns the amax bits of the len elements at next.
 template <typename T, Fp8 K, bool kE8M0, bool kAmaxNext>
-HWY_INLINE uint32_t EncodeBlock(const T* x, size_t len, float factor, const float* reciprocal,
-                                uint8_t* codes, const T* next) {
+HWY_INLINE uint32_t EncodeBlock(const T* x, size_t len, float factor, bool recip,
+                                const float* reciprocal, uint8_t* codes, const T* next) {
   if constexpr (kE8M0) {
-    return QuantizeT<T, K, Scaling::kMultiply, true, kAmaxNext>(x, len, factor, codes, nullptr,
-                                                                next);
+    return QuantizeT<T, K, Scaling::kMultiply, true, kAmaxNext>(x, len, factor, codes, false,
+                                                                nullptr, next);
   } else {
-    return QuantizeT<T, K, Scaling::kDivide, true, kAmaxNext>(x, len, factor, codes, reciprocal,
-                                                              next);
+    return QuantizeT<T, K, Scaling::kDivide, true, kAmaxNext>(x, len, factor, codes, recip,
+                                                              reciprocal, next);
   }
 }
 
@@ -1071,7 +1092,7 @@ HWY_INLINE void AmaxOf16(const __m512i (&v)[16], uint32_t* out) {
 // Source<T>::load4 gives them, whose vectors 2j and 2j + 1 hold the elements of the same
 // 2 * Lanes(DF), as unzipped vectors 2j and 2j + 1 do: so for blocks of two or four vectors
 // (shift 1 or 2) only.
-template <typename T, Fp8 K, bool kE8M0, bool kZipped>
+template <typename T, Fp8 K, bool kE8M0, bool kRecip, bool kZipped>
 HWY_INLINE void QuantizeGroup(const T* src, size_t shift, const float* factor,
                               const float* reciprocal, uint8_t* codes) {
   const DF d;
@@ -1087,7 +1108,7 @@ HWY_INLINE void QuantizeGroup(const T* src, size_t shift, const float* factor,
     VF v;
     if constexpr (kE8M0) {
       v = hn::Mul(x[k], f);
-    } else if constexpr (GIFT_RECIPROCAL_PAYS) {
+    } else if constexpr (kRecip) {
       v = QuotientMagnitudeRN(x[k], f, hn::Set(d, reciprocal[k >> shift]));
     } else {
       v = hn::Div(x[k], f);
@@ -1099,6 +1120,7 @@ HWY_INLINE void QuantizeGroup(const T* src, size_t shift, const float* factor,
 
 template <typename T, Fp8 K, bool kE8M0>
 uint32_t EncodeBlocksBatched(const BlockRun& run) {
+  const bool recip = !kE8M0 && ReciprocalChosen();
   const T* src = static_cast<const T*>(run.src);
   const char* bytes = static_cast<const char*>(run.src);
   const uint64_t blocks = (run.n + run.block - 1) / run.block;
@@ -1151,7 +1173,7 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
       }
     } else {
       std::fill(amax + count[cur], amax + kBatchBlocks, 0u);
-      BatchScalesF32<K>(amax, factor, reciprocal);
+      BatchScalesF32<K>(amax, factor, reciprocal, recip);
       for (size_t k = 0; k < count[cur]; ++k) static_cast<float*>(run.scales)[ids[k]] = factor[k];
     }
     // The next batch's amax, block by block beside this batch's codes where the lengths
@@ -1173,10 +1195,11 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
         memset(codes, 0, len);
         if (paired) next_amax[k] = amax_of(next_ids[k]);
       } else if (paired) {
-        next_amax[k] =
-            EncodeBlock<T, K, kE8M0, true>(src + e0, len, factor[k], &reciprocal[k], codes, next);
+        next_amax[k] = EncodeBlock<T, K, kE8M0, true>(src + e0, len, factor[k], recip,
+                                                      &reciprocal[k], codes, next);
       } else {
-        EncodeBlock<T, K, kE8M0, false>(src + e0, len, factor[k], &reciprocal[k], codes, nullptr);
+        EncodeBlock<T, K, kE8M0, false>(src + e0, len, factor[k], recip, &reciprocal[k], codes,
+                                        nullptr);
       }
       if (!paired && k < next_count) next_amax[k] = amax_of(next_ids[k]);
     }
@@ -1205,7 +1228,7 @@ HWY_INLINE bool SmallBlocksApply(uint32_t block) {
 // Blocks of 32, 128K fp32 elements in cache, one thread: 2.2 elements/ns that way (4.1 for
 // blocks of 128), 3.9 this way with fp32 scales, 5.5 with E8M0 (MX). Returns the batches'
 // abs_max_bits; on a NaN or Inf, a value >= 0x7F800000, with that batch unwritten.
-template <typename T, Fp8 K, bool kE8M0>
+template <typename T, Fp8 K, bool kE8M0, bool kRecip>
 HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
   const T* src = static_cast<const T*>(run.src);
   const char* bytes = static_cast<const char*>(run.src);
@@ -1244,11 +1267,11 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
                          _mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(254), byte), 23));
       clean = _mm512_test_epi32_mask(m, m) == 0xFFFF;  // no amax == 0 (codes all +0)
     } else {
-      BatchScalesF32<K>(amax, factor, reciprocal);
+      BatchScalesF32<K>(amax, factor, reciprocal, kRecip);
       const __m512 f = _mm512_load_ps(factor);
       _mm512_storeu_ps(static_cast<float*>(run.scales) + q * 16, f);
-      const float lowest = GIFT_RECIPROCAL_PAYS ? kReciprocalMin : 0x1p-149f;
-      const float highest = GIFT_RECIPROCAL_PAYS ? kReciprocalMax : 0x1p+127f;
+      const float lowest = kRecip ? kReciprocalMin : 0x1p-149f;
+      const float highest = kRecip ? kReciprocalMax : 0x1p+127f;
       clean = (_mm512_cmp_ps_mask(f, _mm512_set1_ps(lowest), _CMP_GE_OQ) &
                _mm512_cmp_ps_mask(f, _mm512_set1_ps(highest), _CMP_LE_OQ)) == 0xFFFF;
     }
@@ -1256,11 +1279,11 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
     if (clean) {
       for (size_t j = 0; j < 16; j += group) {
         if (shift) {
-          QuantizeGroup<T, K, kE8M0, Source<T>::kZipped>(src + e0 + j * block, shift, &factor[j],
-                                                         &reciprocal[j], codes + j * block);
+          QuantizeGroup<T, K, kE8M0, kRecip, Source<T>::kZipped>(
+              src + e0 + j * block, shift, &factor[j], &reciprocal[j], codes + j * block);
         } else {
-          QuantizeGroup<T, K, kE8M0, false>(src + e0 + j * block, shift, &factor[j], &reciprocal[j],
-                                            codes + j * block);
+          QuantizeGroup<T, K, kE8M0, kRecip, false>(src + e0 + j * block, shift, &factor[j],
+                                                    &reciprocal[j], codes + j * block);
         }
       }
       continue;
@@ -1269,8 +1292,8 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
       if (kE8M0 ? amax[j] == 0 : !(factor[j] > 0.0f)) {
         memset(codes + j * block, 0, block);
       } else {
-        EncodeBlock<T, K, kE8M0, false>(src + e0 + j * block, block, factor[j], &reciprocal[j],
-                                        codes + j * block, nullptr);
+        EncodeBlock<T, K, kE8M0, false>(src + e0 + j * block, block, factor[j], kRecip,
+                                        &reciprocal[j], codes + j * block, nullptr);
       }
     }
   }
@@ -1284,7 +1307,9 @@ uint32_t EncodeBlocksT(const BlockRun& run) {
 #if GIFT_AMAX_OF_16
   if (SmallBlocksApply<T>(run.block)) {
     uint64_t done = 0;
-    const uint32_t m = EncodeSmallBlocks<T, K, kE8M0>(run, &done);
+    const uint32_t m = !kE8M0 && ReciprocalChosen()
+                           ? EncodeSmallBlocks<T, K, kE8M0, true>(run, &done)
+                           : EncodeSmallBlocks<T, K, kE8M0, false>(run, &done);
     const uint64_t at = done * run.block;
     if (m >= 0x7F800000u || at == run.n) return m;
     BlockRun rest = run;
@@ -1431,6 +1456,28 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace gift::simd {
+
+namespace {
+std::atomic<int> g_reciprocal_division{-1};
+}  // namespace
+
+// Intel's AVX-512 (the Xeon measured) divides faster through the reciprocal, AMD's Zen 4 with
+// vdivps (ReciprocalChosen's comment): AMD CPUs divide.
+bool reciprocal_division_chosen() {
+  const int mode = g_reciprocal_division.load(std::memory_order_relaxed);
+  if (mode >= 0) return mode == 1;
+  static const bool by_vendor = [] {
+#if HWY_ARCH_X86
+    __builtin_cpu_init();
+    return !__builtin_cpu_is("amd");
+#else
+    return true;
+#endif
+  }();
+  return by_vendor;
+}
+
+int set_reciprocal_division_for_test(int mode) { return g_reciprocal_division.exchange(mode); }
 
 HWY_EXPORT(AbsMaxBits);
 HWY_EXPORT(AbsMaxAddSquares);
