@@ -498,7 +498,7 @@ enum class Scaling { kMultiply, kDivide };
 // vdivps costs as much per lane as the 256-bit one while the rest of the work is twice as fast
 // (encode in cache 12 to 14% faster this way), but AMD's Zen 4 runs 512-bit FMAs as two 256-bit
 // halves too, and the division measured faster there (encode_blocks_rn in cache, blocks of
-// 128: fp32 4.1 -> 4.8 elements/ns, bf16 4.1 -> 5.0; blocks of 32: 3.7 -> 4.9). On AVX2 the
+// 128: fp32 4.1 -> 4.9 elements/ns, bf16 4.1 -> 4.9; blocks of 32: 3.7 -> 4.9). On AVX2 the
 // division stays (the five operations measured 25% slower); other targets are unmeasured.
 #undef GIFT_RECIPROCAL_PAYS
 #if HWY_NATIVE_FMA && HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -962,9 +962,9 @@ void Subtract(const float* a, const float* b, float* out, size_t n, bool stream)
 // Within one block the codes wait on the amax, its reduction across lanes and the scale's
 // division; batching lets those latencies of one block overlap the others' work, and turns
 // the fp32 scales' two scalar divisions per block (the scale, and the reciprocal
-// QuotientMagnitudeRN multiplies by) into vector divisions per batch (two on AVX-512). The
-// shared loop puts the next batch's loads from memory among this batch's arithmetic, where
-// the core overlaps them; a separate amax pass waits on memory with little to do.
+// QuotientMagnitudeRN multiplies by) into vector divisions per batch (two on AVX-512 with the
+// reciprocal). The shared loop puts the next batch's loads from memory among this batch's
+// arithmetic, where the core overlaps them; a separate amax pass waits on memory with little to do.
 constexpr size_t kBatchBlocks = 16;
 
 // fp32 scales of a batch, FORMAT.md's rule (num::scale_f32: RN(amax / fp8_max), a division
@@ -1253,7 +1253,7 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
       *done = q * 16;
       return _mm512_reduce_max_epu32(run_max);
     }
-    bool clean;  // every scale positive, and fp32 ones in the reciprocal's domain
+    bool clean;  // every scale positive, fp32 ones in the division's (kRecip: reciprocal's) domain
     if constexpr (kE8M0) {
       // num::scale_e8m0 of a finite amax: the biased exponent field less emax, at least 0 (for
       // amax below 2^(emax - 126), subnormals included, the exponent clamps at -127); its
@@ -1462,7 +1462,8 @@ std::atomic<int> g_reciprocal_division{-1};
 }  // namespace
 
 // Intel's AVX-512 (the Xeon measured) divides faster through the reciprocal, AMD's Zen 4 with
-// vdivps (ReciprocalChosen's comment): AMD CPUs divide.
+// vdivps (ReciprocalChosen's comment): AMD CPUs divide (Zen 5, whose 512-bit units are whole on
+// its server parts, is unmeasured).
 bool reciprocal_division_chosen() {
   const int mode = g_reciprocal_division.load(std::memory_order_relaxed);
   if (mode >= 0) return mode == 1;
