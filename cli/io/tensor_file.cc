@@ -443,12 +443,13 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
 }
 
 // libgift reads elements of their own size at aligned addresses; a tensor that lies at an
-// odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside.
+// odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside. An
+// empty one gets a word of its own: an aligned address that is not null.
 void align_data(TensorFile* f) {
   for (TensorRef& t : f->tensors) {
     const uint64_t width = giftDTypeSize(t.dtype);
     if (reinterpret_cast<uintptr_t>(t.data) % width == 0) continue;
-    auto copy = std::make_shared<std::vector<uint64_t>>((t.bytes + 7) / 8);
+    auto copy = std::make_shared<std::vector<uint64_t>>(std::max<uint64_t>(1, (t.bytes + 7) / 8));
     std::memcpy(copy->data(), t.data, t.bytes);
     t.data = reinterpret_cast<const uint8_t*>(copy->data());
     f->storage.push_back(copy);

@@ -148,6 +148,34 @@ TEST(Npy, MissingFileIsAnIoError) {
   EXPECT_EQ(o.message, "/nonexistent/x.npy: cannot open: No such file or directory");
 }
 
+// Tensors at an odd address of their file are copied aside to an aligned one; an empty one
+// too, to an address that is not null (the fuzzer's npy-empty-f32-at-odd-offset: the copy of
+// no bytes went to a null pointer, which memcpy may not take).
+TEST(Npy, TensorsAtOddAddressesAreAligned) {
+  for (const auto& [shape, data] :
+       {std::pair<std::string, std::vector<uint8_t>>{"(0, 3)", {}}, {"(2,)", floats({1, 2})}}) {
+    const std::vector<uint8_t> file =
+        npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }", data);
+    std::vector<uint8_t> shifted(file.size() + 1);  // the file at an odd address
+    std::memcpy(shifted.data() + 1, file.data(), file.size());
+    gift::io::TensorFile f;
+    ASSERT_EQ(outcome([&] {
+                gift::io::parse_tensor_file(gift::io::FileKind::kNpy, shifted.data() + 1,
+                                            file.size(), "t.npy", "t", &f);
+              }).code,
+              giftc::kOk)
+        << shape;
+    ASSERT_EQ(f.tensors.size(), 1u);
+    const gift::io::TensorRef& t = f.tensors[0];
+    EXPECT_NE(t.data, nullptr) << shape;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 4, 0u) << shape;
+    ASSERT_EQ(t.bytes, data.size());
+    if (!data.empty()) {
+      EXPECT_EQ(std::memcmp(t.data, data.data(), data.size()), 0) << shape;
+    }
+  }
+}
+
 // A header whose JSON nests deeper than any real one (three levels) is refused: printing such a
 // value into a message recursed once per level and overflowed the stack.
 TEST(Safetensors, DeeplyNestedHeaderIsRefused) {
