@@ -204,6 +204,75 @@ TEST_P(ForEachTarget, DivisionAtHalfwayPointsEqualsScalarRule) {
   }
 }
 
+// Division by an fp32 scale next to the fp32 midpoints beside each FP8 halfway point h (h
+// plus or minus half an fp32 ulp, where the quotient's last bit picks the code): every pair
+// of fp32 x and s whose quotient lies within 2^-45 (relative) of one, up to a power of two
+// common to x and s. With the midpoint M = M' 2^j (M' odd), s = S 2^c (S odd) and x =
+// X 2^(c + j + k), x / s = 2^j (M' + r / S) for the odd integer r = X 2^k - M' S, |r| <=
+// 2^-45 M' S < 16. For each such r and k, S is the residue of -r / M' modulo 2^k (any pair's
+// S is below 2^k, as X < 2^24), and X = (M' S + r) / 2^k. The encoder's quotient through the
+// reciprocal is within 4.0001 * 2^-48 of x / s (FaithfulQuotient), so where its codes equal
+// the scalar rule's on these pairs, they do on all. Each scale is put at both ends of the
+// reciprocal's domain (the top one as far as x stays finite) and in its middle.
+TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
+  const auto inverse = [](uint64_t a) {  // of an odd a, modulo 2^64 (Newton's iteration)
+    uint64_t y = a;                      // right in the low 3 bits, then 6, 12, 24, 48, 96
+    for (int i = 0; i < 5; ++i) y *= 2 - a * y;
+    return y;
+  };
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
+    const bool e4m3 = kind == GIFT_FP8_E4M3;
+    const auto value = [&](uint32_t c) {
+      return e4m3 ? num::fp8_to_float<Fp8::kE4M3>(uint8_t(c))
+                  : num::fp8_to_float<Fp8::kE5M2>(uint8_t(c));
+    };
+    const float max = num::fp8_max(e4m3 ? Fp8::kE4M3 : Fp8::kE5M2);
+    size_t pairs = 0;
+    for (uint32_t code = 0; value(code + 1) <= max; ++code) {
+      const float h = (value(code) + value(code + 1)) * 0.5f;
+      for (int side : {-1, 1}) {
+        if (h == 0.0f && side < 0) continue;
+        const double midpoint = (double(h) + double(num::float_of(num::bits_of(h) + side))) / 2;
+        int j = 0;
+        uint64_t odd = uint64_t(std::ldexp(std::frexp(midpoint, &j), 53));
+        for (j -= 53; odd % 2 == 0; ++j) odd /= 2;
+        for (int r = -15; r <= 15; r += 2) {
+          for (int k = 1; k < 50; ++k) {
+            const uint64_t s_bits = uint64_t(-int64_t(r)) * inverse(odd) & ((uint64_t(1) << k) - 1);
+            if (s_bits == 0 || s_bits >= (1u << 24) ||
+                double(std::abs(r)) > 0x1p-45 * double(s_bits) * double(odd))
+              continue;
+            const uint64_t product = odd * s_bits + uint64_t(int64_t(r));
+            ASSERT_EQ(product % (uint64_t(1) << k), 0u);
+            const uint64_t x_bits = product >> k;
+            if (x_bits == 0 || x_bits >= (1u << 24)) continue;
+            const int top = std::ilogb(double(s_bits));
+            for (int c : {-80 - top, -top, std::min(124, 125 - std::ilogb(midpoint)) - top}) {
+              const float s = std::ldexp(float(s_bits), c);
+              const float x = std::ldexp(float(x_bits), c + j + k);
+              ASSERT_TRUE(std::isnormal(x) && s >= 0x1p-80f && s < 0x1p+125f);
+              ASSERT_LE(std::fabs(double(x) / double(s) - midpoint), 0x1p-44 * midpoint);
+              std::vector<float> xs(64);  // four vectors of the widest target
+              for (size_t i = 0; i < xs.size(); ++i) xs[i] = i % 2 ? -x : x;
+              std::vector<uint8_t> codes(xs.size());
+              simd::quantize_rn_bounded(xs.data(), GIFT_DTYPE_F32, xs.size(), s, true, kind,
+                                        codes.data());
+              const float q = x / s;
+              const uint8_t want = e4m3 ? num::fp8_from_float_rn<Fp8::kE4M3>(q)
+                                        : num::fp8_from_float_rn<Fp8::kE5M2>(q);
+              ASSERT_EQ(codes[0], want) << "kind " << kind << " scale bits 0x" << std::hex
+                                        << num::bits_of(s) << " x bits 0x" << num::bits_of(x);
+              ASSERT_EQ(codes[1], want | 0x80);
+              ++pairs;
+            }
+          }
+        }
+      }
+    }
+    EXPECT_GT(pairs, 3000u) << "kind " << kind;  // the enumeration above found its pairs
+  }
+}
+
 // Codes with a NaN or Inf in most lines of 64, and codes with none (every finite code in
 // turn, 5 lines and a tail) alone and with one NaN or Inf at the start, end or middle of a
 // line, or last: the vector loop's two forms.

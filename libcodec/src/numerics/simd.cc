@@ -390,7 +390,7 @@ HWY_INLINE VI MagnitudeRNBounded(DF d, VF v) {
 }
 
 // Then saturation to the largest finite code, and the sign of x, the unscaled input: v's own
-// sign except where v is a zero whose sign a division lost (QuotientMagnitudeRN). StoreCodes4 does
+// sign except where v is a zero whose sign a division lost (FaithfulQuotient). StoreCodes4 does
 // these two steps on bytes, for four vectors at once.
 template <Fp8 K>
 HWY_INLINE VI ConvertRNBounded(DF d, VF v, VF x) {
@@ -478,28 +478,38 @@ HWY_INLINE void StoreCodes4(const VI (&c)[4], const VF (&x)[4], uint8_t* codes) 
 // rounded to fp32, then to FP8).
 enum class Scaling { kMultiply, kDivide };
 
-// x / s rounded to nearest, bit for bit what hn::Div gives, from z = RN(1/s) in one
-// multiplication and four fused multiply-adds: a division costs more than all five (AVX-512:
-// one vdivps per 8 to 10 cycles, against two FMAs per cycle). Valid for finite x and s in
-// [kReciprocalMin, kReciprocalMax], where z is normal:
-// - q0 = RN(x z) is within 1.5 ulp of x/s; q1 = RN(q0 + RN(x - q0 s) z) then is within
-//   0.5 ulp plus 2^-21 ulp of it, so q1 is one of the two fp32 neighbours of x/s (faithful).
-// - For a faithful q1, x - q1 s is exact in one FMA and RN(q1 + (x - q1 s) z) = RN(x/s)
-//   (Markstein's theorem; IBM J. Res. Dev. 34(1), 1990) while nothing underflows. Nothing
-//   does where the code can be nonzero: |x/s| >= 2^-20 gives |x| >= 2^-100 and a remainder on
-//   a grid of 2^-147 or coarser.
-// - Where |x/s| < 2^-20 the code is a signed zero on both paths: each step stays within a
-//   few fp32 ulps (or subnormal steps) of x/s, so q2 stays below 2^-19.
+// x / s to within an fp32 ulp, from z = RN(1/s) in one multiplication and two fused
+// multiply-adds, q0 = RN(x z) and q1 = RN(q0 + RN(x - q0 s) z): a division costs more (AVX-512:
+// one vdivps per 8 to 10 cycles, against two FMAs per cycle). q1 is faithful (one of the two
+// fp32 neighbours of x/s), not shown to be RN(x/s), FORMAT.md's quotient; its code is shown to
+// be RN(x/s)'s for finite x and s in [kReciprocalMin, kReciprocalMax], where z is normal:
+// - With u = 2^-24, z = (1 + e) / s and q0 = (1 + d) x/s with |e| <= u and |d| <= 2u + u^2;
+//   the remainder is rounded at most once (relative error t, |t| <= u), so the sum q1 rounds
+//   is (1 - d (e + t + e t)) x/s: within 4.0001 u^2 of x/s, relative.
+// - Its code can differ from RN(x/s)'s only if an fp32 midpoint beside an FP8 halfway point h
+//   (h plus or minus half an fp32 ulp; elsewhere both sides round to one code) lies within
+//   that distance of x/s. Quotients of fp32 numbers come that close to those few midpoints
+//   for few pairs, which DivisionNextToFp32MidpointsEqualsScalarRule enumerates (every one
+//   within 8 u^2, up to a power of two common to x and s) and checks: q0's codes differ from
+//   RN(x/s)'s on thousands of them, q1's on none. A third step (Markstein's correction, which
+//   gives RN(x/s) itself) changed no code and is left out: 5 operations cost 4.1 elements/ns
+//   of encode in cache on Zen 4, 3 cost 4.4.
+// - Nothing underflows where the code can be nonzero: |x/s| >= 2^-20 gives |x| >= 2^-100 and
+//   a remainder on a grid of 2^-147 or coarser, exact where it is subnormal. Where |x/s| <
+//   2^-20 the code is a signed zero on both paths: each step stays within a few fp32 ulps (or
+//   subnormal steps) of x/s, so q1 stays below 2^-19.
 // - The sign is x's, as the quotient's is (s > 0), except that of a zero: RN(a + b) of an
 //   exact cancellation is +0 whatever x's sign. The conversions take the code's sign from x
 //   (ConvertRNBounded, StoreCodes4), so the quotient's magnitude is all that is used.
 // It needs a true FMA (HWY_NATIVE_FMA; elsewhere MulAdd rounds twice), and is compiled where
 // it can pay: AVX-512. There the CPU decides (reciprocal_division_chosen): an Intel Xeon's
 // vdivps costs as much per lane as the 256-bit one while the rest of the work is twice as fast
-// (encode in cache 12 to 14% faster this way), but AMD's Zen 4 runs 512-bit FMAs as two 256-bit
-// halves too, and the division measured faster there (encode_blocks_rn in cache, blocks of
-// 128: fp32 4.1 -> 4.9 elements/ns, bf16 4.1 -> 4.9; blocks of 32: 3.7 -> 4.9). On AVX2 the
-// division stays (the five operations measured 25% slower); other targets are unmeasured.
+// (encode in cache 12 to 14% faster this way, measured with the third step), but AMD's Zen 4
+// runs 512-bit FMAs as two 256-bit halves too, and the division measured faster there
+// (encode_blocks_rn in cache, blocks of 128: fp32 4.1 -> 4.9 elements/ns with the third step,
+// 4.4 -> 4.9 without). On AVX2 the division stays (without the third step too: on Zen 4,
+// fp32 blocks of 128 encode at 2.86 elements/ns this way against 3.00 dividing); other
+// targets are unmeasured.
 #undef GIFT_RECIPROCAL_PAYS
 #if HWY_NATIVE_FMA && HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define GIFT_RECIPROCAL_PAYS 1
@@ -510,7 +520,7 @@ constexpr float kReciprocalMin = 0x1p-80f, kReciprocalMax = 0x1p+125f;
 
 HWY_INLINE bool ReciprocalApplies(float s) { return s >= kReciprocalMin && s <= kReciprocalMax; }
 
-// Whether this call divides through QuotientMagnitudeRN (where its domain allows): the same
+// Whether this call divides through FaithfulQuotient (where its domain allows): the same
 // bytes either way.
 HWY_INLINE bool ReciprocalChosen() {
 #if GIFT_RECIPROCAL_PAYS
@@ -520,10 +530,9 @@ HWY_INLINE bool ReciprocalChosen() {
 #endif
 }
 
-HWY_INLINE VF QuotientMagnitudeRN(VF x, VF s, VF z) {
+HWY_INLINE VF FaithfulQuotient(VF x, VF s, VF z) {
   const VF q0 = hn::Mul(x, z);
-  const VF q1 = hn::MulAdd(hn::NegMulAdd(q0, s, x), z, q0);
-  return hn::MulAdd(hn::NegMulAdd(q1, s, x), z, q1);
+  return hn::MulAdd(hn::NegMulAdd(q0, s, x), z, q0);
 }
 
 // The running largest sign-cleared pattern of groups of 4 * Lanes(DF) elements, for the
@@ -571,21 +580,20 @@ template <typename T>
 using AmaxOf = AmaxLanes<T>;
 #endif
 
-// The loop of QuantizeT. With kReciprocal, x / factor comes from QuotientMagnitudeRN with
+// The loop of QuantizeT. With kReciprocal, x / factor comes from FaithfulQuotient with
 // reciprocal = RN(1 / factor), whose domain the caller checked; it needs kBounded (finite x),
 // and factor > 0 as every scale is. With kAmaxNext, it also returns AbsMaxBitsT(next, n).
 template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kReciprocal, bool kAmaxNext>
 HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float reciprocal,
                                  uint8_t* codes, const T* next) {
-  static_assert(!kReciprocal || (kS == Scaling::kDivide && kBounded),
-                "QuotientMagnitudeRN's domain");
+  static_assert(!kReciprocal || (kS == Scaling::kDivide && kBounded), "FaithfulQuotient's domain");
   const DF d;
   const size_t lanes = hn::Lanes(d);
   const VF f = hn::Set(d, factor);
   const VF z = hn::Set(d, reciprocal);
   const auto scaled = [&](VF x) {
     if constexpr (kS == Scaling::kMultiply) return hn::Mul(x, f);
-    if constexpr (kReciprocal) return QuotientMagnitudeRN(x, f, z);
+    if constexpr (kReciprocal) return FaithfulQuotient(x, f, z);
     return hn::Div(x, f);
   };
   const auto code_at = [&](size_t i) {
@@ -618,7 +626,7 @@ HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float rec
   return amax_bits;
 }
 
-// The bounded conversion divides through QuotientMagnitudeRN where `recip` (ReciprocalChosen)
+// The bounded conversion divides through FaithfulQuotient where `recip` (ReciprocalChosen)
 // and its domain allow, with RN(1 / factor) from `reciprocal` where the caller has it (the
 // block encoder's, from BatchScalesF32), else taken here.
 template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kAmaxNext = false>
@@ -962,7 +970,7 @@ void Subtract(const float* a, const float* b, float* out, size_t n, bool stream)
 // Within one block the codes wait on the amax, its reduction across lanes and the scale's
 // division; batching lets those latencies of one block overlap the others' work, and turns
 // the fp32 scales' two scalar divisions per block (the scale, and the reciprocal
-// QuotientMagnitudeRN multiplies by) into vector divisions per batch (two on AVX-512 with the
+// FaithfulQuotient multiplies by) into vector divisions per batch (two on AVX-512 with the
 // reciprocal). The shared loop puts the next batch's loads from memory among this batch's
 // arithmetic, where the core overlaps them; a separate amax pass waits on memory with little to do.
 constexpr size_t kBatchBlocks = 16;
@@ -1109,7 +1117,7 @@ HWY_INLINE void QuantizeGroup(const T* src, size_t shift, const float* factor,
     if constexpr (kE8M0) {
       v = hn::Mul(x[k], f);
     } else if constexpr (kRecip) {
-      v = QuotientMagnitudeRN(x[k], f, hn::Set(d, reciprocal[k >> shift]));
+      v = FaithfulQuotient(x[k], f, hn::Set(d, reciprocal[k >> shift]));
     } else {
       v = hn::Div(x[k], f);
     }

@@ -91,10 +91,10 @@ void stream_fence();
 // Name of the instruction set the dispatcher picked, for benchmarks and --version.
 const char* target_name();
 
-// How the AVX-512 encoder divides by fp32 scales: 1 through their reciprocals and two exact
-// corrections, 0 with a vector division, -1 (the default) as measured faster for the CPU's
-// vendor. The bytes are the same; tests set it to reach both. Returns the
-// previous setting.
+// How the AVX-512 encoder divides by fp32 scales: 1 through their reciprocals and one
+// correction (a quotient within an ulp, whose codes are those of the division), 0 with a
+// vector division, -1 (the default) as measured faster for the CPU's vendor. The bytes are
+// the same; tests set it to reach both. Returns the previous setting.
 int set_reciprocal_division_for_test(int mode);
 
 }  // namespace gift::simd
