@@ -1022,6 +1022,14 @@ HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to) {
   for (uint64_t i = from; i < to; i += 64) hwy::Prefetch(base + i);
 }
 
+// Whether a block's codes are all +0: its scale is zero (amax == 0, or an fp32 scale that
+// underflowed). Finite x over a positive scale stays below 2^17 in magnitude, where the
+// bounded conversion (EncodeBlock) applies.
+template <bool kE8M0>
+HWY_INLINE bool ZeroScale(uint32_t amax_bits, float factor) {
+  return kE8M0 ? amax_bits == 0 : !(factor > 0.0f);
+}
+
 // One block's codes with its scale factor (and with fp32 scales, its reciprocal from
 // BatchScalesF32); with kAmaxNext, returns the amax bits of the len elements at next.
 template <typename T, Fp8 K, bool kE8M0, bool kAmaxNext>
@@ -1205,9 +1213,7 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
       const bool paired = k < next_count && len_of(next_ids[k]) == len;
       if (paired) fetch_ahead(next_ids[k]);
       const T* next = paired ? src + next_ids[k] * run.block : nullptr;
-      // Finite x over a positive scale stays below 2^17 in magnitude: the bounded conversion
-      // applies. A zero scale (amax == 0 or fp32 underflow) means all codes +0.
-      if (kE8M0 ? amax[k] == 0 : !(factor[k] > 0.0f)) {
+      if (ZeroScale<kE8M0>(amax[k], factor[k])) {
         memset(codes, 0, len);
         if (paired) next_amax[k] = amax_of(next_ids[k]);
       } else if (paired) {
@@ -1305,7 +1311,7 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
       continue;
     }
     for (size_t j = 0; j < 16; ++j) {  // rare: a zero scale, or one outside the domain
-      if (kE8M0 ? amax[j] == 0 : !(factor[j] > 0.0f)) {
+      if (ZeroScale<kE8M0>(amax[j], factor[j])) {
         memset(codes + j * block, 0, block);
       } else {
         EncodeBlock<T, K, kE8M0, false>(src + e0 + j * block, block, factor[j], kRecip,
