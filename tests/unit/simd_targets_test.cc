@@ -204,16 +204,19 @@ TEST_P(ForEachTarget, DivisionAtHalfwayPointsEqualsScalarRule) {
   }
 }
 
-// Division by an fp32 scale next to the fp32 midpoints beside each FP8 halfway point h (h
-// plus or minus half an fp32 ulp, where the quotient's last bit picks the code): every pair
-// of fp32 x and s whose quotient lies within 2^-45 (relative) of one, up to a power of two
-// common to x and s. With the midpoint M = M' 2^j (M' odd), s = S 2^c (S odd) and x =
-// X 2^(c + j + k), x / s = 2^j (M' + r / S) for the odd integer r = X 2^k - M' S, |r| <=
-// 2^-45 M' S < 16. For each such r and k, S is the residue of -r / M' modulo 2^k (any pair's
-// S is below 2^k, as X < 2^24), and X = (M' S + r) / 2^k. The encoder's quotient through the
-// reciprocal is within 4.0001 * 2^-48 of x / s (FaithfulQuotient), so where its codes equal
-// the scalar rule's on these pairs, they do on all. Each scale is put at both ends of the
-// reciprocal's domain (the top one as far as x stays finite) and in its middle.
+// Division by an fp32 scale next to the midpoints between each FP8 halfway point h and its
+// fp32 neighbours (where the quotient's last bit picks the code): every pair of fp32 x and s
+// whose quotient lies within 2^-45 (relative) of one, up to a power of two common to x and s.
+// With the midpoint M = M' 2^j (M' odd, 25 bits), s = S 2^c (S odd) and x = X 2^(c + j + k)
+// (X odd), x / s = 2^j (M' + r / S) for the integer r = X 2^k - M' S, |r| <= 2^-45 M' S < 16.
+// There k >= 1 (k = 0 leaves |r| >= 2^-24 M' S, and k < 0 needs X above 2^24), so r is odd;
+// S is below 2^k (as X < 2^24), hence the residue of -r / M' modulo 2^k, and X = (M' S + r) /
+// 2^k. The encoder's quotient through the reciprocal (FaithfulQuotient) is within 4.0001 *
+// 2^-48 of x / s, so where its codes equal the scalar rule's on these pairs, they do on all.
+// The host computes that quotient too, so that the claim is checked on machines without
+// AVX-512, and the quotient before its correction, whose codes must differ on some pairs (else
+// the pairs would not be the hard ones). Each scale is put at both ends of the reciprocal's
+// domain (the top one as far as x stays finite) and in its middle.
 TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
   const auto inverse = [](uint64_t a) {  // of an odd a, modulo 2^64 (Newton's iteration)
     uint64_t y = a;                      // right in the low 3 bits, then 6, 12, 24, 48, 96
@@ -226,8 +229,11 @@ TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
       return e4m3 ? num::fp8_to_float<Fp8::kE4M3>(uint8_t(c))
                   : num::fp8_to_float<Fp8::kE5M2>(uint8_t(c));
     };
+    const auto code_of = [&](float q) {
+      return e4m3 ? num::fp8_from_float_rn<Fp8::kE4M3>(q) : num::fp8_from_float_rn<Fp8::kE5M2>(q);
+    };
     const float max = num::fp8_max(e4m3 ? Fp8::kE4M3 : Fp8::kE5M2);
-    size_t pairs = 0;
+    size_t pairs = 0, uncorrected_differs = 0;
     for (uint32_t code = 0; value(code + 1) <= max; ++code) {
       const float h = (value(code) + value(code + 1)) * 0.5f;
       for (int side : {-1, 1}) {
@@ -245,31 +251,35 @@ TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
             const uint64_t product = odd * s_bits + uint64_t(int64_t(r));
             ASSERT_EQ(product % (uint64_t(1) << k), 0u);
             const uint64_t x_bits = product >> k;
-            if (x_bits == 0 || x_bits >= (1u << 24)) continue;
+            if (x_bits % 2 == 0 || x_bits >= (1u << 24)) continue;  // even: found at k + 1
+            ++pairs;
             const int top = std::ilogb(double(s_bits));
-            for (int c : {-80 - top, -top, std::min(124, 125 - std::ilogb(midpoint)) - top}) {
+            for (int c : {-top, -80 - top, std::min(124, 125 - std::ilogb(midpoint)) - top}) {
               const float s = std::ldexp(float(s_bits), c);
               const float x = std::ldexp(float(x_bits), c + j + k);
               ASSERT_TRUE(std::isnormal(x) && s >= 0x1p-80f && s < 0x1p+125f);
               ASSERT_LE(std::fabs(double(x) / double(s) - midpoint), 0x1p-44 * midpoint);
+              const uint8_t want = code_of(x / s);
+              const float z = 1.0f / s, q0 = x * z;
+              ASSERT_EQ(code_of(std::fma(std::fma(-q0, s, x), z, q0)), want);
+              if (c == -top && code_of(q0) != want) ++uncorrected_differs;
               std::vector<float> xs(64);  // four vectors of the widest target
               for (size_t i = 0; i < xs.size(); ++i) xs[i] = i % 2 ? -x : x;
               std::vector<uint8_t> codes(xs.size());
               simd::quantize_rn_bounded(xs.data(), GIFT_DTYPE_F32, xs.size(), s, true, kind,
                                         codes.data());
-              const float q = x / s;
-              const uint8_t want = e4m3 ? num::fp8_from_float_rn<Fp8::kE4M3>(q)
-                                        : num::fp8_from_float_rn<Fp8::kE5M2>(q);
-              ASSERT_EQ(codes[0], want) << "kind " << kind << " scale bits 0x" << std::hex
-                                        << num::bits_of(s) << " x bits 0x" << num::bits_of(x);
-              ASSERT_EQ(codes[1], want | 0x80);
-              ++pairs;
+              for (size_t i = 0; i < xs.size(); ++i) {
+                ASSERT_EQ(codes[i], i % 2 ? want | 0x80 : want)
+                    << "kind " << kind << " scale bits 0x" << std::hex << num::bits_of(s)
+                    << " x bits 0x" << num::bits_of(xs[i]);
+              }
             }
           }
         }
       }
     }
-    EXPECT_GT(pairs, 3000u) << "kind " << kind;  // the enumeration above found its pairs
+    EXPECT_GT(pairs, 1000u) << "kind " << kind;
+    EXPECT_GT(uncorrected_differs, 200u) << "kind " << kind;
   }
 }
 
