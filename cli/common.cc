@@ -86,15 +86,25 @@ giftFp8Kind_t parse_fp8(const std::string& s) {
   throw Failure(kUsage, "--fp8: '" + s + "' is not e4m3 or e5m2");
 }
 
+namespace {
+
+// A string of decimal digits (non-empty, nothing else) as a number, where it is at most max.
+bool digits_at_most(const std::string& digits, uint64_t max, uint64_t* v) {
+  errno = 0;
+  *v = std::strtoull(digits.c_str(), nullptr, 10);
+  return errno != ERANGE && *v <= max;
+}
+
+}  // namespace
+
 uint64_t parse_uint(const std::string& s, const std::string& what, uint64_t min, uint64_t max) {
   // Digits only: strtoull alone would take "-5" as 2^64 - 5 and clamp what overflows.
   if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) {
     throw Failure(kUsage, what + ": '" + s + "' is not " +
                               (min > 0 ? "a positive integer" : "a non-negative integer"));
   }
-  errno = 0;
-  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
-  if (errno == ERANGE || v > max)
+  uint64_t v;
+  if (!digits_at_most(s, max, &v))
     throw Failure(kUsage, what + ": " + s + " is larger than " + std::to_string(max));
   if (v < min) throw Failure(kUsage, what + ": " + s + " is less than " + std::to_string(min));
   return v;
@@ -112,12 +122,9 @@ uint64_t parse_bytes(const std::string& s, const std::string& what, uint64_t min
   for (const auto& [name, shift] : kSuffixes) {
     if (s.compare(digits, std::string::npos, name) != 0 || digits == 0) continue;
     uint64_t v;
-    try {  // the digits alone fail only where the product overflows
-      v = parse_uint(s.substr(0, digits), what, 0, UINT64_MAX >> shift);
-    } catch (const Failure&) {
+    // Past UINT64_MAX >> shift, the product overflows (and is past any max).
+    if (!digits_at_most(s.substr(0, digits), UINT64_MAX >> shift, &v) || (v << shift) > max)
       throw out_of_range(max, "larger");
-    }
-    if ((v << shift) > max) throw out_of_range(max, "larger");
     if ((v << shift) < min) throw out_of_range(min, "less");
     return v << shift;
   }

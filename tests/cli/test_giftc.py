@@ -620,7 +620,8 @@ class Giftc(unittest.TestCase):
                           ("0K", "less than 1 byte"), ("0", "less than 1 byte"),
                           ("2000000000000", "larger than 1099511627776 bytes"),
                           ("2T", "larger than 1099511627776 bytes"),
-                          ("99999999999999999999K", "larger than")):
+                          ("99999999999999999999K", "larger than"),
+                          ("18014398509481984K", "larger than")):  # 2^64 bytes: wraps to 0
             r = run("bench", "--size", size)
             self.assertEqual(r.returncode, 1, size)
             self.assertIn(why, r.stderr, size)
