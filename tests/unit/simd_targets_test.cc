@@ -234,6 +234,7 @@ TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
     };
     const float max = num::fp8_max(e4m3 ? Fp8::kE4M3 : Fp8::kE5M2);
     size_t pairs = 0, uncorrected_differs = 0;
+    std::vector<std::pair<float, float>> hard;  // (s, x) of every pair at every placement
     for (uint32_t code = 0; value(code + 1) <= max; ++code) {
       const float h = (value(code) + value(code + 1)) * 0.5f;
       for (int side : {-1, 1}) {
@@ -259,6 +260,7 @@ TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
               const float x = std::ldexp(float(x_bits), c + j + k);
               ASSERT_TRUE(std::isnormal(x) && s >= 0x1p-80f && s < 0x1p+125f);
               ASSERT_LE(std::fabs(double(x) / double(s) - midpoint), 0x1p-44 * midpoint);
+              if (std::isfinite(s * max)) hard.emplace_back(s, x);  // a block's amax below
               const uint8_t want = code_of(x / s);
               const float z = 1.0f / s, q0 = x * z;
               ASSERT_EQ(code_of(std::fma(std::fma(-q0, s, x), z, q0)), want);
@@ -280,6 +282,32 @@ TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
     }
     EXPECT_GT(pairs, 1000u) << "kind " << kind;
     EXPECT_GT(uncorrected_differs, 200u) << "kind " << kind;
+    // The block encoder, whose reciprocals come from its batches of scales: a block per pair,
+    // led by the amax whose scale RN(amax / max) is that pair's s where one is (the scale
+    // rule's round trip), the rest x and -x; blocks of 128 (batched) and of 32 (16 at a time
+    // on AVX-512).
+    for (uint32_t block : {128u, 32u}) {
+      std::vector<float> src(hard.size() * block);
+      for (size_t b = 0; b < hard.size(); ++b) {
+        const auto [s, x] = hard[b];
+        src[b * block] = s * max;
+        for (uint32_t i = 1; i < block; ++i) src[b * block + i] = i % 2 ? x : -x;
+      }
+      std::vector<uint8_t> codes(src.size());
+      std::vector<float> scales(hard.size());
+      simd::encode_blocks_rn({src.data(), GIFT_DTYPE_F32, src.size(), block, kind,
+                              GIFT_SCALE_DTYPE_F32, codes.data(), scales.data()});
+      size_t on_pair = 0;
+      for (size_t b = 0; b < hard.size(); ++b) {
+        on_pair += scales[b] == hard[b].first;
+        for (uint32_t i = 0; i < block; ++i) {
+          ASSERT_EQ(codes[b * block + i], code_of(src[b * block + i] / scales[b]))
+              << "kind " << kind << " block " << block << " scale bits 0x" << std::hex
+              << num::bits_of(scales[b]) << " x bits 0x" << num::bits_of(src[b * block + i]);
+        }
+      }
+      EXPECT_GT(on_pair, hard.size() / 2) << "kind " << kind;
+    }
   }
 }
 
