@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "container/census.h"
 #include "container/layout.h"
 #include "gift/gift.h"
 #include "gift_generated.h"
@@ -354,6 +355,76 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
         }
         giftFrameClose(f);
       }
+}
+
+// The writer's census against FORMAT.md's rule spelled out element by element, compared bit
+// for bit on its doubles (the header's float rms hides most errors of order): lanes of very
+// different magnitudes (lane 0's values 2^12 times the others', so that the fold's order shows
+// in the last bits), a NaN and an Inf, and the tensor cut into pieces at offsets that are not
+// multiples of 8 and across chunk boundaries, with and without the encoder's amax.
+TEST(Census, SumsFollowTheRuleBitForBitHoweverTheTensorIsCut) {
+  namespace num = gift::num;
+  using gift::container::Census;
+  const size_t n = 3 * 4096 + 123;
+  std::vector<float> x = values(n, 7);
+  for (size_t i = 0; i < n; i += 8) x[i] *= 4096.0f;
+  x[100] = std::nanf("");
+  x[5000] = -INFINITY;
+  std::vector<uint16_t> half(n);
+  for (size_t i = 0; i < n; ++i) half[i] = num::bf16_from_float(x[i]);
+  for (giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16}) {
+    const auto value = [&](size_t i) {
+      return dtype == GIFT_DTYPE_F32 ? x[i] : num::bf16_to_float(half[i]);
+    };
+    const auto at = [&](size_t i) -> const void* {
+      return dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(&x[i]) : &half[i];
+    };
+    Census want;
+    for (size_t i = 0; i < n; ++i) {
+      const float v = value(i);
+      if (std::isfinite(v)) {
+        want.lanes[i % 8] += double(v) * double(v);
+        ++want.finite;
+        want.stats.amax = std::max(want.stats.amax, std::fabs(v));
+      } else if (want.stats.nonfinite_count++ == 0) {
+        want.stats.first_nonfinite = i;
+      }
+      if ((i + 1) % 4096 == 0) {
+        want.sum += ((want.lanes[0] + want.lanes[1]) + (want.lanes[2] + want.lanes[3])) +
+                    ((want.lanes[4] + want.lanes[5]) + (want.lanes[6] + want.lanes[7]));
+        std::fill(want.lanes, want.lanes + 8, 0.0);
+      }
+    }
+    ASSERT_NE(want.sum + want.lanes[0], 0.0);
+    for (const std::vector<size_t>& cuts :
+         {std::vector<size_t>{}, {4095, 4097}, {1, 4099, 4103, 8195}, {13, 2051, 6150, 12291}}) {
+      for (bool with_amax : {false, true}) {
+        Census got;
+        size_t from = 0;
+        for (size_t k = 0; k <= cuts.size(); ++k) {
+          const size_t to = k < cuts.size() ? cuts[k] : n;
+          float amax = 0.0f;
+          bool finite = true;
+          for (size_t i = from; i < to; ++i) {
+            finite = finite && std::isfinite(value(i));
+            amax = std::max(amax, std::fabs(value(i)));
+          }
+          got.add(at(from), dtype, from, to - from, with_amax && finite ? &amax : nullptr);
+          from = to;
+        }
+        const std::string where = "dtype " + std::to_string(dtype) + ", " +
+                                  std::to_string(cuts.size()) + " cuts" +
+                                  (with_amax ? ", the encoder's amax" : "");
+        EXPECT_EQ(got.sum, want.sum) << where;
+        for (int j = 0; j < 8; ++j)
+          EXPECT_EQ(got.lanes[j], want.lanes[j]) << where << " lane " << j;
+        EXPECT_EQ(got.finite, want.finite) << where;
+        EXPECT_EQ(got.stats.amax, want.stats.amax) << where;
+        EXPECT_EQ(got.stats.nonfinite_count, want.stats.nonfinite_count) << where;
+        EXPECT_EQ(got.stats.first_nonfinite, want.stats.first_nonfinite) << where;
+      }
+    }
+  }
 }
 
 TEST(Frame, EveryTruncationIsRejected) {
