@@ -280,10 +280,41 @@ TEST(Frame, TheCallersRoundingModeDoesNotChangeTheBytes) {
   }
 }
 
-// Tensor.stats by their rule (FORMAT.md 2.2), computed here independently: the squares of
-// the finite values summed in eight lanes by element index mod 8, folded at every multiple
-// of 4096 elements; NaN and Inf counted apart wherever they fall (every lane, both ends of
-// chunks, a whole chunk), for FP8 and lossless tensors of every input type, and for values
+// FORMAT.md 2.2's statistics of values v, spelled out element by element: the squares of
+// the finite ones in lane i mod 8, folded pairwise into the sum at every multiple of 4096
+// (a last partial chunk's lanes left unfolded), their count and largest magnitude, and the
+// non-finite ones' count and first index.
+struct RuleSums {
+  double lanes[8] = {}, sum = 0;
+  uint64_t finite = 0, nonfinite = 0, first_nonfinite = UINT64_MAX;
+  float amax = 0;
+};
+
+double fold(const double (&l)[8]) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+RuleSums rule_sums(const std::vector<float>& v) {
+  RuleSums r;
+  for (uint64_t i = 0; i < v.size(); ++i) {
+    if (std::isfinite(v[i])) {
+      r.lanes[i % 8] += double(v[i]) * double(v[i]);
+      ++r.finite;
+      r.amax = std::max(r.amax, std::fabs(v[i]));
+    } else if (r.nonfinite++ == 0) {
+      r.first_nonfinite = i;
+    }
+    if ((i + 1) % 4096 == 0) {
+      r.sum += fold(r.lanes);
+      std::fill(r.lanes, r.lanes + 8, 0.0);
+    }
+  }
+  return r;
+}
+
+// Tensor.stats by their rule (FORMAT.md 2.2), computed here independently (rule_sums, and
+// the last chunk's lanes folded in); NaN and Inf counted apart wherever they fall (every lane, both
+// ends of chunks, a whole chunk), for FP8 and lossless tensors of every input type, and for values
 // all finite; written whole, and in bands through a scratch folder (where the statistics
 // of all-finite pieces take the encoder's amax).
 TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
@@ -312,24 +343,10 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
                  : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
                                             : num::f16_to_float(half[i]);
         }
-        double lanes[8] = {}, sum = 0;
-        uint64_t finite = 0, nonfinite = 0;
-        float amax = 0;
-        for (uint64_t i = 0; i < n; ++i) {
-          if (std::isfinite(v[i])) {
-            lanes[i % 8] += double(v[i]) * double(v[i]);
-            ++finite;
-            amax = std::max(amax, std::fabs(v[i]));
-          } else {
-            ++nonfinite;
-          }
-          if ((i + 1) % 4096 == 0 || i + 1 == n) {
-            sum += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-                   ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-            std::fill(lanes, lanes + 8, 0.0);
-          }
-        }
-        const float rms = float(std::sqrt(sum / double(finite)));
+        const RuleSums want = rule_sums(v);
+        const float rms = float(std::sqrt((want.sum + fold(want.lanes)) / double(want.finite)));
+        const float amax = want.amax;
+        const uint64_t nonfinite = want.nonfinite;
         const void* data =
             dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
         giftFrameWriter* w = nullptr;
@@ -379,22 +396,9 @@ TEST(Census, SumsFollowTheRuleBitForBitHoweverTheTensorIsCut) {
     const auto at = [&](size_t i) -> const void* {
       return dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(&x[i]) : &half[i];
     };
-    Census want;
-    for (size_t i = 0; i < n; ++i) {
-      const float v = value(i);
-      if (std::isfinite(v)) {
-        want.lanes[i % 8] += double(v) * double(v);
-        ++want.finite;
-        want.stats.amax = std::max(want.stats.amax, std::fabs(v));
-      } else if (want.stats.nonfinite_count++ == 0) {
-        want.stats.first_nonfinite = i;
-      }
-      if ((i + 1) % 4096 == 0) {
-        want.sum += ((want.lanes[0] + want.lanes[1]) + (want.lanes[2] + want.lanes[3])) +
-                    ((want.lanes[4] + want.lanes[5]) + (want.lanes[6] + want.lanes[7]));
-        std::fill(want.lanes, want.lanes + 8, 0.0);
-      }
-    }
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = value(i);
+    const RuleSums want = rule_sums(v);
     ASSERT_NE(want.sum + want.lanes[0], 0.0);
     for (const std::vector<size_t>& cuts :
          {std::vector<size_t>{}, {4095, 4097}, {1, 4099, 4103, 8195}, {13, 2051, 6150, 12291}}) {
@@ -419,9 +423,9 @@ TEST(Census, SumsFollowTheRuleBitForBitHoweverTheTensorIsCut) {
         for (int j = 0; j < 8; ++j)
           EXPECT_EQ(got.lanes[j], want.lanes[j]) << where << " lane " << j;
         EXPECT_EQ(got.finite, want.finite) << where;
-        EXPECT_EQ(got.stats.amax, want.stats.amax) << where;
-        EXPECT_EQ(got.stats.nonfinite_count, want.stats.nonfinite_count) << where;
-        EXPECT_EQ(got.stats.first_nonfinite, want.stats.first_nonfinite) << where;
+        EXPECT_EQ(got.stats.amax, want.amax) << where;
+        EXPECT_EQ(got.stats.nonfinite_count, want.nonfinite) << where;
+        EXPECT_EQ(got.stats.first_nonfinite, want.first_nonfinite) << where;
       }
     }
   }
