@@ -19,6 +19,7 @@
 
 #include "common/temporaries.h"
 #include "container/layout.h"
+#include "container/sections.h"
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
 #include "gift_generated.h"
@@ -197,6 +198,71 @@ TEST(Streaming, ScratchWriterWritesTheSameBytes) {
     ::unlink(path.c_str());
   }
   EXPECT_TRUE(entries(dir).empty()) << "scratch or temporary files left behind";
+  ::rmdir(dir.c_str());
+}
+
+// `words` fp32 words whose first `noise` bytes are random and the rest 0.
+std::vector<uint8_t> part_noise(uint64_t words, uint64_t noise) {
+  std::vector<uint8_t> bytes(words * 4, 0);
+  std::mt19937 gen(7);
+  for (uint64_t i = 0; i < noise; ++i) bytes[i] = uint8_t(gen());
+  return bytes;
+}
+
+// part_noise as a lossless tensor in a frame compressed at level 3, made in memory or with a
+// scratch folder (whose sections are compressed as they are made).
+std::vector<uint8_t> lossless_frame(uint64_t words, uint64_t noise, const std::string& scratch) {
+  giftFrameWriter* w = nullptr;
+  EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterSetCompression(w, 3), GIFT_OK);
+  if (!scratch.empty()) {
+    EXPECT_EQ(giftFrameWriterSetScratchDir(w, scratch.c_str()), GIFT_OK);
+  }
+  const uint64_t shape[] = {words};
+  EXPECT_EQ(giftFrameWriterAddTensor(w, "t", shape, 1, GIFT_DTYPE_F32,
+                                     part_noise(words, noise).data(), nullptr),
+            GIFT_OK);
+  return finished_frame(w);
+}
+
+// zstd's bytes are kept only where they are fewer than the raw ones: at equal sizes the section
+// is stored raw, by the writer holding sections in memory and by the one compressing them into
+// a scratch file as they come alike.
+TEST(Streaming, ZstdIsKeptOnlyWhereItIsSmaller) {
+  const std::string dir = temp_dir();
+  const auto codes_of = [](const std::vector<uint8_t>& frame) {
+    return fb::GetFrame(frame.data() + gift::container::kPreambleBytes)->tensors()->Get(0)->codes();
+  };
+  // zstd keeps a block compressed only if that saves (size >> 6) + 2 bytes, fewer than its
+  // frame's header for sections of up to a few hundred bytes: there some tensors compress to
+  // exactly their raw size, and others to a byte or two less.
+  int equal = 0, smaller = 0;
+  for (uint64_t words = 16; words <= 96; ++words) {
+    for (uint64_t noise = words * 4 - 24; noise < words * 4; ++noise) {
+      const std::vector<uint8_t> bytes = part_noise(words, noise);
+      std::vector<uint8_t> z;
+      gift::container::SectionCompressor c(3, bytes.size());
+      const gift::container::SectionCompressor::Out keep = [&](const uint8_t* p, uint64_t n) {
+        z.insert(z.end(), p, p + n);
+        return GIFT_OK;
+      };
+      ASSERT_EQ(c.add(bytes.data(), bytes.size(), keep), GIFT_OK);
+      ASSERT_EQ(c.end(keep), GIFT_OK);
+      if (z.size() > bytes.size() || z.size() + 2 < bytes.size()) continue;
+      SCOPED_TRACE(std::to_string(words) + " words, " + std::to_string(noise) +
+                   " random bytes: zstd's size " + std::to_string(z.size()));
+      const std::vector<uint8_t> in_memory = lossless_frame(words, noise, "");
+      EXPECT_EQ(lossless_frame(words, noise, dir), in_memory);
+      const fb::Section* codes = codes_of(in_memory);
+      const bool raw = z.size() == bytes.size();
+      (raw ? equal : smaller) += 1;
+      EXPECT_EQ(codes->compression(), raw ? fb::Compression::None : fb::Compression::Zstd);
+      EXPECT_EQ(codes->stored_length(), z.size());
+    }
+  }
+  EXPECT_GT(equal, 0) << "no tensor made zstd's size equal its raw size";
+  EXPECT_GT(smaller, 0);
+  EXPECT_TRUE(entries(dir).empty());
   ::rmdir(dir.c_str());
 }
 

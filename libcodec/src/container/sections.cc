@@ -116,7 +116,7 @@ StoredSection store_section(std::vector<uint8_t> raw, int level) {
     };
     SectionCompressor c(level, raw.size());
     if (c.add(raw.data(), raw.size(), keep) == GIFT_OK && c.end(keep) == GIFT_OK &&
-        z.size() < raw.size()) {
+        compression_pays(z.size(), raw.size())) {
       s.bytes = std::move(z);
       s.zstd = true;
     }

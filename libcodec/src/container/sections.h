@@ -62,7 +62,14 @@ class SectionCompressor {
   std::unique_ptr<State> state_;
 };
 
-// Compresses with zstd at `level` (SectionCompressor) when level > 0 and that makes it smaller.
+// Whether a section of raw_length bytes is stored as the `compressed` bytes zstd made of it:
+// only where they are fewer. At equal sizes the raw bytes win, since they can be used where
+// they lie (a memory-mapped frame, FORMAT.md 2.3).
+inline bool compression_pays(uint64_t compressed, uint64_t raw_length) {
+  return compressed < raw_length;
+}
+
+// Compresses with zstd at `level` (SectionCompressor) when level > 0 and that pays.
 StoredSection store_section(std::vector<uint8_t> raw, int level);
 
 // A compressed section's raw bytes read forward, a window at a time: holds what the last

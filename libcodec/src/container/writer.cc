@@ -206,7 +206,7 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
   if (const giftResult_t r = begin_section(s, sink_)) return r;
   s->raw_length = raw_length;
   if (zstd_level_ > 0 && raw_length) {
-    // Compressed as it comes; kept only if smaller, as store_section decides. Until then
+    // Compressed as it comes; kept only where that pays (compression_pays). Until then
     // its bytes may be dropped: not worth sending to the disk yet.
     sink_->hold_writeback_from(s->scratch_offset);
     SectionCompressor z(zstd_level_, raw_length);
@@ -220,7 +220,7 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
     if (const giftResult_t r = pieces([&](const void* p, uint64_t n) { return z.add(p, n, out); }))
       return r;
     if (const giftResult_t r = z.end(out)) return r;
-    if (stored < raw_length) {
+    if (compression_pays(stored, raw_length)) {
       s->zstd = true;
       s->stored_length = stored;
       s->checksum = sum.digest();
