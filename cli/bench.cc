@@ -1,5 +1,6 @@
 // giftc bench: encode and decode throughput against memcpy, measured in the same run.
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,7 +43,17 @@ struct Times {
   double copy, encode, decode;
   std::string where;     // "8 threads, AVX3" or the device's name
   std::string baseline;  // "memcpy" or "device copy"
+  // On the CPU: the process's peak resident memory, and how much of it is the benchmark's
+  // own buffers (both 0 on a device).
+  uint64_t peak_rss = 0, buffers = 0;
 };
+
+// The process's peak resident set so far, in bytes (Linux counts ru_maxrss in KiB).
+uint64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return uint64_t(u.ru_maxrss) * 1024;
+}
 
 // Effective bandwidth (bytes read + written per second) of each pass and its ratio to the
 // copy of the input measured in the same run; printed or as JSON.
@@ -55,6 +66,10 @@ void report(const BenchOptions& o, const giftQuantParams& p, giftDType_t dt, uin
   const double copy_bw = 2.0 * double(in_bytes) / t.copy;
   const double enc_bw = double(in_bytes + codes + scale_bytes) / t.encode;
   const double dec_bw = double(codes + scale_bytes + out) / t.decode;
+  // Memory is measured on the CPU only: null on a device.
+  const auto on_cpu = [&](uint64_t v) {
+    return t.peak_rss ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
+  };
   const nlohmann::ordered_json doc = {{"bytes", in_bytes},
                                       {"dtype", dtype_name(dt)},
                                       {"fp8", fp8_name(p.kind)},
@@ -67,7 +82,9 @@ void report(const BenchOptions& o, const giftQuantParams& p, giftDType_t dt, uin
                                       {"encode_gbps", enc_bw / 1e9},
                                       {"decode_gbps", dec_bw / 1e9},
                                       {"encode_ratio", enc_bw / copy_bw},
-                                      {"decode_ratio", dec_bw / copy_bw}};
+                                      {"decode_ratio", dec_bw / copy_bw},
+                                      {"peak_rss_bytes", on_cpu(t.peak_rss)},
+                                      {"buffer_bytes", on_cpu(t.buffers)}};
   if (o.json) {
     std::printf("%s\n", doc.dump(2).c_str());
     return;
@@ -81,6 +98,12 @@ void report(const BenchOptions& o, const giftQuantParams& p, giftDType_t dt, uin
               t.baseline.c_str());
   std::printf("  decode  %8.2f GB/s  %.3f of %s\n", dec_bw / 1e9, dec_bw / copy_bw,
               t.baseline.c_str());
+  if (t.peak_rss) {
+    std::printf(
+        "peak memory %s resident, of which %s the buffers (input, its copy, codes, "
+        "scales, decoded output)\n",
+        human_bytes(t.peak_rss).c_str(), human_bytes(t.buffers).c_str());
+  }
 }
 
 void run_bench(const BenchOptions& o, const Verbosity&) {
@@ -141,9 +164,10 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
     check(giftDecode(ctx.get(), &p, codes.data(), scales.data(), scale_bytes, rows, cols,
                      out.data(), GIFT_DTYPE_F32));
   });
+  const uint64_t buffers = src.size() + copy.size() + codes.size() + scales.size() + out.size();
   report(o, p, dt, rows, cols,
          {t_copy, t_enc, t_dec, std::to_string(threads) + " threads, " + giftCpuTargetName(),
-          "memcpy"});
+          "memcpy", peak_rss_bytes(), buffers});
 }
 
 }  // namespace

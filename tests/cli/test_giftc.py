@@ -939,6 +939,12 @@ class Giftc(unittest.TestCase):
         self.assertEqual(doc["baseline"], "memcpy")
         for k in ("baseline_gbps", "encode_gbps", "decode_gbps"):
             self.assertGreater(doc[k], 0)
+        # 4 MiB of fp32 in rows of 4096: the input, its copy, the decoded fp32 output, 1 MiB of
+        # codes and a 4-byte scale per block of 128; every byte of them written, so resident.
+        self.assertEqual(doc["buffer_bytes"], 3 * (4 << 20) + (1 << 20) + (1 << 20) // 128 * 4)
+        self.assertGreaterEqual(doc["peak_rss_bytes"], doc["buffer_bytes"])
+        r = run("bench", "--size", "4M", "--threads", 1)
+        self.assertRegex(r.stdout, r"peak memory \d+\.\d MiB resident, of which 13\.0 MiB the buffers")
         self.assertAlmostEqual(doc["encode_ratio"], doc["encode_gbps"] / doc["baseline_gbps"], places=6)
 
     def test_device_cuda_gives_the_cpus_bytes_or_a_clear_error(self):
