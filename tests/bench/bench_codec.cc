@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 #include <hwy/targets.h>
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -175,6 +176,13 @@ class RatioReporter : public benchmark::ConsoleReporter {
     }
     std::printf("(SIMD target: %s; threads: %d; buffer: %zu MiB fp32)\n", gift::simd::target_name(),
                 omp_get_max_threads(), buffers().n * 4 >> 20);
+    const Buffers& b = buffers();
+    const size_t own = (b.src.size() + b.decoded.size() + b.scales.size()) * sizeof(float) +
+                       b.src_bf16.size() * sizeof(uint16_t) + b.codes.size();
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);  // ru_maxrss: KiB on Linux
+    std::printf("peak memory %.1f MiB resident, of which %.1f MiB the buffers\n",
+                double(u.ru_maxrss) / 1024.0, double(own) / double(1 << 20));
   }
 
  private:
