@@ -5,7 +5,6 @@
 // run_allreduce_bench.sh.
 //   mpirun -np N bench_allreduce [MiB ...]   (GIFT_BENCH_REPS: repetitions, default 5)
 #include <mpi.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "gift/gift_mpi.h"
+#include "peak_rss.h"
 
 namespace {
 
@@ -61,10 +61,9 @@ double median_time(int reps, F f) {
   return t[t.size() / 2];
 }
 
+// The largest rank's.
 double peak_rss_mib() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  double mine = double(u.ru_maxrss) / 1024.0, most = 0;
+  double mine = process_peak_rss_mib(), most = 0;
   MPI_Allreduce(&mine, &most, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return most;
 }

@@ -9,7 +9,6 @@
 #include <benchmark/benchmark.h>
 #include <hwy/targets.h>
 #include <omp.h>
-#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +21,7 @@
 
 #include "gift/gift.h"
 #include "numerics/simd.h"
+#include "peak_rss.h"
 
 namespace {
 
@@ -179,10 +179,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     const Buffers& b = buffers();
     const size_t own = (b.src.size() + b.decoded.size() + b.scales.size()) * sizeof(float) +
                        b.src_bf16.size() * sizeof(uint16_t) + b.codes.size();
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);  // ru_maxrss: KiB on Linux
     std::printf("peak memory %.1f MiB resident, of which %.1f MiB the buffers\n",
-                double(u.ru_maxrss) / 1024.0, double(own) / double(1 << 20));
+                process_peak_rss_mib(), double(own) / double(1 << 20));
   }
 
  private:

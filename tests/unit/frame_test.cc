@@ -313,10 +313,10 @@ RuleSums rule_sums(const std::vector<float>& v) {
 }
 
 // Tensor.stats by their rule (FORMAT.md 2.2), computed here independently (rule_sums, and
-// the last chunk's lanes folded in); NaN and Inf counted apart wherever they fall (every lane, both
-// ends of chunks, a whole chunk), for FP8 and lossless tensors of every input type, and for values
-// all finite; written whole, and in bands through a scratch folder (where the statistics
-// of all-finite pieces take the encoder's amax).
+// the last chunk's lanes folded in); NaN and Inf counted apart wherever they fall (every
+// lane, both ends of chunks, a whole chunk), for FP8 and lossless tensors of every input
+// type, and for values all finite; written whole, and in bands through a scratch folder
+// (where the statistics of all-finite pieces take the encoder's amax).
 TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
   namespace num = gift::num;
   const uint64_t rows = 4, cols = 5001, n = rows * cols, shape[] = {rows, cols};
@@ -345,8 +345,6 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
         }
         const RuleSums want = rule_sums(v);
         const float rms = float(std::sqrt((want.sum + fold(want.lanes)) / double(want.finite)));
-        const float amax = want.amax;
-        const uint64_t nonfinite = want.nonfinite;
         const void* data =
             dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
         giftFrameWriter* w = nullptr;
@@ -367,8 +365,8 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
           const std::string at = "dtype " + std::to_string(dtype) + " tensor " + std::to_string(t) +
                                  (banded ? ", banded" : "") + (all_finite ? ", all finite" : "");
           EXPECT_EQ(info.rms, rms) << at;
-          EXPECT_EQ(info.amax, amax) << at;
-          EXPECT_EQ(info.nonfinite_count, nonfinite) << at;
+          EXPECT_EQ(info.amax, want.amax) << at;
+          EXPECT_EQ(info.nonfinite_count, want.nonfinite) << at;
         }
         giftFrameClose(f);
       }

@@ -1024,11 +1024,13 @@ constexpr size_t kPrefetchBytes = 1024;
 // loads' wait for L2 costs and L1 stays. The likely cause: a line fetched into L1 holds one
 // of L1's few miss buffers until it arrives, one fetched into L2 one of L2's, several times
 // as many. giftc bench --threads 1 (256 MiB from memory, Zen 4), of memcpy, the two builds
-// interleaved: fp32 blocks of 128 0.59-0.60 to 0.74-0.77, of 32 0.65-0.66 to 0.76-0.78; with
-// a switch in one build, blocks of 256 0.51-0.53 to 0.72-0.75, E8M0 scales 0.59-0.60 to
-// 0.81-0.82. L1 stays for 16-bit sources (bf16 0.47-0.50 either way), fp32 blocks of one
-// vector (16: 0.70-0.73, 0.68-0.69 from L2) and AVX2 (in a harness, fp32 blocks of 32 and
-// bf16 blocks of 128 took 8% longer from L2, fp32 blocks of 128 5% less). Intel unmeasured.
+// interleaved: fp32 blocks of 128 0.59-0.60 to 0.74-0.77, of 32 0.65-0.66 to 0.76-0.78;
+// with a switch in one build, blocks of 256 0.51-0.53 to 0.72-0.75, E8M0 scales 0.59-0.60
+// to 0.81-0.82; runs read in order (a harness, 256 MiB as runs of 4100 and of 2000
+// elements) 26.3 to 24.4 and 29.4 to 18.6 ms. L1 stays for 16-bit sources (bf16 0.47-0.50
+// either way), fp32 blocks of one vector (16: 0.70-0.73, 0.68-0.69 from L2) and AVX2 (in a
+// harness, fp32 blocks of 32 and bf16 blocks of 128 took 8% longer from L2, fp32 blocks of
+// 128 5% less). Intel unmeasured.
 enum class FetchTo { kL1, kL2 };
 
 template <typename T>
