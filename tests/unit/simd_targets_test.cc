@@ -601,12 +601,12 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
-// short last blocks, runs read as four parts (blocks of 16 to 128; the last part shorter;
-// on AVX-512, fp32 blocks of 16 and 32 and 16-bit ones of 32 and 64 are taken 16 at a time
-// instead, and only the rest of the run in parts: blocks of 48 to 128 keep the parts there)
-// and as one (blocks of 256: three batches; of 4096: one), all-zero and subnormal blocks, bf16
-// values (whose few mantissa bits put many quotients next to FP8 rounding midpoints), and a NaN
-// that stops the run.
+// short last blocks, runs read as four parts on AVX-512 (blocks of 16 to 128; the last part
+// shorter; fp32 blocks of 16 and 32 and 16-bit ones of 32 and 64 are taken 16 at a time
+// instead, and only the rest of the run in parts: blocks of 48 to 128 keep the parts) and
+// in order (every run on narrower targets; blocks of 256: three batches; of 4096: one),
+// all-zero and subnormal blocks, bf16 values (whose few mantissa bits put many quotients next
+// to FP8 rounding midpoints), and a NaN that stops the run.
 TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   std::mt19937 gen(11);
   std::normal_distribution<float> nd;

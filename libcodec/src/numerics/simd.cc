@@ -1014,8 +1014,15 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
 // is whole blocks). A shorter run is read in order, each line kPrefetchBytes ahead fetched
 // as each block's amax is taken. One thread, 256 MiB of fp32 from memory, AVX-512: the parts encode
 // a single row about 20% faster than the run read in order, and runs of 32 blocks encode 20 to 25%
-// faster with the fetch ahead than with the hardware prefetcher alone.
-constexpr uint64_t kReadStreams = 4, kStreamedBlocks = kBatchBlocks * kReadStreams;
+// faster with the fetch ahead than with the hardware prefetcher alone. Narrower vectors read
+// every run in order: with twice the instructions per byte the arithmetic bounds them, and
+// four streams over four pages seem to cost more than they bring. bench_codec, one thread,
+// 256 MiB, of memcpy, medians of 6 rounds with the two builds interleaved (Zen 4 made to run
+// AVX2): fp32 0.597 to 0.623, bf16 0.504 to 0.534; SSE4 (4 rounds) fp32 0.440 to 0.453.
+// AVX-512 keeps the parts (fp32 in a harness: 0.79-0.81 of memcpy with them, 0.53-0.66 in
+// order; bf16 the same either way). Other CPUs unmeasured.
+constexpr uint64_t kReadStreams = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 4 : 1;
+constexpr uint64_t kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 constexpr size_t kPrefetchBytes = 1024;
 
