@@ -125,6 +125,46 @@ TEST(Frame, RoundTripMatchesTheCodecAndKeepsRawDataExact) {
   }
 }
 
+// A 0-d tensor's shape is an empty vector, which FlatBuffers builders leave unaligned (its
+// data pointer is where its length word ends): frames with one read back whatever the layout.
+// Names of 1 to 16 bytes move the vector through every offset; the test checks that some
+// frames had it off an 8-byte boundary, the case a reader once refused as misaligned.
+TEST(Frame, ScalarsReadBackWhereverTheirEmptyShapeLands) {
+  const std::vector<float> grad = values(20 * 15 * 5, 4);
+  const uint64_t sg[] = {20, 15, 5};
+  int unaligned = 0;
+  for (size_t len = 1; len <= 16; ++len) {
+    for (bool fp8 : {true, false}) {
+      giftFrameWriter* w = nullptr;
+      ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+      giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK);
+      ASSERT_EQ(giftFrameWriterAddTensor(w, "grad", sg, 3, GIFT_DTYPE_F32, grad.data(), &p),
+                GIFT_OK);
+      const std::string name(len, 'l');
+      const float one = 3.5f;
+      ASSERT_EQ(giftFrameWriterAddTensor(w, name.c_str(), nullptr, 0, GIFT_DTYPE_F32, &one,
+                                         fp8 ? &p : nullptr),
+                GIFT_OK);
+      const std::vector<uint8_t> bytes = finished_frame(w);
+      const uint8_t* header = bytes.data() + kPreambleBytes;
+      const fb::Tensor* t = fb::GetFrame(header)->tensors()->Get(1);
+      ASSERT_EQ(t->name()->str(), name);
+      ASSERT_EQ(t->shape()->size(), 0u);
+      unaligned += (reinterpret_cast<const uint8_t*>(t->shape()->Data()) - header) % 8 != 0;
+
+      giftFrame* f = nullptr;
+      ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK)
+          << "name of " << len << " bytes: " << giftGetLastErrorMessage();
+      const std::vector<float> s = decode(f, 1);
+      ASSERT_EQ(s.size(), 1u);
+      EXPECT_EQ(s[0], 3.5f);
+      EXPECT_EQ(giftFrameVerify(f), GIFT_OK);
+      giftFrameClose(f);
+    }
+  }
+  EXPECT_GT(unaligned, 0);
+}
+
 // The reader hashes sections in 4 MiB pieces, each mapped ahead: the same hash as one call
 // at every size around the pieces' boundaries, from an unaligned start.
 TEST(Frame, PiecewiseChecksumEqualsTheOneCallHash) {

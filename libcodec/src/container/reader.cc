@@ -200,7 +200,9 @@ giftResult_t FrameReader::verify_structure() {
     const auto* shape = t->shape();
     const uint32_t ndim = shape ? shape->size() : 0;
     // FlatBuffers verifies a vector's length word, not the alignment of its 8-byte elements.
-    if (shape && reinterpret_cast<uintptr_t>(shape->Data()) % alignof(uint64_t) != 0) {
+    // An empty shape (a 0-d tensor) has none to read, and builders do not align it: its data
+    // pointer is wherever its length word ends.
+    if (ndim > 0 && reinterpret_cast<uintptr_t>(shape->Data()) % alignof(uint64_t) != 0) {
       return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': shape vector is misaligned", n, tn);
     }
     if (ndim > kMaxDims) {
