@@ -273,12 +273,13 @@ std::string scratch_dir(const std::string& output) {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : output.substr(0, slash);
 }
 
-OutputPtr open_output(const std::string& path, bool to_stdout, bool sync) {
+OutputPtr open_output(const std::string& path, bool to_stdout, bool sync, bool replace) {
   giftOutput* out = nullptr;
   check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, path.c_str(), &out)
                   : giftOutputOpenFile(path.c_str(), &out));
   OutputPtr owned(out, giftOutputFree);
   check(giftOutputSetSync(out, sync));
+  check(giftOutputSetReplace(out, replace));
   return owned;
 }
 
@@ -288,8 +289,9 @@ void add_fsync_flag(CLI::App* command, bool* fsync) {
                     "(slower; the output then survives a crash of the machine)");
 }
 
-void write_output(const std::string& path, const void* data, uint64_t size, bool sync) {
-  const OutputPtr out = open_output(path, false, sync);
+void write_output(const std::string& path, const void* data, uint64_t size, bool sync,
+                  bool replace) {
+  const OutputPtr out = open_output(path, false, sync, replace);
   check(giftOutputReserve(out.get(), size));
   check(giftOutputWrite(out.get(), data, size));
   check(giftOutputCommit(out.get()));

@@ -87,11 +87,14 @@ using OutputPtr = std::unique_ptr<giftOutput, decltype(&giftOutputFree)>;
 
 // Standard output (named `path` in messages), or the file `path`: unnamed or under a
 // temporary name until committed, then renamed, and synced first only with --fsync (`sync`),
-// as cp, gzip and zstd leave their outputs to the kernel's writeback.
-OutputPtr open_output(const std::string& path, bool to_stdout, bool sync);
+// as cp, gzip and zstd leave their outputs to the kernel's writeback. Without -f (`replace`
+// false) it takes the name only if the name is still free then: check_output looked before
+// the work, and a file made there meanwhile is kept (the command fails).
+OutputPtr open_output(const std::string& path, bool to_stdout, bool sync, bool replace);
 
 // `size` bytes as the file `path`, through open_output.
-void write_output(const std::string& path, const void* data, uint64_t size, bool sync);
+void write_output(const std::string& path, const void* data, uint64_t size, bool sync,
+                  bool replace);
 
 // "label: i/n" on standard error while it is a terminal and not quiet.
 class Progress {

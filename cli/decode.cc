@@ -118,7 +118,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     headers.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt});
   }
 
-  const OutputPtr out = open_output(target.path, target.to_stdout, o.fsync);
+  const OutputPtr out = open_output(target.path, target.to_stdout, o.fsync, o.force);
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()));

@@ -135,7 +135,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     names[i] = t.name.c_str();
     ndims[i] = uint32_t(t.shape.size());
   }
-  const OutputPtr output = open_output(out, to_stdout, o.fsync);
+  const OutputPtr output = open_output(out, to_stdout, o.fsync, o.force);
   giftOutput* sink = output.get();
   // A file gets the sections as they are made, its header written in front at the end. The
   // sections wait in the scratch file for a pipe, and where the header's length is known

@@ -151,7 +151,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   uint64_t size = 0;
   check(giftBasisSerialize(basis.get(), o.zstd, &bytes, &size));
   const std::unique_ptr<void, decltype(&giftFree)> bytes_owner(bytes, giftFree);
-  write_output(o.output, bytes, size, o.fsync);
+  write_output(o.output, bytes, size, o.fsync, o.force);
   if (!v.quiet) {
     // The rank each whitener got: --rank, or less for a narrower matrix.
     uint32_t rank = 0;

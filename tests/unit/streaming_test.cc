@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/output_file.h"
 #include "common/temporaries.h"
 #include "container/layout.h"
 #include "container/sections.h"
@@ -815,6 +816,58 @@ TEST(Streaming, OutputAppearsOnlyWhenCommitted) {
   EXPECT_EQ(giftOutputOpenFile((dir + "/no/such/folder/x").c_str(), &o), GIFT_ERROR_IO);
   EXPECT_NE(std::string(giftGetLastErrorMessage()).find("no/such/folder/x"), std::string::npos);
   ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
+// Without replacing (giftc without -f), a file made under the output's name while it was
+// written is kept and the commit fails, leaving nothing else; a free name is taken. Names
+// up to NAME_MAX work either way, though the temporary beside one needs a suffix. Both with
+// unnamed files and with the named temporaries of file systems that have none.
+TEST(Streaming, WithoutReplacingAFileMadeMeanwhileIsKept) {
+  const std::string dir = temp_dir();
+  const auto text = [](const std::string& path) {
+    const std::vector<uint8_t> b = file_bytes(path);
+    return std::string(b.begin(), b.end());
+  };
+  const auto write = [](const std::string& path, int replace, const char* bytes) {
+    giftOutput* o = nullptr;
+    EXPECT_EQ(giftOutputOpenFile(path.c_str(), &o), GIFT_OK);
+    EXPECT_EQ(giftOutputSetSync(o, 0), GIFT_OK);
+    EXPECT_EQ(giftOutputSetReplace(o, replace), GIFT_OK);
+    EXPECT_EQ(giftOutputWrite(o, bytes, std::strlen(bytes)), GIFT_OK);
+    return o;
+  };
+  for (bool unnamed : {true, false}) {
+    gift::set_unnamed_files_for_test(unnamed);
+    for (const std::string& name : {std::string("out.bin"), std::string(255, 'n')}) {
+      SCOPED_TRACE(std::string(unnamed ? "unnamed" : "named temporary") + ", name of " +
+                   std::to_string(name.size()) + " bytes");
+      const std::string path = dir + "/" + name;
+      giftOutput* o = write(path, 0, "new");
+      { std::ofstream(path) << "made meanwhile"; }
+      EXPECT_EQ(giftOutputCommit(o), GIFT_ERROR_IO);
+      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("already exists"), std::string::npos)
+          << giftGetLastErrorMessage();
+      giftOutputFree(o);
+      EXPECT_EQ(text(path), "made meanwhile");
+      EXPECT_EQ(entries(dir), std::vector<std::string>({name})) << "a temporary left behind";
+
+      o = write(path, 1, "replaced");  // the default, as with -f
+      ASSERT_EQ(giftOutputCommit(o), GIFT_OK) << giftGetLastErrorMessage();
+      giftOutputFree(o);
+      EXPECT_EQ(text(path), "replaced");
+      ::unlink(path.c_str());
+
+      o = write(path, 0, "free name");
+      ASSERT_EQ(giftOutputCommit(o), GIFT_OK) << giftGetLastErrorMessage();
+      giftOutputFree(o);
+      EXPECT_EQ(text(path), "free name");
+      EXPECT_EQ(entries(dir), std::vector<std::string>({name}));
+      ::unlink(path.c_str());
+    }
+  }
+  gift::set_unnamed_files_for_test(true);
+  EXPECT_EQ(giftOutputSetReplace(nullptr, 0), GIFT_ERROR_INVALID_ARGUMENT);
   ::rmdir(dir.c_str());
 }
 

@@ -428,12 +428,19 @@ GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
  * of the machine (not of the process) before the kernel has written the file back can leave
  * it incomplete there. Any time before the commit; nothing for a descriptor. */
 GIFT_API giftResult_t giftOutputSetSync(giftOutput* out, int sync);
+/* Whether giftOutputCommit replaces a file that already has the name: 1 (the default), or 0
+ * to keep it: the finished file then takes the name only if it is free, in one step (a file
+ * made under that name while the output was written is not lost), and the commit fails with
+ * GIFT_ERROR_IO otherwise, discarding the output. Any time before the commit; nothing for a
+ * descriptor. */
+GIFT_API giftResult_t giftOutputSetReplace(giftOutput* out, int replace);
 /* Bytes written to `out` so far. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);
 GIFT_API void giftOutputFree(giftOutput* out);
 /* Removes the temporary files of this process's unfinished file outputs (written under
- * `path`.tmp.XXXXXXXX beside their destination where the file system has no unnamed files;
- * elsewhere an interrupted process leaves nothing anyway). Async-signal-safe: meant for a
+ * `path`.tmp.XXXXXXXX beside their destination, its last component cut to 255 bytes, where
+ * the file system has no unnamed files; elsewhere an interrupted process leaves nothing
+ * anyway). Async-signal-safe: meant for a
  * handler of SIGINT or SIGTERM that then ends the process, as giftc's does; outputs open at
  * the time cannot be committed afterwards. */
 GIFT_API void giftRemoveTemporaryFiles(void);

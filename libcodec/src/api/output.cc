@@ -55,6 +55,13 @@ giftResult_t giftOutputSetSync(giftOutput* out, int sync) {
   return GIFT_OK;
 }
 
+giftResult_t giftOutputSetReplace(giftOutput* out, int replace) {
+  gift::clear_error();
+  if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputSetReplace: null output");
+  out->file.set_replace(replace != 0);
+  return GIFT_OK;
+}
+
 giftResult_t giftOutputCommit(giftOutput* out) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputCommit: null output");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -23,14 +24,18 @@ std::string folder_of(const std::string& path) {
 }
 
 // A name beside `path` that did not exist: `make` creates it (O_EXCL or link), or fails
-// with errno; EEXIST tries another.
+// with errno; EEXIST tries another. The name is path's own with a suffix, its last
+// component cut where that would pass NAME_MAX (255 bytes on Linux's file systems).
 template <typename Make>
 bool fresh_name(const std::string& path, std::string* name, Make&& make) {
+  constexpr size_t kSuffix = 13, kNameMax = 255;  // ".tmp." and 8 hex digits
+  const size_t slash = path.rfind('/'), base = slash == std::string::npos ? 0 : slash + 1;
+  const std::string stem = path.substr(0, base + std::min(path.size() - base, kNameMax - kSuffix));
   std::random_device rd;
   for (int attempt = 0; attempt < 100; ++attempt) {
     char suffix[32];
     std::snprintf(suffix, sizeof suffix, ".tmp.%08x", unsigned(rd()));
-    *name = path + suffix;
+    *name = stem + suffix;
     if (make(*name)) return true;
     if (errno != EEXIST) return false;
   }
@@ -50,7 +55,13 @@ bool sync_folder(const std::string& dir, int* err) {
 // File systems without unnamed files say so in one of these ways.
 bool no_tmpfile(int err) { return err == EOPNOTSUPP || err == EISDIR || err == EINVAL; }
 
+std::atomic<bool> unnamed_files_allowed{true};  // set_unnamed_files_for_test
+
 int open_unnamed(const std::string& dir, int access) {
+  if (!unnamed_files_allowed.load(std::memory_order_relaxed)) {
+    errno = EOPNOTSUPP;
+    return -1;
+  }
   return ::open(dir.c_str(), O_TMPFILE | access | O_CLOEXEC, 0666);
 }
 
@@ -132,6 +143,8 @@ giftResult_t OutputFile::fail_io(const char* what, int err) {
   discard();
   return r;
 }
+
+void set_unnamed_files_for_test(bool allowed) { unnamed_files_allowed.store(allowed); }
 
 giftResult_t OutputFile::open(const std::string& path) {
   discard();
@@ -281,10 +294,23 @@ giftResult_t OutputFile::commit() {
   if (reserved_ > written_ && ::ftruncate(fd_, off_t(written_)) != 0)
     return fail_io("cannot finish writing", errno);
   if (sync_ && ::fsync(fd_) != 0) return fail_io("cannot finish writing", errno);
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
+  if (unnamed_ && !replace_) {
+    // The name itself, linked only if it is free: a file that took it meanwhile stays.
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path_.c_str(), AT_SYMLINK_FOLLOW) != 0)
+      return errno == EEXIST ? fail_exists() : fail_io("cannot name the finished file", errno);
+    unnamed_ = false;
+    const int closed = ::close(fd_), err = errno;
+    fd_ = -1;
+    if (closed != 0) {
+      ::unlink(path_.c_str());  // ours: the name was free a moment ago
+      return fail_io("cannot finish writing", err);
+    }
+    return finish_named();
+  }
   if (unnamed_) {
     // A name only now: linked under a fresh temporary, then renamed over the destination
     // (a link cannot replace an existing file).
-    const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
     const TemporaryCreation creation;
     const bool linked = fresh_name(path_, &temp_, [&](const std::string& n) {
       return ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, n.c_str(), AT_SYMLINK_FOLLOW) == 0;
@@ -302,8 +328,32 @@ giftResult_t OutputFile::commit() {
     return fail_io("cannot finish writing", errno);
   }
   fd_ = -1;
-  if (::rename(temp_.c_str(), path_.c_str()) != 0) return fail_io("cannot finish writing", errno);
+  if (!replace_) {
+    // The temporary takes the name only if it is free: renameat2's RENAME_NOREPLACE, or
+    // where the file system lacks it, a link (which never replaces) and the temporary's unlink.
+    int err = ::renameat2(AT_FDCWD, temp_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE) == 0
+                  ? 0
+                  : errno;
+    if (err == EINVAL || err == ENOSYS) {
+      err = ::link(temp_.c_str(), path_.c_str()) == 0 ? 0 : errno;
+      if (err == 0) ::unlink(temp_.c_str());
+    }
+    if (err == EEXIST) return fail_exists();
+    if (err != 0) return fail_io("cannot finish writing", err);
+  } else if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    return fail_io("cannot finish writing", errno);
+  }
   forget_temporary();
+  return finish_named();
+}
+
+giftResult_t OutputFile::fail_exists() {
+  return fail(GIFT_ERROR_IO, "%s: already exists (it was made while this output was written)",
+              name_.c_str());
+}
+
+// Once the finished file has its name.
+giftResult_t OutputFile::finish_named() {
   committed_ = true;
   owned_ = false;
   int err = 0;

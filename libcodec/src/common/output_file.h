@@ -31,6 +31,10 @@ class SectionFile {
   virtual void hold_writeback_from(uint64_t /*offset*/) {}
 };
 
+// Tests reach the path of file systems without unnamed files (O_TMPFILE): with false, outputs
+// and scratch files opened from now on are named temporaries.
+void set_unnamed_files_for_test(bool allowed);
+
 class OutputFile : public SectionFile {
  public:
   OutputFile() = default;
@@ -61,9 +65,12 @@ class OutputFile : public SectionFile {
   giftResult_t restart(int* old_fd);
   // Whether commit syncs a file first (the default): see giftOutputSetSync.
   void set_sync(bool sync) { sync_ = sync; }
-  // A file: fsync (when syncing), then the rename over the destination, then (syncing) an
-  // fsync of its folder. A descriptor: nothing to do. Refused while a frame writer streams
-  // into the file (its header is not written yet).
+  // Whether commit replaces a file that has the name (the default): see giftOutputSetReplace.
+  void set_replace(bool replace) { replace_ = replace; }
+  // A file: fsync (when syncing), then the rename over the destination (or without replacing,
+  // the name taken only if it is free), then (syncing) an fsync of its folder. A descriptor:
+  // nothing to do. Refused while a frame writer streams into the file (its header is not written
+  // yet).
   giftResult_t commit();
   // A frame writer streams into this output: `unfinished` while it has not written the
   // frame's header (commit is refused meanwhile); `lost` is called if the output goes first.
@@ -78,13 +85,15 @@ class OutputFile : public SectionFile {
 
  private:
   giftResult_t fail_io(const char* what, int err);
+  giftResult_t fail_exists();
+  giftResult_t finish_named();
   void discard();
   void start_writeback();
   void forget_temporary();
 
   int fd_ = -1;
   bool owned_ = false, unnamed_ = false, committed_ = false, unfinished_ = false;
-  bool sync_ = true;
+  bool sync_ = true, replace_ = true;
   std::string path_, temp_, name_;
   int temp_slot_ = -1;  // temp_'s place among the names giftRemoveTemporaryFiles removes
   uint64_t written_ = 0, reserved_ = 0;
