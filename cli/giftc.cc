@@ -2,8 +2,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <iostream>
 
 #include "commands.h"
 
@@ -41,6 +44,20 @@ void on_stop_signals() {
   }
 }
 
+// Text on standard output (inspect, compare, bench, help) that did not all reach it, on a full
+// disk say, fails the command as any other write does, rather than ending it silently cut.
+int with_stdout_flushed(int rc) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (rc != giftc::kOk || (flushed && !std::ferror(stdout) && !std::cout.fail())) return rc;
+  std::fprintf(stderr, "giftc: standard output: write failed%s%s\n", err ? ": " : "",
+               err ? std::strerror(err) : "");
+  return giftc::kIoError;
+}
+
+int run(int argc, char** argv);
+
 }  // namespace
 
 // OpenBLAS (its pthreads build, Debian's default) starts a pool of threads as it is loaded,
@@ -51,7 +68,11 @@ void on_stop_signals() {
 // handling, is referenced weakly: with another BLAS there is nothing to end.
 extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) { return with_stdout_flushed(run(argc, argv)); }
+
+namespace {
+
+int run(int argc, char** argv) {
   using namespace giftc;
   if (blas_thread_shutdown_) blas_thread_shutdown_();
   struct sigaction bus = {};
@@ -93,3 +114,5 @@ int main(int argc, char** argv) {
   }
   return kOk;
 }
+
+}  // namespace

@@ -1023,6 +1023,15 @@ class Giftc(unittest.TestCase):
         self.assertIn("cannot open", r.stderr)
         r = run("decode", a + ".gift", "-o", self.path("no/such/dir/x.safetensors"))
         self.assertEqual(r.returncode, 3)
+        # text that cannot all be written to standard output (a full disk) fails the command
+        if os.access("/dev/full", os.W_OK):
+            for args in (["inspect", a + ".gift"], ["inspect", "--json", a + ".gift"],
+                         ["compare", a, a + ".gift"], ["--help"]):
+                with open("/dev/full", "w") as full:
+                    r = subprocess.run([GIFTC, *args], stdout=full, stderr=subprocess.PIPE,
+                                       text=True)
+                self.assertEqual(r.returncode, 3, args)
+                self.assertIn("standard output: write failed", r.stderr)
         # 4: a tensor encoded in a GIFT basis this frame does not carry
         r = run("decode", self.in_gift_coords(frame), "-o", self.path("g.safetensors"))
         self.assertEqual(r.returncode, 4, r.stderr)
