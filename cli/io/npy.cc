@@ -15,17 +15,6 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 1 << 16;
 constexpr int kMaxDims = 32;
 
-// Finds `'key':` in the header dict and returns the position just after the colon.
-bool find_key(const std::string& h, const char* key, size_t* pos) {
-  const std::string k = std::string("'") + key + "'";
-  size_t p = h.find(k);
-  if (p == std::string::npos) return false;
-  p = h.find_first_not_of(' ', p + k.size());
-  if (p == std::string::npos || h[p] != ':') return false;
-  *pos = h.find_first_not_of(' ', p + 1);
-  return *pos != std::string::npos;
-}
-
 [[noreturn]] void corrupt(const std::string& message) {
   throw giftc::Failure(giftc::kBadInput, message);
 }
@@ -73,11 +62,74 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
   const std::string h(reinterpret_cast<const char*>(b + offset), header_len);
   offset += header_len;
 
-  size_t p;
-  if (!find_key(h, "descr", &p)) bad(name, "header has no 'descr'");
-  const size_t descr_end = h.find('\'', p + 1);
-  if (h[p] != '\'' || descr_end == std::string::npos) bad(name, "unreadable 'descr'");
-  const std::string descr = h.substr(p + 1, descr_end - p - 1);
+  // The dict, parsed strictly as NumPy writes it: '{', the keys 'descr', 'fortran_order' and
+  // 'shape', each once, in any order, with their values, separated by commas (one after the
+  // last allowed), '}', then spaces and the final newline. NumPy refuses other keys; Python
+  // reads a key given twice as its last value, so a header that reads two ways is refused.
+  size_t i = 0;
+  const auto spaces = [&] {
+    while (i < h.size() && h[i] == ' ') ++i;
+  };
+  const auto take = [&](char c) {
+    spaces();
+    if (i >= h.size() || h[i] != c) return false;
+    ++i;
+    return true;
+  };
+  const auto quoted = [&](const char* what) {
+    spaces();
+    const size_t end = i < h.size() && h[i] == '\'' ? h.find('\'', i + 1) : std::string::npos;
+    if (end == std::string::npos) bad(name, what);
+    const std::string text = h.substr(i + 1, end - i - 1);
+    i = end + 1;
+    return text;
+  };
+  std::string descr;
+  bool fortran = false, seen[3] = {false, false, false}, zero = false, overflow = false;
+  uint64_t count = 1;
+  if (!take('{')) bad(name, "header is not a dict");
+  while (!take('}')) {
+    const std::string key = quoted("unreadable key in the header");
+    if (!take(':')) bad(name, "a key without ':' in the header");
+    const int k = key == "descr" ? 0 : key == "fortran_order" ? 1 : key == "shape" ? 2 : -1;
+    if (k < 0) corrupt(name + ": not a supported .npy file: unexpected key '" + key + "'");
+    if (seen[k]) corrupt(name + ": not a supported .npy file: '" + key + "' given twice");
+    seen[k] = true;
+    spaces();
+    if (k == 0) {
+      descr = quoted("unreadable 'descr'");
+    } else if (k == 1) {
+      fortran = h.compare(i, 4, "True") == 0;
+      if (!fortran && h.compare(i, 5, "False") != 0) bad(name, "'fortran_order' is not a bool");
+      i += fortran ? 4 : 5;
+    } else {
+      if (!take('(')) bad(name, "'shape' is not a tuple");
+      while (!take(')')) {
+        spaces();
+        if (i < h.size() && h[i] == '-') bad(name, "negative dimension in 'shape'");
+        if (i >= h.size() || h[i] < '0' || h[i] > '9')
+          bad(name, "non-integer dimension in 'shape'");
+        uint64_t d = 0;
+        for (; i < h.size() && h[i] >= '0' && h[i] <= '9'; ++i) {
+          if (d > (UINT64_MAX - 9) / 10) bad(name, "dimension overflows 64 bits");
+          d = d * 10 + uint64_t(h[i] - '0');
+        }
+        if (out->shape.size() == kMaxDims) bad(name, "more than 32 dimensions");
+        zero = zero || d == 0;
+        overflow = overflow || (d && count > UINT64_MAX / d);
+        count = overflow ? 0 : count * d;
+        out->shape.push_back(d);
+        if (!take(',') && !(spaces(), i < h.size() && h[i] == ')')) bad(name, "unreadable 'shape'");
+      }
+    }
+    if (!take(',') && !(spaces(), i < h.size() && h[i] == '}')) {
+      bad(name, "header dict not closed with '}'");
+    }
+  }
+  if (h.find_first_not_of(" \n", i) != std::string::npos) bad(name, "bytes after the header dict");
+  if (!seen[0]) bad(name, "header has no 'descr'");
+  if (!seen[1]) bad(name, "header has no 'fortran_order'");
+  if (!seen[2]) bad(name, "header has no 'shape' tuple");
   if (descr == "<f4") {
     out->dtype = GIFT_DTYPE_F32;
   } else if (descr == "<f2") {
@@ -86,31 +138,9 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
     corrupt(name + ": unsupported .npy dtype '" + descr +
             "' (supported: '<f4' float32, '<f2' float16)");
   }
-  if (!find_key(h, "fortran_order", &p)) bad(name, "header has no 'fortran_order'");
-  if (h.compare(p, 5, "False") != 0) {
-    corrupt(name + ": Fortran-ordered arrays are not supported");
-  }
-  if (!find_key(h, "shape", &p) || h[p] != '(') bad(name, "header has no 'shape' tuple");
-  const size_t close = h.find(')', p);
-  if (close == std::string::npos) bad(name, "unterminated 'shape'");
-  out->shape.clear();
-  uint64_t count = 1;
-  for (size_t i = p + 1; i < close;) {
-    if (h[i] == ' ' || h[i] == ',') {
-      ++i;
-      continue;
-    }
-    if (h[i] < '0' || h[i] > '9') bad(name, "non-integer dimension in 'shape'");
-    uint64_t d = 0;
-    for (; i < close && h[i] >= '0' && h[i] <= '9'; ++i) {
-      if (d > (UINT64_MAX - 9) / 10) bad(name, "dimension overflows 64 bits");
-      d = d * 10 + uint64_t(h[i] - '0');
-    }
-    if (out->shape.size() == kMaxDims) bad(name, "more than 32 dimensions");
-    if (d && count > UINT64_MAX / d) bad(name, "element count overflows 64 bits");
-    count *= d;
-    out->shape.push_back(d);
-  }
+  if (fortran) corrupt(name + ": Fortran-ordered arrays are not supported");
+  if (zero) count = 0;  // e.g. (2**32, 2**32, 0): no elements, whatever the others' product
+  if (overflow && !zero) bad(name, "element count overflows 64 bits");
   const uint64_t width = giftDTypeSize(out->dtype);
   if (count > UINT64_MAX / width) bad(name, "byte count overflows 64 bits");
   const uint64_t bytes = count * width;

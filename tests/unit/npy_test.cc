@@ -92,6 +92,23 @@ TEST(Npy, ReadsEveryVersionAndShape) {
       parse(npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 5), }", {}), &a).code,
       giftc::kOk);
   EXPECT_EQ(a.count(), 0u);
+  // Keys in any order, no comma after the last (as other writers than NumPy's give them),
+  // and no elements however large the other dimensions.
+  ASSERT_EQ(parse(npy(1, "{'shape':(2,3),'fortran_order':False,'descr':'<f2'}",
+                      {0, 60, 0, 0, 0, 188, 0, 60, 0, 0, 0, 188}),
+                  &a)
+                .code,
+            giftc::kOk);
+  EXPECT_EQ(a.shape, (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(a.dtype, GIFT_DTYPE_F16);
+  ASSERT_EQ(parse(npy(1,
+                      "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, "
+                      "4294967296, 0), }",
+                      {}),
+                  &a)
+                .code,
+            giftc::kOk);
+  EXPECT_EQ(a.count(), 0u);
 }
 
 TEST(Npy, RejectsBadInputWithAPreciseMessage) {
@@ -124,7 +141,25 @@ TEST(Npy, RejectsBadInputWithAPreciseMessage) {
            {}),
        "t.npy: not a supported .npy file: dimension overflows 64 bits"},
       {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, -1), }", {}),
+       "t.npy: not a supported .npy file: negative dimension in 'shape'"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", {}),
        "t.npy: not a supported .npy file: non-integer dimension in 'shape'"},
+      // Python reads a key given twice as its last value ('<f2' here), a search its first.
+      {npy(1, "{'descr': '<f4', 'descr': '<f2', 'fortran_order': False, 'shape': (2,), }",
+           floats({1, 2})),
+       "t.npy: not a supported .npy file: 'descr' given twice"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), ", floats({1, 2})),
+       "t.npy: not a supported .npy file: unreadable key in the header"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,) 'x': 1}", floats({1, 2})),
+       "t.npy: not a supported .npy file: header dict not closed with '}'"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", floats({1, 2})),
+       "t.npy: not a supported .npy file: unexpected key 'x'"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } #", floats({1, 2})),
+       "t.npy: not a supported .npy file: bytes after the header dict"},
+      {npy(1, "{'descr': '<f4', 'fortran_order': 0, 'shape': (2,), }", floats({1, 2})),
+       "t.npy: not a supported .npy file: 'fortran_order' is not a bool"},
+      {npy(1, "{'descr': '<f4', 'shape': (2,), }", floats({1, 2})),
+       "t.npy: not a supported .npy file: header has no 'fortran_order'"},
       {npy(1, "{'fortran_order': False, 'shape': (2,), }", floats({1, 2})),
        "t.npy: not a supported .npy file: header has no 'descr'"},
       {long_header, "t.npy: not a supported .npy file: header longer than 64 KiB"},
