@@ -85,7 +85,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
 
   giftSelectParams select = GIFT_SELECT_PARAMS_INIT;
   if (!(o.margin >= 0 && o.margin < 1)) throw Failure(kUsage, "--margin must be in [0, 1)");
-  if (!(o.budget >= 0)) throw Failure(kUsage, "--flops-budget must not be negative");
+  if (!(o.budget >= 0) || !std::isfinite(o.budget))
+    throw Failure(kUsage, "--flops-budget must be a finite number, not negative");
   select.margin = o.margin;
   select.flops_budget = o.budget;
   select.min_dim = o.min_dim;

@@ -43,7 +43,7 @@ std::vector<double> parse_dampings(const FitCliOptions& o) {
   }
   char* end = nullptr;
   const double d = std::strtod(o.damping.c_str(), &end);
-  if (o.damping.empty() || *end || !(d > 0))
+  if (o.damping.empty() || *end || !(d > 0) || !std::isfinite(d))
     throw Failure(kUsage, "--damping: '" + o.damping + "' is not auto or a positive number");
   return {d};
 }
@@ -80,7 +80,7 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
 }
 
 void run_fit(const FitCliOptions& o, const Verbosity& v) {
-  if (o.decay < 0 || o.decay >= 1) throw Failure(kUsage, "--decay must be in [0, 1)");
+  if (!(o.decay >= 0 && o.decay < 1)) throw Failure(kUsage, "--decay must be in [0, 1)");
   const std::vector<double> dampings = parse_dampings(o);
   if (o.rank == 0) throw Failure(kUsage, "--rank must be positive");
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");

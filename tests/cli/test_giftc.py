@@ -626,6 +626,18 @@ class Giftc(unittest.TestCase):
             self.assertEqual(r.returncode, 1, size)
             self.assertIn(why, r.stderr, size)
         self.assertFalse(os.path.exists(self.path("x.gift")))
+        # NaN and Inf are refused as values, not passed on to fail later as bad data
+        for value in ("nan", "inf"):
+            r = run("fit", src, "--decay", value, "-o", self.path("b.giftb"))
+            self.assertEqual(r.returncode, 1, value)
+            self.assertIn("--decay must be in [0, 1)", r.stderr)
+            r = run("fit", src, "--damping", value, "-o", self.path("b.giftb"))
+            self.assertEqual(r.returncode, 1, value)
+            self.assertIn("is not auto or a positive number", r.stderr)
+            r = run("encode", src, "-o", self.path("x.gift"), "--flops-budget", value)
+            self.assertEqual(r.returncode, 1, value)
+            self.assertIn("--flops-budget must be a finite number", r.stderr)
+        self.assertFalse(os.path.exists(self.path("b.giftb")))
 
     def test_sample_round_trip_with_every_command(self):
         sample = os.path.join(ROOT, "samples", "grad_sample.npy")
