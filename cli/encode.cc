@@ -92,7 +92,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   select.min_dim = o.min_dim;
   if (!o.frame.empty()) {
     if (!o.coords.empty()) throw Failure(kUsage, "--frame is the old name of --coords: give one");
-    std::fprintf(stderr, "giftc: warning: --frame is deprecated; use --coords\n");
+    if (!v.quiet) std::fprintf(stderr, "giftc: warning: --frame is deprecated; use --coords\n");
   }
   const std::string given = o.coords.empty() ? o.frame : o.coords;
   const std::string mode = given.empty() ? (o.basis.empty() ? "euclidean" : "auto") : given;

@@ -89,8 +89,8 @@ int run(int argc, char** argv) {
                                            std::to_string(GIFT_FORMAT_MAJOR) + "." +
                                            std::to_string(GIFT_FORMAT_MINOR) + ")");
   Verbosity v;
-  app.add_flag("-q,--quiet", v.quiet, "No messages but errors");
-  app.add_flag("-v,--verbose", v.verbose, "More messages");
+  app.add_flag("-q,--quiet", v.quiet, "No messages but errors")
+      ->excludes(app.add_flag("-v,--verbose", v.verbose, "More messages"));
   add_encode(app, v);
   add_decode(app, v);
   add_inspect(app, v);

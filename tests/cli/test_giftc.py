@@ -872,6 +872,11 @@ class Giftc(unittest.TestCase):
         self.assertIn("warning: --frame is deprecated; use --coords", r.stderr)
         with open(new, "rb") as a, open(old, "rb") as b:
             self.assertEqual(a.read(), b.read())
+        r = run("encode", src, "--basis", basis, "--frame", "gift", "-o", old, "-f", "-q")
+        self.assertEqual((r.returncode, r.stderr), (0, ""))  # -q: no messages but errors
+        r = run("encode", src, "--basis", basis, "-o", old, "-f", "-q", "-v")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("excludes", r.stderr)
         r = run("encode", src, "--basis", basis, "--frame", "gift", "--coords", "gift", "-o", self.path("both.gift"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("--frame is the old name of --coords: give one", r.stderr)
