@@ -1,5 +1,7 @@
 // giftc compare: error of decoded tensors against their originals, band by band of rows
 // (memory does not grow with the files).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -122,6 +124,21 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
                                      std::to_string(a_values.size()) +
                                      " values, not the square of the gradient's " +
                                      std::to_string(r.cols) + " columns");
+      }
+      // An A that cannot be a second moment would give an A-norm that means nothing, shown
+      // as if there were no A: refused, with the cheap checks (finite, nonnegative diagonal).
+      const size_t nonfinite = std::count_if(a_values.begin(), a_values.end(),
+                                             [](float x) { return !std::isfinite(x); });
+      if (nonfinite) {
+        throw Failure(kBadInput, o.activations + ": tensor '" + r.name + "' holds " +
+                                     std::to_string(nonfinite) + " non-finite values");
+      }
+      for (uint64_t k = 0; k < r.cols; ++k) {
+        if (a_values[k * r.cols + k] < 0) {
+          throw Failure(kBadInput, o.activations + ": tensor '" + r.name +
+                                       "' is not positive semi-definite: diagonal entry " +
+                                       std::to_string(k) + " is negative");
+        }
       }
     }
     giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;

@@ -927,6 +927,16 @@ class Giftc(unittest.TestCase):
         r = run("compare", grads, self.path("g.gift"), "--basis", basis, "--activations", bad)
         self.assertEqual(r.returncode, 2)
         self.assertIn("tensor 'layers.0.q_proj.weight' holds 4096 values, not the square of the gradient's 128 columns", r.stderr)
+        # an A that cannot be a second moment is refused, not shown as if there were none
+        eye = np.eye(128, dtype=np.float32)
+        nan_a, neg_a = eye.copy(), -eye
+        nan_a[3, 5] = np.nan
+        for a_bad, why in ((nan_a, "holds 1 non-finite values"),
+                           (neg_a, "is not positive semi-definite: diagonal entry 0 is negative")):
+            np.savez(bad, **{"layers.0.q_proj.weight": a_bad})
+            r = run("compare", grads, self.path("g.gift"), "--basis", basis, "--activations", bad)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("tensor 'layers.0.q_proj.weight' " + why, r.stderr)
 
     def test_help_options_are_all_in_the_man_page(self):
         with open(os.path.join(ROOT, "man", "giftc.1")) as f:
