@@ -48,11 +48,14 @@ FramePtr open_frame(const std::string& path) {
     check(giftFrameOpenFile(path.c_str(), &f));
     return FramePtr(f, giftFrameClose);
   }
-  // Standard input is read once per run; its mapping outlives every frame opened on it.
-  static gift::io::MappedBytes in;
-  if (!in.storage && in.size == 0) in = gift::io::map_stdin();
+  const gift::io::MappedBytes& in = stdin_bytes();
   check(giftFrameOpen(in.data, in.size, &f), gift::io::kStdinName);
   return FramePtr(f, giftFrameClose);
+}
+
+const gift::io::MappedBytes& stdin_bytes() {
+  static const gift::io::MappedBytes in = gift::io::map_stdin();
+  return in;
 }
 
 WriterPtr new_writer() {

@@ -11,6 +11,7 @@
 #include "failure.h"
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
+#include "io/tensor_file.h"
 
 namespace giftc {
 
@@ -50,8 +51,11 @@ using WriterPtr = std::unique_ptr<giftFrameWriter, decltype(&giftFrameWriterFree
 // The basis file given with --basis (exit 3 when unreadable, 2 when damaged); null for "".
 BasisPtr read_basis(const std::string& path);
 
-// A frame file, verified as giftFrameOpenFile does.
+// A frame file, verified as giftFrameOpenFile does ("-": standard input).
 FramePtr open_frame(const std::string& path);
+
+// Standard input, read to its end once per run (the mapping outlives every use of it).
+const gift::io::MappedBytes& stdin_bytes();
 
 WriterPtr new_writer();
 

@@ -23,13 +23,23 @@ struct CompareOptions {
 // Bands of about this many elements of each file are read and compared at a time.
 constexpr uint64_t kBandElems = uint64_t(1) << 21;
 
+// Whether bytes begin as a GIFT frame (libgift knows one by its magic), damaged or not.
+bool is_frame(const gift::io::MappedBytes& in) {
+  giftFrame* f = nullptr;
+  const giftResult_t r = giftFrameOpen(in.data, in.size, &f);
+  giftFrameClose(f);
+  return r != GIFT_ERROR_FRAME_MAGIC;
+}
+
 // The tensors of a file, read in bands of rows as fp32: frames are decoded (with `basis` for
 // tensors in GIFT coordinates), tensor files widened exactly from their mapping.
 class Source {
  public:
   Source(const std::string& path, const giftBasis* basis)
       : frame_(nullptr, giftFrameClose), basis_(basis) {
-    if (gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
+    // Standard input holds either kind, told apart by its first bytes as encode does.
+    const bool tensors_from_stdin = path == "-" && !is_frame(stdin_bytes());
+    if (!tensors_from_stdin && gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
       frame_ = open_frame(path);
       for (uint64_t i = 0; i < giftFrameTensorCount(frame_.get()); ++i) {
         const giftTensorInfo e = tensor_info(frame_.get(), i);
@@ -38,7 +48,13 @@ class Source {
       }
       return;
     }
-    gift::io::read_tensor_file(path, &file_);
+    if (tensors_from_stdin) {
+      const gift::io::MappedBytes& in = stdin_bytes();
+      gift::io::parse_tensor_file(gift::io::sniff_kind(in.data, in.size), in.data, in.size,
+                                  gift::io::kStdinName, "tensor", &file_);
+    } else {
+      gift::io::read_tensor_file(path, &file_);
+    }
     for (const gift::io::TensorRef& r : file_.tensors) {
       const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
       entries_.push_back({r.name, r.shape, cols ? r.elements() / cols : 0, cols, 1});
@@ -78,6 +94,8 @@ uint64_t lcm(uint64_t a, uint64_t b) {
 }
 
 void run_compare(const CompareOptions& o, const Verbosity&) {
+  if (o.reference == "-" && o.decoded == "-")
+    throw Failure(kUsage, "standard input (-) can be one of the two files, not both");
   const BasisPtr basis = read_basis(o.basis);
   Source ref(o.reference, basis.get()), dec(o.decoded, basis.get());
   std::map<std::string, size_t> by_name;

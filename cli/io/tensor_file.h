@@ -64,6 +64,9 @@ struct MappedBytes {
 };
 MappedBytes map_stdin();
 
+// The kind of a tensor file from its first bytes (safetensors unless .npy's or a zip's magic).
+FileKind sniff_kind(const uint8_t* b, uint64_t size);
+
 // What an output file says of a tensor before its data.
 struct TensorHeader {
   std::string name;

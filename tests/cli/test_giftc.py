@@ -132,6 +132,18 @@ class Giftc(unittest.TestCase):
         r = run("decode", frame, "-c", "-o", self.path("x.safetensors"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("-c and -o", r.stderr)
+        # compare reads a tensor file or a frame from standard input, told apart as encode does
+        want = run("compare", src, frame, "--json")
+        self.assertEqual(want.returncode, 0, want.stderr)
+        with open(src, "rb") as f:
+            src_bytes = f.read()
+        for args, data in ((["-", frame], src_bytes), ([src, "-"], frame_bytes)):
+            r = subprocess.run([GIFTC, "compare", *args, "--json"], input=data, capture_output=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["tensors"], json.loads(want.stdout)["tensors"])
+        r = subprocess.run([GIFTC, "compare", "-", "-"], input=frame_bytes, capture_output=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(b"not both", r.stderr)
 
     def test_memory_does_not_grow_with_the_file(self):
         # RLIMIT_DATA caps the process's private writable memory (not the page cache of the
