@@ -132,7 +132,11 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
       throw Failure(kBadInput, o.decoded + ": has no tensor '" + r.name + "'");
     const Source::Entry& d = dec.entries()[it->second];
     if (d.shape != r.shape)
-      throw Failure(kBadInput, "tensor '" + r.name + "': shapes differ between the files");
+      throw Failure(kBadInput, "tensor '" + r.name + "': shape " +
+                                   shape_string(r.shape.data(), uint32_t(r.shape.size())) + " in " +
+                                   o.reference + ", " +
+                                   shape_string(d.shape.data(), uint32_t(d.shape.size())) + " in " +
+                                   o.decoded);
     const auto a = act_by_name.find(r.name);
     std::vector<float> a_values;
     if (a != act_by_name.end()) {

@@ -399,6 +399,8 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
     }
     uint64_t n = 1;
     for (const auto& d : shape) {
+      if (d.is_number_integer() && !d.is_number_unsigned())
+        bad(name, tn + "shape holds a negative dimension");
       if (!d.is_number_unsigned()) bad(name, tn + "shape holds a non-integer");
       const uint64_t v = d.get<uint64_t>();
       if (v && n > UINT64_MAX / 8 / v) bad(name, tn + "element count overflows");

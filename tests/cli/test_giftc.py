@@ -563,6 +563,19 @@ class Giftc(unittest.TestCase):
         r = run("decode", bf + ".gift", "-o", self.path("bf.npy"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("tensor 'b' is bf16", r.stderr)
+        # compare names both shapes; a negative dimension is called one
+        other = self.path("other.npy")
+        np.save(other, np.ones((8, 32), np.float32))
+        r = run("compare", ok, other)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("shape [4, 64] in " + ok + ", [8, 32] in " + other, r.stderr)
+        neg = self.path("neg.safetensors")
+        header = json.dumps({"t": {"dtype": "F32", "shape": [-1, 4], "data_offsets": [0, 16]}}).encode()
+        with open(neg, "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + bytes(16))
+        r = run("encode", neg)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("shape holds a negative dimension", r.stderr)
 
     def test_decode_threads_do_not_change_the_values(self):
         src = self.path("t.npy")
