@@ -23,14 +23,6 @@ struct CompareOptions {
 // Bands of about this many elements of each file are read and compared at a time.
 constexpr uint64_t kBandElems = uint64_t(1) << 21;
 
-// Whether bytes begin as a GIFT frame (libgift knows one by its magic), damaged or not.
-bool is_frame(const gift::io::MappedBytes& in) {
-  giftFrame* f = nullptr;
-  const giftResult_t r = giftFrameOpen(in.data, in.size, &f);
-  giftFrameClose(f);
-  return r != GIFT_ERROR_FRAME_MAGIC;
-}
-
 // The tensors of a file, read in bands of rows as fp32: frames are decoded (with `basis` for
 // tensors in GIFT coordinates), tensor files widened exactly from their mapping.
 class Source {
@@ -38,7 +30,8 @@ class Source {
   Source(const std::string& path, const giftBasis* basis)
       : frame_(nullptr, giftFrameClose), basis_(basis) {
     // Standard input holds either kind, told apart by its first bytes as encode does.
-    const bool tensors_from_stdin = path == "-" && !is_frame(stdin_bytes());
+    const bool tensors_from_stdin =
+        path == "-" && !gift::io::is_frame(stdin_bytes().data, stdin_bytes().size);
     if (!tensors_from_stdin && gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
       frame_ = open_frame(path);
       for (uint64_t i = 0; i < giftFrameTensorCount(frame_.get()); ++i) {

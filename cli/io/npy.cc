@@ -70,12 +70,11 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
   const auto spaces = [&] {
     while (i < h.size() && h[i] == ' ') ++i;
   };
-  const auto take = [&](char c) {
+  const auto at = [&](char c) {  // the next character past spaces is c
     spaces();
-    if (i >= h.size() || h[i] != c) return false;
-    ++i;
-    return true;
+    return i < h.size() && h[i] == c;
   };
+  const auto take = [&](char c) { return at(c) && (++i, true); };
   const auto quoted = [&](const char* what) {
     spaces();
     const size_t end = i < h.size() && h[i] == '\'' ? h.find('\'', i + 1) : std::string::npos;
@@ -105,8 +104,7 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
     } else {
       if (!take('(')) bad(name, "'shape' is not a tuple");
       while (!take(')')) {
-        spaces();
-        if (i < h.size() && h[i] == '-') bad(name, "negative dimension in 'shape'");
+        if (at('-')) bad(name, "negative dimension in 'shape'");
         if (i >= h.size() || h[i] < '0' || h[i] > '9')
           bad(name, "non-integer dimension in 'shape'");
         uint64_t d = 0;
@@ -119,12 +117,10 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
         overflow = overflow || (d && count > UINT64_MAX / d);
         count = overflow ? 0 : count * d;
         out->shape.push_back(d);
-        if (!take(',') && !(spaces(), i < h.size() && h[i] == ')')) bad(name, "unreadable 'shape'");
+        if (!take(',') && !at(')')) bad(name, "unreadable 'shape'");
       }
     }
-    if (!take(',') && !(spaces(), i < h.size() && h[i] == '}')) {
-      bad(name, "header dict not closed with '}'");
-    }
+    if (!take(',') && !at('}')) bad(name, "header dict not closed with '}'");
   }
   if (h.find_first_not_of(" \n", i) != std::string::npos) bad(name, "bytes after the header dict");
   if (!seen[0]) bad(name, "header has no 'descr'");

@@ -491,15 +491,18 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
                     from_stdin ? "tensor" : stem_of(path), out);
 }
 
+bool is_frame(const uint8_t* b, uint64_t size) {
+  if (!b) return false;
+  giftFrame* frame = nullptr;
+  const giftResult_t r = giftFrameOpen(b, size, &frame);
+  giftFrameClose(frame);
+  return r != GIFT_ERROR_FRAME_MAGIC;
+}
+
 void parse_tensor_file(FileKind kind, const uint8_t* b, uint64_t size, const std::string& name,
                        const std::string& npy_tensor, TensorFile* out) {
-  // A frame under a tensor file's name would otherwise be read as a broken one; libgift
-  // knows a frame by its magic.
-  giftFrame* frame = nullptr;
-  if (b && giftFrameOpen(b, size, &frame) != GIFT_ERROR_FRAME_MAGIC) {
-    giftFrameClose(frame);
-    bad(name, "is a GIFT frame, not a tensor file (giftc decode reads it)");
-  }
+  // A frame under a tensor file's name would otherwise be read as a broken one.
+  if (is_frame(b, size)) bad(name, "is a GIFT frame, not a tensor file (giftc decode reads it)");
   static const uint8_t kEmpty[1] = {0};
   if (!b) b = kEmpty;
   if (kind == FileKind::kSafetensors) {

@@ -67,6 +67,9 @@ MappedBytes map_stdin();
 // The kind of a tensor file from its first bytes (safetensors unless .npy's or a zip's magic).
 FileKind sniff_kind(const uint8_t* b, uint64_t size);
 
+// Whether bytes begin as a GIFT frame, damaged or not (libgift knows one by its magic).
+bool is_frame(const uint8_t* b, uint64_t size);
+
 // What an output file says of a tensor before its data.
 struct TensorHeader {
   std::string name;

@@ -837,6 +837,9 @@ TEST(Streaming, WithoutReplacingAFileMadeMeanwhileIsKept) {
     EXPECT_EQ(giftOutputWrite(o, bytes, std::strlen(bytes)), GIFT_OK);
     return o;
   };
+  struct Restore {  // unnamed files again, however the test ends
+    ~Restore() { gift::set_unnamed_files_for_test(true); }
+  } restore;
   for (bool unnamed : {true, false}) {
     gift::set_unnamed_files_for_test(unnamed);
     for (const std::string& name : {std::string("out.bin"), std::string(255, 'n')}) {
@@ -866,7 +869,6 @@ TEST(Streaming, WithoutReplacingAFileMadeMeanwhileIsKept) {
       ::unlink(path.c_str());
     }
   }
-  gift::set_unnamed_files_for_test(true);
   EXPECT_EQ(giftOutputSetReplace(nullptr, 0), GIFT_ERROR_INVALID_ARGUMENT);
   ::rmdir(dir.c_str());
 }

@@ -1005,6 +1005,11 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
   }
 }
 
+// The targets whose encode reads memory fast enough to be bound by the lines it keeps in
+// flight (AVX-512 on x86): they read long runs as parts (kReadStreams) and fetch fp32 into
+// L2 (FetchToFor); the others are bound by their arithmetic, as measured below.
+constexpr bool kBoundByLinesInFlight = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
+
 // A run of at least kStreamedBlocks blocks is read as kReadStreams contiguous parts side by
 // side: the batch takes kBatchBlocks / kReadStreams consecutive blocks of each part, and as
 // a block's amax is taken, the block that the next batch takes in its place is fetched.
@@ -1021,7 +1026,7 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
 // AVX2): fp32 0.597 to 0.623, bf16 0.504 to 0.534; SSE4 (4 rounds) fp32 0.440 to 0.453.
 // AVX-512 keeps the parts (fp32 in a harness: 0.79-0.81 of memcpy with them, 0.53-0.66 in
 // order; bf16 the same either way). Other CPUs unmeasured.
-constexpr uint64_t kReadStreams = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 4 : 1;
+constexpr uint64_t kReadStreams = kBoundByLinesInFlight ? 4 : 1;
 constexpr uint64_t kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 constexpr size_t kPrefetchBytes = 1024;
@@ -1042,7 +1047,7 @@ enum class FetchTo { kL1, kL2 };
 
 template <typename T>
 HWY_INLINE constexpr FetchTo FetchToFor() {
-  return HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && sizeof(T) == 4 ? FetchTo::kL2 : FetchTo::kL1;
+  return kBoundByLinesInFlight && sizeof(T) == 4 ? FetchTo::kL2 : FetchTo::kL1;
 }
 
 HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to, FetchTo where) {
