@@ -1,5 +1,7 @@
-// The GIFT whitener on the GPU (fp32 cuBLAS GEMMs; TF32 only when asked for), and the
-// gradients' second moment for fitting. Internal to libgift: giftc and the transports use it.
+// The GIFT whitener on the GPU, and the gradients' second moment for fitting. Internal: the
+// device plans use the exact transforms (whitener.cu); the cuBLAS forms and the second moment
+// (whitener_cublas.cu, fp32 GEMMs, TF32 only when asked for) are in gift_core only, for the
+// tests and benchmarks, so that libgift does not load cuBLAS.
 #pragma once
 
 #include <cublas_v2.h>
