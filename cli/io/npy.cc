@@ -88,6 +88,7 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
   uint64_t count = 1;
   if (!take('{')) bad(name, "header is not a dict");
   while (!take('}')) {
+    if (i == h.size() || h[i] == '\n') bad(name, "header dict not closed with '}'");
     const std::string key = quoted("unreadable key in the header");
     if (!take(':')) bad(name, "a key without ':' in the header");
     const int k = key == "descr" ? 0 : key == "fortran_order" ? 1 : key == "shape" ? 2 : -1;

@@ -149,6 +149,8 @@ TEST(Npy, RejectsBadInputWithAPreciseMessage) {
            floats({1, 2})),
        "t.npy: not a supported .npy file: 'descr' given twice"},
       {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), ", floats({1, 2})),
+       "t.npy: not a supported .npy file: header dict not closed with '}'"},
+      {npy(1, "{'descr': '<f4', fortran_order: False, 'shape': (2,), }", floats({1, 2})),
        "t.npy: not a supported .npy file: unreadable key in the header"},
       {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,) 'x': 1}", floats({1, 2})),
        "t.npy: not a supported .npy file: header dict not closed with '}'"},
