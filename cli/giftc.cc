@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -100,8 +101,22 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? kOk : kUsage;
+    if (e.get_exit_code() == 0) return app.exit(e) == 0 ? kOk : kUsage;  // --help, --version
+    // As every other error: prefixed with the program, and naming the help that applies.
+    std::string command = "giftc", what = e.what();
+    for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
+    if (command == "giftc" && dynamic_cast<const CLI::RequiredError*>(&e)) {
+      // giftc's own options are flags, so its first other argument is the command it was given.
+      const auto given =
+          std::find_if(argv + 1, argv + argc, [](const char* a) { return *a != '-'; });
+      what = given == argv + argc ? "a command is required:"
+                                  : std::string("'") + *given + "' is not a command; commands:";
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        what += " " + sub->get_name();
+    }
+    std::fprintf(stderr, "giftc: %s\nTry '%s --help' for more information.\n",
+                 shown(what, stderr).c_str(), command.c_str());
+    return kUsage;
   } catch (const Failure& f) {
     std::fprintf(stderr, "giftc: %s\n", shown(f.what(), stderr).c_str());
     return f.code;

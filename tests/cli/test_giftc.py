@@ -1033,8 +1033,19 @@ class Giftc(unittest.TestCase):
         np.save(a, np.ones((4, 32), np.float32))
         # 1: usage
         self.assertEqual(run("encode", a, "--scale", "block:100").returncode, 1)
-        self.assertEqual(run("encode").returncode, 1)
-        self.assertEqual(run("frobnicate").returncode, 1)
+        # the parser's own errors read as every other: the program first, then the help to read
+        for args, why, command in ((["encode"], "IN is required", "giftc encode"),
+                                   (["-q", "frobnicate"], "'frobnicate' is not a command",
+                                    "giftc"),
+                                   ([], "a command is required: encode decode", "giftc"),
+                                   (["decode", "--bogus", a], "--bogus", "giftc decode"),
+                                   (["encode", "--threads", "x", a], "--threads = x",
+                                    "giftc encode")):
+            r = run(*args)
+            self.assertEqual(r.returncode, 1, args)
+            first, hint = r.stderr.splitlines()
+            self.assertTrue(first.startswith("giftc: ") and why in first, r.stderr)
+            self.assertEqual(hint, f"Try '{command} --help' for more information.")
         self.assertEqual(run("encode", a).returncode, 0)
         r = run("encode", a)
         self.assertEqual(r.returncode, 1)
