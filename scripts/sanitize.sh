@@ -58,6 +58,33 @@ done
 run "clang asan+ubsan giftc end to end" \
   python3 "$root/tests/cli/test_giftc.py" "$clang_asan/cli/giftc" "$root"
 
+# Frames and bases are the same bytes whichever compiler built the writer: FlatBuffers lays a
+# header out in the order of the builder's calls, and C++ leaves the order of a call's
+# arguments to the compiler. Clang's giftc against the main build's GCC one, on the sample
+# with a basis, and on a safetensors file with metadata.
+same_bytes_as_gcc() {
+  local gcc_giftc=${BUILD_DIR:-$root/build}/cli/giftc s=$root/samples tmp
+  [ -x "$gcc_giftc" ] || { echo "no GCC giftc at $gcc_giftc" >&2; return 1; }
+  tmp=$(mktemp -d)
+  python3 -c 'import sys, numpy as np; from safetensors.numpy import save_file
+save_file({"w": np.linspace(-3, 3, 4096, dtype=np.float32).reshape(32, 128),
+           "b": np.arange(7, dtype=np.float16)}, sys.argv[1], {"step": "1200", "model": "x"})' \
+    "$tmp/meta.safetensors"
+  local c rc=0
+  for c in gcc clang; do
+    local g=$gcc_giftc
+    [ $c = clang ] && g=$clang_asan/cli/giftc
+    "$g" -q fit "$s/llama_grads.npz" --activations "$s/llama_acts.npz" -o "$tmp/$c.giftb" &&
+      "$g" -q encode "$s/llama_grads.npz" --basis "$tmp/gcc.giftb" --embed-basis \
+        -o "$tmp/$c.gift" &&
+      "$g" -q encode "$tmp/meta.safetensors" -o "$tmp/$c.meta.gift" || rc=1
+  done
+  for f in giftb gift meta.gift; do cmp "$tmp/gcc.$f" "$tmp/clang.$f" || rc=1; done
+  rm -rf "$tmp"
+  return $rc
+}
+run "clang and gcc giftc write the same bytes" same_bytes_as_gcc
+
 # Archer ships with LLVM's OpenMP runtime, next to clang's own libraries.
 archer=$(cd "$(clang -print-resource-dir)/../.." && pwd)/libarcher.so
 [ -f "$archer" ] || {

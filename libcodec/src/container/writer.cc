@@ -513,9 +513,14 @@ giftResult_t FrameWriter::layout(const std::vector<Pending>& tensors, Layout* ou
       if (!t.raw) tb.add_scales(scales);
       refs.push_back(tb.Finish());
     }
+    // One builder call per statement from here on: the calls' order is the bytes' order, and
+    // C++ leaves the order of a call's arguments to the compiler (Clang and GCC on Arm64 wrote
+    // other bytes than GCC on x86-64). This is the order GCC on x86-64 gave.
     std::vector<flatbuffers::Offset<fb::KeyValue>> kv;
     for (const auto& [k, v] : metadata_) {
-      kv.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+      const auto value = b.CreateString(v);
+      const auto key = b.CreateString(k);
+      kv.push_back(fb::CreateKeyValue(b, key, value));
     }
     const auto producer = b.CreateString("libgift " + std::to_string(GIFT_VERSION_MAJOR) + "." +
                                          std::to_string(GIFT_VERSION_MINOR) + "." +
@@ -523,10 +528,11 @@ giftResult_t FrameWriter::layout(const std::vector<Pending>& tensors, Layout* ou
     flatbuffers::Offset<fb::Section> basis;
     if (has_embedded_) basis = ref(embedded_);
     const fb::BasisId id(basis_lo_, basis_hi_);
+    const auto tensor_refs = b.CreateVector(refs);
+    const auto metadata = b.CreateVector(kv);
     const auto frame =
         fb::CreateFrame(b, basis_kind_ ? fb::FrameKind::Basis : fb::FrameKind::Tensors, producer,
-                        b.CreateVector(kv), b.CreateVector(refs), basis,
-                        basis_kind_ || has_embedded_ ? &id : nullptr);
+                        metadata, tensor_refs, basis, basis_kind_ || has_embedded_ ? &id : nullptr);
     b.Finish(frame, fb::FrameIdentifier());
   };
 
