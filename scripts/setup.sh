@@ -14,6 +14,7 @@ debs=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev clang-format git
+  g++-aarch64-linux-gnu
   python3-dev pybind11-dev
 )
 

@@ -4,16 +4,7 @@
 #include <cstddef>
 #include <vector>
 
-// A band's accumulators live in arrays of vectors, which scalable vectors (SVE, RVV) cannot
-// form; those targets are left out and such machines take their fixed-width target.
-// (foreach_target.h includes this file again once per target; the check runs once.)
-#ifndef GIFT_LOW_RANK_UPDATE_TARGETS
-#define GIFT_LOW_RANK_UPDATE_TARGETS
-#ifdef HWY_DISABLED_TARGETS
-#error "low_rank_update.cc sets HWY_DISABLED_TARGETS itself (no scalable targets)"
-#endif
-#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
-#endif
+#include "numerics/hwy_targets.h"  // before Highway's headers
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "coords/low_rank_update.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "numerics/hwy_targets.h"  // before Highway's headers
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "numerics/simd.cc"
 #include <hwy/cache_control.h>
