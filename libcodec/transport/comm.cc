@@ -10,8 +10,10 @@
 
 #include "api/handles.h"
 #include "common/error.h"
+#include "common/xxh3.h"
 #include "gift/gift_transport.h"
 #include "transport/config.h"
+#include "transport/reduce_plan.h"
 #include "transport/testing.h"
 
 using gift::fail;
@@ -51,6 +53,17 @@ const char* backend_detail(const giftComm& c) {
   return d ? d : "(no detail)";
 }
 
+// The same error on every rank: rank `rank`'s code with its message, broadcast from it.
+giftResult_t fail_as(giftComm& c, int code, int rank, const char* step) {
+  char text[512] = {};
+  if (rank == c.backend.rank) snprintf(text, sizeof text, "%s", giftGetLastErrorMessage());
+  if (c.backend.broadcast(c.backend.ctx, text, sizeof text, rank) != GIFT_OK) {
+    snprintf(text, sizeof text, "(its message was lost: %s)", backend_detail(c));
+  }
+  text[sizeof text - 1] = '\0';
+  return fail(giftResult_t(code), "rank %d failed in %s: %s", rank, step, text);
+}
+
 // Every rank learns the outcome of a local step; a failure anywhere becomes the same error
 // everywhere, with the first failing rank's message, so no rank waits in an exchange that
 // the others have abandoned.
@@ -61,13 +74,7 @@ giftResult_t agree(giftComm& c, giftResult_t local, const char* step) {
                 backend_detail(c));
   }
   if (code == GIFT_OK) return GIFT_OK;
-  char text[512] = {};
-  if (rank == c.backend.rank) snprintf(text, sizeof text, "%s", giftGetLastErrorMessage());
-  if (c.backend.broadcast(c.backend.ctx, text, sizeof text, rank) != GIFT_OK) {
-    snprintf(text, sizeof text, "(its message was lost: %s)", backend_detail(c));
-  }
-  text[sizeof text - 1] = '\0';
-  return fail(giftResult_t(code), "rank %d failed in %s: %s", rank, step, text);
+  return fail_as(c, code, rank, step);
 }
 
 giftResult_t exchange_failed(const giftComm& c, const char* what) {
@@ -81,8 +88,9 @@ void apply_test_corruption(const giftComm& c, int step, uint8_t* messages, uint6
   messages[uint64_t(k.sender) * bytes + bytes - 1] ^= 0x5A;
 }
 
-giftResult_t bucket_for(giftComm& c, const giftBucketTensor* tensors, size_t n, Bucket** out) {
-  const std::string key = gift::transport::bucket_key(tensors, n);
+giftResult_t bucket_for(giftComm& c, const gift::transport::BucketShape& shape,
+                        const giftBucketTensor* tensors, size_t n, Bucket** out) {
+  const std::string key = gift::transport::bucket_key(shape);
   auto it = c.buckets.find(key);
   if (it != c.buckets.end()) {
     *out = &it->second;
@@ -105,6 +113,104 @@ giftResult_t bucket_for(giftComm& c, const giftBucketTensor* tensors, size_t n, 
   return GIFT_OK;
 }
 
+// What every rank states before a call sends anything: the outcome of its local checks and
+// what the call's messages depend on. Ranks that differ there would exchange messages of other
+// sizes (a truncation in the backend, or a hang), or decode each other's bytes by other rules
+// (silently wrong sums); compared first, the difference fails the call on every rank, named,
+// before any plan advances.
+struct CallSignature {
+  uint64_t code;  // of the local checks
+  uint64_t kind, block, scale_dtype, op, integrity, coords, reselect_every, nonfinite;
+  uint64_t tensors, elements;
+  uint64_t layout;  // hash of the tensors' dtypes and shapes
+  uint64_t calls;   // the plan's call counter
+};
+
+struct SignatureField {
+  const char* name;
+  uint64_t CallSignature::*field;
+};
+constexpr SignatureField kConfigFields[] = {
+    {"kind", &CallSignature::kind},
+    {"block", &CallSignature::block},
+    {"scale_dtype", &CallSignature::scale_dtype},
+    {"op", &CallSignature::op},
+    {"integrity", &CallSignature::integrity},
+    {"coords", &CallSignature::coords},
+    {"reselect_every", &CallSignature::reselect_every},
+    {"nonfinite", &CallSignature::nonfinite},
+};
+
+CallSignature signature(const giftComm& c, giftResult_t local,
+                        const gift::transport::BucketShape& shape, const Bucket* b) {
+  const giftAllReduceConfig& k = c.config;
+  CallSignature sig = {uint64_t(local),
+                       uint64_t(k.kind),
+                       k.block,
+                       uint64_t(k.scale_dtype),
+                       uint64_t(k.op),
+                       uint64_t(k.integrity),
+                       uint64_t(k.coords),
+                       k.reselect_every,
+                       uint64_t(k.nonfinite),
+                       shape.dtypes.size(),
+                       shape.offset.empty() ? 0 : shape.offset.back(),
+                       0,
+                       0};
+  std::vector<uint64_t> words;
+  for (size_t i = 0; i < shape.dtypes.size(); ++i) {
+    words.push_back(uint64_t(shape.dtypes[i]));
+    words.push_back(shape.shapes[i].size());
+    words.insert(words.end(), shape.shapes[i].begin(), shape.shapes[i].end());
+  }
+  sig.layout = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+  if (b) sig.calls = gift::transport::plan_calls(b->plan.get());
+  return sig;
+}
+
+// How rank r's signature differs from rank 0's, or "" where it does not.
+std::string difference(const CallSignature& zero, const CallSignature& sig, int r) {
+  const std::string who = "rank " + std::to_string(r) + "'s ";
+  for (const SignatureField& f : kConfigFields) {
+    if (sig.*f.field != zero.*f.field) {
+      return who + "config differs from rank 0's in " + f.name + " (" +
+             std::to_string(sig.*f.field) + ", rank 0's " + std::to_string(zero.*f.field) + ")";
+    }
+  }
+  if (sig.tensors != zero.tensors || sig.elements != zero.elements) {
+    return who + "bucket holds " + std::to_string(sig.tensors) + " tensors of " +
+           std::to_string(sig.elements) + " elements, rank 0's " + std::to_string(zero.tensors) +
+           " of " + std::to_string(zero.elements);
+  }
+  if (sig.layout != zero.layout) {
+    return who + "bucket's tensors differ from rank 0's in their dtypes or shapes";
+  }
+  if (sig.calls != zero.calls) {
+    return who + "plan for this bucket has made " + std::to_string(sig.calls) +
+           " calls, rank 0's " + std::to_string(zero.calls) +
+           " (a plan created or loaded on some ranks only?)";
+  }
+  return "";
+}
+
+// All-gathers the signatures: the first rank whose local checks failed fails the call on
+// every rank with its message; otherwise the first rank that differs from rank 0 does.
+giftResult_t agree_on_call(giftComm& c, const CallSignature& mine) {
+  std::vector<CallSignature> all(size_t(c.backend.world));
+  if (c.backend.all_gather(c.backend.ctx, &mine, all.data(), sizeof mine) != GIFT_OK) {
+    return exchange_failed(c, "the all-gather of the call's signatures");
+  }
+  for (int r = 0; r < c.backend.world; ++r) {
+    if (all[r].code != GIFT_OK) return fail_as(c, int(all[r].code), r, "checking its arguments");
+  }
+  for (int r = 1; r < c.backend.world; ++r) {
+    const std::string d = difference(all[0], all[r], r);
+    if (!d.empty())
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "the ranks' calls differ: %s", d.c_str());
+  }
+  return GIFT_OK;
+}
+
 giftResult_t run(giftComm& c, Bucket& b, void* const* recv) {
   const uint64_t m = b.message_bytes;
   if (c.backend.all_to_all(c.backend.ctx, b.send.data(), b.recv.data(), m) != GIFT_OK) {
@@ -117,7 +223,10 @@ giftResult_t run(giftComm& c, Bucket& b, void* const* recv) {
     return exchange_failed(c, "the all-gather of reduced shards");
   }
   apply_test_corruption(c, 1, b.send.data(), m);
-  rc = giftReduceDecodeResult(b.plan.get(), b.send.data(), recv);
+  // No rank commits the call's state before every rank's result has passed its checks.
+  rc = gift::transport::check_result(b.plan.get(), b.send.data(), recv);
+  if ((rc = agree(c, rc, "checking the result"))) return rc;
+  rc = gift::transport::decode_checked_result(b.plan.get(), b.send.data(), recv);
   return agree(c, rc, "decoding the result");
 }
 
@@ -311,32 +420,58 @@ giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char* const* n
   }
 }
 
+}  // extern "C"
+
+namespace {
+
+// A call's arguments checked, its plan found or made, and its signature agreed on every rank
+// before anything is encoded: `early` is a failure found before (a stream where none goes).
+giftResult_t all_reduce(giftComm& c, giftResult_t early, const giftBucketTensor* tensors,
+                        const void* const* send, void* const* recv, size_t n) {
+  namespace tr = gift::transport;
+  tr::BucketShape shape;
+  Bucket* b = nullptr;
+  giftResult_t rc = early;
+  try {
+    if (rc == GIFT_OK) rc = tr::read_bucket(tensors, n, &shape);
+    if (rc == GIFT_OK) rc = bucket_for(c, shape, tensors, n, &b);
+  } catch (const std::bad_alloc&) {
+    rc = fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for a bucket's plan and messages");
+  }
+  // Both sets of buffers now, so that no later step can fail on one rank only for them.
+  if (rc == GIFT_OK) rc = tr::check_tensor_pointers(shape, send);
+  if (rc == GIFT_OK && (rc = tr::check_tensor_pointers(shape, recv))) {
+    const std::string why = giftGetLastErrorMessage();
+    rc = fail(rc, "recv: %s", why.c_str());
+  }
+  if ((rc = agree_on_call(c, signature(c, rc, shape, rc == GIFT_OK ? b : nullptr)))) return rc;
+  rc = giftReduceEncodeShards(b->plan.get(), send, b->send.data());
+  if ((rc = agree(c, rc, "encoding its shards"))) return rc;
+  return run(c, *b, recv);
+}
+
+}  // namespace
+
+extern "C" {
+
 giftResult_t giftAllReduceBucket(giftComm* comm, const giftBucketTensor* tensors,
                                  const void* const* send, void* const* recv, size_t n) {
   gift::clear_error();
   if (!comm) return fail(GIFT_ERROR_INVALID_ARGUMENT, "comm is NULL");
-  giftComm& c = *comm;
-  Bucket* b = nullptr;
-  giftResult_t rc = GIFT_OK;
-  try {
-    rc = bucket_for(c, tensors, n, &b);
-  } catch (const std::bad_alloc&) {
-    rc = fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for a bucket's plan and messages");
-  }
-  if (rc == GIFT_OK) rc = giftReduceEncodeShards(b->plan.get(), send, b->send.data());
-  if ((rc = agree(c, rc, "encoding its shards"))) return rc;
-  return run(c, *b, recv);
+  return all_reduce(*comm, GIFT_OK, tensors, send, recv, n);
 }
 
 giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
                            giftDType_t dtype, void* stream) {
   gift::clear_error();
-  if (stream) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "stream must be NULL: this communicator works on host buffers");
-  }
+  if (!comm) return fail(GIFT_ERROR_INVALID_ARGUMENT, "comm is NULL");
+  // Refused on every rank, as any other argument, not on this one only.
+  const giftResult_t early =
+      stream ? fail(GIFT_ERROR_INVALID_ARGUMENT,
+                    "stream must be NULL: this communicator works on host buffers")
+             : GIFT_OK;
   const giftBucketTensor t = {"buffer", dtype, 1, &count};
-  return giftAllReduceBucket(comm, &t, &send, &recv, 1);
+  return all_reduce(*comm, early, &t, &send, &recv, 1);
 }
 
 }  // extern "C"

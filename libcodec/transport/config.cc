@@ -1,5 +1,7 @@
 #include "transport/config.h"
 
+#include <cinttypes>
+
 #include "common/error.h"
 #include "common/sized.h"
 #include "numerics/shapes.h"
@@ -75,6 +77,11 @@ giftResult_t read_bucket(const giftBucketTensor* tensors, size_t n, BucketShape*
       }
       elements *= t.shape[d];
     }
+    if (elements > UINT64_MAX / 2 - b.offset.back()) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "tensor %zu: the bucket's element count overflows (%" PRIu64 " + %" PRIu64 ")", i,
+                  b.offset.back(), elements);
+    }
     b.names.push_back(t.name ? t.name : "t" + std::to_string(i));
     b.dtypes.push_back(t.dtype);
     b.shapes.emplace_back(t.shape, t.shape + t.ndim);
@@ -93,12 +100,12 @@ giftResult_t check_tensor_pointers(const BucketShape& b, const void* const* tens
   return GIFT_OK;
 }
 
-std::string bucket_key(const giftBucketTensor* tensors, size_t n) {
+std::string bucket_key(const BucketShape& b) {
   std::string key;
-  for (size_t i = 0; i < n; ++i) {
-    key += std::to_string(int(tensors[i].dtype)) + ":";
-    for (uint32_t d = 0; d < tensors[i].ndim; ++d) key += std::to_string(tensors[i].shape[d]) + ",";
-    key += tensors[i].name ? tensors[i].name : "";
+  for (size_t i = 0; i < b.dtypes.size(); ++i) {
+    key += std::to_string(int(b.dtypes[i])) + ":";
+    for (uint64_t d : b.shapes[i]) key += std::to_string(d) + ",";
+    key += b.names[i];
     key += '\0';
   }
   return key;

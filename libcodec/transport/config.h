@@ -34,6 +34,6 @@ giftResult_t read_bucket(const giftBucketTensor* tensors, size_t n, BucketShape*
 giftResult_t check_tensor_pointers(const BucketShape& b, const void* const* tensors);
 
 // What a plan's layout and dumps depend on: communicators cache plans under this key.
-std::string bucket_key(const giftBucketTensor* tensors, size_t n);
+std::string bucket_key(const BucketShape& b);
 
 }  // namespace gift::transport

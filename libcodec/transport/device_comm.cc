@@ -53,7 +53,9 @@ giftResult_t exchange_failed(const giftDeviceComm& c, const char* what) {
 
 giftResult_t bucket_for(giftDeviceComm& c, const giftBucketTensor* tensors, size_t n,
                         DeviceBucket** out) {
-  const std::string key = gift::transport::bucket_key(tensors, n);
+  gift::transport::BucketShape shape;
+  if (const giftResult_t rc = gift::transport::read_bucket(tensors, n, &shape)) return rc;
+  const std::string key = gift::transport::bucket_key(shape);
   auto it = c.buckets.find(key);
   if (it != c.buckets.end()) {
     *out = it->second.get();

@@ -1,5 +1,9 @@
 #include "transport/dump.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +55,22 @@ DumpSettings dump_settings(const giftAllReduceConfig& config) {
   }
   s.dir = dir && *dir ? dir : ".";
   return s;
+}
+
+giftResult_t check_dump_dir(const DumpSettings& s) {
+  if (s.every == 0) return GIFT_OK;
+  const char* dir = s.dir.c_str();
+  const char* why = nullptr;
+  struct stat st;
+  if (stat(dir, &st) != 0) {
+    why = strerror(errno);
+  } else if (!S_ISDIR(st.st_mode)) {
+    why = "not a folder";
+  } else if (access(dir, W_OK | X_OK) != 0) {
+    why = strerror(errno);
+  }
+  if (!why) return GIFT_OK;
+  return fail(GIFT_ERROR_IO, "dumps every %" PRIu32 " calls into '%s': %s", s.every, dir, why);
 }
 
 giftResult_t write_dump(const DumpSettings& s, const giftAllReduceConfig& config, int world,

@@ -17,6 +17,10 @@ struct DumpSettings {
 // The config's settings, or GIFT_DUMP_EVERY / GIFT_DUMP_DIR when the config leaves dumps off.
 DumpSettings dump_settings(const giftAllReduceConfig& config);
 
+// Whether the settings' folder can take dumps (nothing to check without dumps): plans check
+// it when they are created, so that a wrong folder fails there rather than after a call.
+giftResult_t check_dump_dir(const DumpSettings& s);
+
 inline bool dump_due(const DumpSettings& s, uint64_t call) {
   return s.every > 0 && call % s.every == 0;
 }

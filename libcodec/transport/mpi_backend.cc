@@ -111,21 +111,26 @@ void destroy(void* ctx) {
 
 extern "C" giftResult_t giftCommInitMpi(MPI_Comm comm, const giftAllReduceConfig* config,
                                         giftComm** out) {
-  if (!out) return GIFT_ERROR_INVALID_ARGUMENT;
+  if (!out) return giftBackendFail(GIFT_ERROR_INVALID_ARGUMENT, "giftCommInitMpi: out is NULL");
   *out = nullptr;
   MpiContext* c = new (std::nothrow) MpiContext;
-  if (!c) return GIFT_ERROR_OUT_OF_MEMORY;
+  if (!c) return giftBackendFail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for an MPI communicator");
   giftCommBackend b = {};
   b.size = sizeof b;
   b.magic = GIFT_STRUCT_MAGIC;
   b.version = GIFT_VERSION_NUMBER;
   b.ctx = c;
-  if (MPI_Comm_dup(comm, &c->comm) != MPI_SUCCESS ||
-      MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
-      MPI_Comm_size(c->comm, &b.world) != MPI_SUCCESS ||
-      MPI_Comm_rank(c->comm, &b.rank) != MPI_SUCCESS) {
+  giftResult_t rc = mpi_result(*c, MPI_Comm_dup(comm, &c->comm), "MPI_Comm_dup");
+  if (rc == GIFT_OK) {
+    rc = mpi_result(*c, MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN),
+                    "MPI_Comm_set_errhandler");
+  }
+  if (rc == GIFT_OK) rc = mpi_result(*c, MPI_Comm_size(c->comm, &b.world), "MPI_Comm_size");
+  if (rc == GIFT_OK) rc = mpi_result(*c, MPI_Comm_rank(c->comm, &b.rank), "MPI_Comm_rank");
+  if (rc != GIFT_OK) {
+    rc = giftBackendFail(rc, c->error);
     destroy(c);
-    return GIFT_ERROR_INTERNAL;
+    return rc;
   }
   b.all_to_all = all_to_all;
   b.all_gather = all_gather;
@@ -133,7 +138,7 @@ extern "C" giftResult_t giftCommInitMpi(MPI_Comm comm, const giftAllReduceConfig
   b.broadcast = broadcast;
   b.last_error = last_error;
   b.destroy = destroy;
-  const giftResult_t rc = giftCommCreate(&b, config, out);
+  rc = giftCommCreate(&b, config, out);
   if (rc != GIFT_OK) destroy(c);
   return rc;
 }

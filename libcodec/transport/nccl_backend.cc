@@ -63,26 +63,30 @@ void destroy(void* ctx) { delete static_cast<NcclContext*>(ctx); }
 
 extern "C" giftResult_t giftCommInitNccl(ncclComm_t comm, const giftAllReduceConfig* config,
                                          giftDeviceComm** out) {
-  if (!out || !comm) return GIFT_ERROR_INVALID_ARGUMENT;
+  if (!out || !comm) {
+    return giftBackendFail(GIFT_ERROR_INVALID_ARGUMENT, "giftCommInitNccl: out or comm is NULL");
+  }
   *out = nullptr;
   NcclContext* c = new (std::nothrow) NcclContext;
-  if (!c) return GIFT_ERROR_OUT_OF_MEMORY;
+  if (!c) return giftBackendFail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for an NCCL communicator");
   c->comm = comm;
   giftDeviceCommBackend b = {};
   b.size = sizeof b;
   b.magic = GIFT_STRUCT_MAGIC;
   b.version = GIFT_VERSION_NUMBER;
   b.ctx = c;
-  if (ncclCommCount(comm, &b.world) != ncclSuccess ||
-      ncclCommUserRank(comm, &b.rank) != ncclSuccess) {
+  giftResult_t rc = nccl_result(*c, ncclCommCount(comm, &b.world), "ncclCommCount");
+  if (rc == GIFT_OK) rc = nccl_result(*c, ncclCommUserRank(comm, &b.rank), "ncclCommUserRank");
+  if (rc != GIFT_OK) {
+    rc = giftBackendFail(rc, c->error);
     destroy(c);
-    return GIFT_ERROR_INTERNAL;
+    return rc;
   }
   b.all_to_all = all_to_all;
   b.all_gather = all_gather;
   b.last_error = last_error;
   b.destroy = destroy;
-  const giftResult_t rc = giftDeviceCommCreate(&b, config, out);
+  rc = giftDeviceCommCreate(&b, config, out);
   if (rc != GIFT_OK) destroy(c);
   return rc;
 }

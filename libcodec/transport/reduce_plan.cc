@@ -4,6 +4,8 @@
 // residuals) while it is in cache: every message holds the bytes giftEncode gives for its
 // whole shard (tests/mpi/local_steps_test.cc checks them against it).
 
+#include "transport/reduce_plan.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -381,6 +383,9 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
     p->ctx.threads = p->config.threads;
     if (const giftResult_t rc = giftQuantParamsValidate(&p->params)) return rc;
     p->dump = gift::transport::dump_settings(p->config);
+    if (rank == 0) {  // the rank that writes them
+      if (const giftResult_t rc = gift::transport::check_dump_dir(p->dump)) return rc;
+    }
     p->world = world;
     p->rank = rank;
     if (const giftResult_t rc = gift::transport::read_bucket(tensors, n, &p->bucket)) return rc;
@@ -601,20 +606,37 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
 
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                     void* const* out_tensors) {
-  const gift::num::FpEnvGuard fp_env;
+  if (const giftResult_t rc = gift::transport::check_result(plan, gathered, out_tensors)) return rc;
+  return gift::transport::decode_checked_result(plan, gathered, out_tensors);
+}
+
+}  // extern "C"
+
+namespace gift::transport {
+
+uint64_t plan_calls(const giftReducePlan* plan) { return plan->call; }
+
+giftResult_t check_result(const giftReducePlan* plan, const uint8_t* gathered,
+                          void* const* out_tensors) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
-  giftReducePlan& p = *plan;
-  if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, out_tensors))
-    return rc;
+  const giftReducePlan& p = *plan;
+  if (const giftResult_t rc = check_tensor_pointers(p.bucket, out_tensors)) return rc;
   if (const giftResult_t rc = check_messages(p, gathered, "gathered")) return rc;
-  ChunkScratch scratch;
-  if (const giftResult_t rc = make_scratch(p, &scratch)) return rc;
   for (int s = 0; s < p.world; ++s) {
     if (const giftResult_t rc =
             check_message(p, kGather, s, s, gathered + uint64_t(s) * p.layout.message_bytes)) {
       return rc;
     }
   }
+  return GIFT_OK;
+}
+
+giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered,
+                                   void* const* out_tensors) {
+  const gift::num::FpEnvGuard fp_env;
+  giftReducePlan& p = *plan;
+  ChunkScratch scratch;
+  if (const giftResult_t rc = make_scratch(p, &scratch)) return rc;
   const bool finite = !holds_nonfinite(p, gathered);
   // Commits the call's residuals; without a commit they are dropped (the next call writes
   // over them).
@@ -662,9 +684,15 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
       tensors.push_back(
           {p.bucket.names[i].c_str(), p.bucket.dtypes[i], &p.bucket.shapes[i], out_tensors[i]});
     }
-    return gift::transport::write_dump(p.dump, p.config, p.world, p.call, tensors);
+    if (const giftResult_t rc = write_dump(p.dump, p.config, p.world, p.call, tensors)) {
+      const std::string why = giftGetLastErrorMessage();
+      return fail(rc,
+                  "the call completed (its result is written and its error feedback kept) but "
+                  "its dump failed: %s",
+                  why.c_str());
+    }
   }
   return GIFT_OK;
 }
 
-}  // extern "C"
+}  // namespace gift::transport

@@ -540,6 +540,20 @@ TEST(LocalSteps, ConfigStructIsSizedAndChecked) {
             GIFT_ERROR_INVALID_ARGUMENT);
 }
 
+TEST(LocalSteps, BucketWhoseElementCountOverflowsIsRefused) {
+  // Each tensor passes its own check; their sum wraps past 2^64.
+  const uint64_t big = UINT64_MAX / 2 - 1, ten = 10;
+  const giftBucketTensor d[] = {{"a", GIFT_DTYPE_F32, 1, &big},
+                                {"b", GIFT_DTYPE_F32, 1, &big},
+                                {"c", GIFT_DTYPE_F32, 1, &ten}};
+  giftReducePlan* p = nullptr;
+  EXPECT_EQ(giftReducePlanCreate(nullptr, 2, 0, d, 3, &p), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("tensor 1: the bucket's element count"),
+            std::string::npos)
+      << giftGetLastErrorMessage();
+}
+
 TEST(LocalSteps, NonFiniteInputNamesTheTensor) {
   const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
   giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;

@@ -261,6 +261,233 @@ void test_dump(const std::string& dir) {
   CHECK(files == 1, "%zu dump files in %s, expected 1 (call 2)", files, dir.c_str());
 }
 
+// Runs `calls` on a fresh communicator and returns the results of its successful calls: two
+// runs that differ only in calls that failed on every rank must give the same bytes, since a
+// failed call leaves every rank's plan (call counter, error feedback) as it was.
+template <typename Calls>
+std::vector<Bucket> successful_results(const giftAllReduceConfig& c, Calls&& calls) {
+  Comm comm(c);
+  std::vector<Bucket> results;
+  calls(comm.c, [&](const Bucket& out, giftResult_t rc) {
+    if (rc == GIFT_OK) results.push_back(out);
+  });
+  return results;
+}
+
+void expect_failed_everywhere(giftResult_t rc, giftResult_t want, const std::string& says,
+                              const char* what) {
+  const std::string msg = giftGetLastErrorMessage();
+  CHECK(rc == want && msg.find(says) != std::string::npos, "%s: got %d (%s), want %d saying '%s'",
+        what, int(rc), msg.c_str(), int(want), says.c_str());
+}
+
+// A call that fails on every rank for one rank's argument (a bad dtype, no output buffer) or
+// for a corrupted message to one rank changes no rank's plan: the calls after it give the
+// bytes they give without it, and the ranks stay on the same call.
+void test_failed_calls_leave_no_trace() {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  const Bucket in = gift::test::make_input(specs, 11, g_rank);
+  const int last = g_world - 1;
+  const std::string named = "rank " + std::to_string(last) + " failed";
+  const auto good = [&](giftComm* comm, auto&& keep) {
+    for (int i = 0; i < 3; ++i) {
+      giftResult_t rc;
+      const Bucket out = allreduce(comm, specs, in, &rc);
+      CHECK(rc == GIFT_OK, "call %d: %s", i, giftGetLastErrorMessage());
+      keep(out, rc);
+    }
+  };
+  const std::vector<Bucket> want = successful_results(base_config(), good);
+  const auto bad_dtype = [&](giftComm* comm, auto&& keep) {
+    std::vector<TensorSpec> odd = specs;
+    if (g_rank == last) odd[1].dtype = giftDType_t(9);
+    giftResult_t rc;
+    {
+      const Bucket out = allreduce(comm, odd, in, &rc);
+      keep(out, rc);
+    }
+    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, named + " in checking its arguments",
+                             "a bad dtype on one rank");
+    good(comm, keep);
+  };
+  CHECK(successful_results(base_config(), bad_dtype) == want,
+        "a call failed for one rank's dtype changed the later results");
+  const auto no_output = [&](giftComm* comm, auto&& keep) {
+    giftResult_t rc;
+    {
+      const Bucket out = allreduce(comm, specs, in, &rc);
+      keep(out, rc);
+    }
+    const std::vector<giftBucketTensor> d = gift::test::describe(specs);
+    Bucket out;
+    std::vector<const void*> send;
+    std::vector<void*> recv;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      out.emplace_back(in[i].size());
+      send.push_back(in[i].data());
+      recv.push_back(g_rank == last && i == 0 ? nullptr : out[i].data());
+    }
+    rc = giftAllReduceBucket(comm, d.data(), send.data(), recv.data(), d.size());
+    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, "recv: tensor 0 ('w.fp32') has no",
+                             "no output buffer on one rank");
+    for (int i = 0; i < 2; ++i) {
+      {
+        const Bucket out = allreduce(comm, specs, in, &rc);
+        keep(out, rc);
+      }
+      CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+    }
+  };
+  CHECK(successful_results(base_config(), no_output) == want,
+        "a call failed for one rank's output buffer changed the later results");
+  const auto corrupted = [&](giftComm* comm, auto&& keep) {
+    giftResult_t rc;
+    {
+      const Bucket out = allreduce(comm, specs, in, &rc);
+      keep(out, rc);
+    }
+    gift::transport::testing::corrupt_message(1, last, 0);  // the result, to rank 0 only
+    {
+      const Bucket out = allreduce(comm, specs, in, &rc);
+      keep(out, rc);
+    }
+    gift::transport::testing::corrupt_message(-1, -1, -1);
+    expect_failed_everywhere(rc, GIFT_ERROR_SECTION_CHECKSUM,
+                             "rank 0 failed in checking the result",
+                             "a result corrupted on its way to rank 0");
+    for (int i = 0; i < 2; ++i) {
+      {
+        const Bucket out = allreduce(comm, specs, in, &rc);
+        keep(out, rc);
+      }
+      CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+    }
+  };
+  CHECK(successful_results(base_config(), corrupted) == want,
+        "a result corrupted on its way to one rank changed the later results");
+}
+
+// Ranks that disagree on what a call is fail it on every rank before anything is sent, with
+// the difference named, instead of hanging in an exchange of other sizes or summing bytes
+// encoded by other rules; the communicator goes on.
+void test_ranks_that_differ_are_named() {
+  if (g_world < 2) return;
+  const int last = g_world - 1;
+  const std::string who = "rank " + std::to_string(last) + "'s ";
+  const uint64_t n = 1000;
+  std::vector<float> x(2 * n, 1.5f), y(2 * n);
+  {
+    Comm comm(base_config());
+    const uint64_t count = g_rank == last ? 2 * n : n;
+    giftResult_t rc = giftAllReduce(comm.c, x.data(), y.data(), count, GIFT_DTYPE_F32, nullptr);
+    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT,
+                             who + "bucket holds 1 tensors of 2000 elements, rank 0's 1 of 1000",
+                             "counts that differ");
+    const giftDType_t dtype = g_rank == last ? GIFT_DTYPE_BF16 : GIFT_DTYPE_F32;
+    rc = giftAllReduce(comm.c, x.data(), y.data(), n, dtype, nullptr);
+    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, who + "bucket's tensors differ",
+                             "dtypes that differ");
+    int stream = 0;
+    rc = giftAllReduce(comm.c, x.data(), y.data(), n, GIFT_DTYPE_F32,
+                       g_rank == last ? &stream : nullptr);
+    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, "stream must be NULL",
+                             "a stream on one rank");
+    rc = giftAllReduce(comm.c, x.data(), y.data(), n, GIFT_DTYPE_F32, nullptr);
+    CHECK(rc == GIFT_OK, "after calls that differ: %s", giftGetLastErrorMessage());
+    CHECK(std::fabs(y[0] - 1.5f * float(g_world)) <= 0.25f * float(g_world), "sum %g", y[0]);
+  }
+  struct Field {
+    const char* name;
+    void (*set)(giftAllReduceConfig*);
+  };
+  const Field fields[] = {
+      {"block", [](giftAllReduceConfig* c) { c->block = 256; }},
+      {"kind", [](giftAllReduceConfig* c) { c->kind = GIFT_FP8_E5M2; }},
+      {"scale_dtype", [](giftAllReduceConfig* c) { c->scale_dtype = GIFT_SCALE_DTYPE_E8M0; }},
+      {"op", [](giftAllReduceConfig* c) { c->op = GIFT_REDUCE_AVG; }},
+      {"integrity", [](giftAllReduceConfig* c) { c->integrity = 0; }},
+      {"coords", [](giftAllReduceConfig* c) { c->coords = GIFT_COORDS_MODE_EUCLIDEAN; }},
+  };
+  for (const Field& f : fields) {
+    giftAllReduceConfig c = base_config();
+    if (g_rank == last) f.set(&c);
+    Comm comm(c);
+    const giftResult_t rc = giftAllReduce(comm.c, x.data(), y.data(), n, GIFT_DTYPE_F32, nullptr);
+    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT,
+                             who + "config differs from rank 0's in " + f.name, f.name);
+  }
+}
+
+// Bad descriptions fail on every rank with their reason, never read through a null pointer.
+void test_bad_buckets_are_refused() {
+  Comm comm(base_config());
+  float x = 1.0f, y = 0.0f;
+  const void* send = &x;
+  void* recv = &y;
+  giftResult_t rc = giftAllReduceBucket(comm.c, nullptr, &send, &recv, 1);
+  expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, "tensors is NULL", "no tensors");
+  const giftBucketTensor no_shape = {"t", GIFT_DTYPE_F32, 1, nullptr};
+  rc = giftAllReduceBucket(comm.c, &no_shape, &send, &recv, 1);
+  expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, "tensor 0: shape is NULL", "no shape");
+  giftAllReduce(comm.c, &x, &y, 1, giftDType_t(9), nullptr);  // leaves another message
+  rc = giftCommInitMpi(MPI_COMM_WORLD, nullptr, nullptr);
+  CHECK(rc == GIFT_ERROR_INVALID_ARGUMENT &&
+            std::string(giftGetLastErrorMessage()) == "giftCommInitMpi: out is NULL",
+        "giftCommInitMpi(NULL): %d (%s)", int(rc), giftGetLastErrorMessage());
+}
+
+// A dump folder that cannot take dumps fails the first call on every rank, naming it.
+void test_unwritable_dump_folder_fails_first() {
+  giftAllReduceConfig c = base_config();
+  c.dump_every = 1;
+  c.dump_path = "/nonexistent/gift-dumps";
+  Comm comm(c);
+  float x = 1.0f, y = 0.0f;
+  const giftResult_t rc = giftAllReduce(comm.c, &x, &y, 1, GIFT_DTYPE_F32, nullptr);
+  expect_failed_everywhere(rc, GIFT_ERROR_IO,
+                           "rank 0 failed in checking its arguments: dumps "
+                           "every 1 calls into '/nonexistent/gift-dumps'",
+                           "an unwritable dump folder");
+}
+
+// A dump that fails after its call completed says so on every rank: the result is written
+// and the state committed, so the results are those of a run without dumps.
+void test_failed_dump_reports_a_completed_call(const std::string& dir) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  const Bucket in = gift::test::make_input(specs, 13, g_rank);
+  std::vector<Bucket> plain, dumped;
+  {
+    Comm comm(base_config());
+    for (int i = 1; i <= 3; ++i) {
+      giftResult_t rc;
+      plain.push_back(allreduce(comm.c, specs, in, &rc));
+      CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+    }
+  }
+  if (g_rank == 0) std::filesystem::create_directories(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  giftAllReduceConfig c = base_config();
+  c.dump_every = 2;
+  c.dump_path = dir.c_str();
+  Comm comm(c);
+  for (int i = 1; i <= 3; ++i) {
+    if (i == 2) {  // the folder goes away after the plan checked it
+      if (g_rank == 0) std::filesystem::remove_all(dir);
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    giftResult_t rc;
+    dumped.push_back(allreduce(comm.c, specs, in, &rc));
+    if (i == 2) {
+      expect_failed_everywhere(rc, GIFT_ERROR_IO,
+                               "rank 0 failed in decoding the result: the call completed",
+                               "a dump that failed");
+    } else {
+      CHECK(rc == GIFT_OK, "call %d: %s", i, giftGetLastErrorMessage());
+    }
+  }
+  CHECK(dumped == plain, "the results of a run whose dump failed differ from a run without");
+}
+
 size_t frames_in(const std::string& dir) {
   size_t n = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -423,6 +650,11 @@ int main(int argc, char** argv) {
   test_dump(dump_dir);
   test_nonfinite(dump_dir + "/nonfinite");
   test_basis_agreement();
+  test_failed_calls_leave_no_trace();
+  test_ranks_that_differ_are_named();
+  test_bad_buckets_are_refused();
+  test_unwritable_dump_folder_fails_first();
+  test_failed_dump_reports_a_completed_call(dump_dir + "/vanishing");
   int failures = 0;
   MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (g_rank == 0) printf("%d rank(s): %d failed check(s)\n", g_world, failures);

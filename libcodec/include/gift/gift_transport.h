@@ -46,7 +46,10 @@ typedef struct {
   int integrity;      /* 1: an XXH3-64 checksum over every message, checked on receipt */
   /* Every dump_every-th call (0: never), rank 0 writes the result as a GIFT frame into the
    * directory dump_path. With dump_every 0, the environment variables GIFT_DUMP_EVERY and
-   * GIFT_DUMP_DIR switch dumps on for programs that cannot change their config. */
+   * GIFT_DUMP_DIR switch dumps on for programs that cannot change their config. Rank 0's plan
+   * fails its creation (GIFT_ERROR_IO) where the folder cannot take files; a dump that fails
+   * later fails its call with GIFT_ERROR_IO after the call completed (result written, state
+   * committed), which the message says. */
   uint32_t dump_every;
   const char* dump_path;
   int threads; /* codec threads per rank: 0 all hardware threads (see giftQuantParams) */
@@ -177,6 +180,11 @@ typedef struct {
 
 typedef struct giftComm giftComm;
 
+/* For backends built on libgift (gift_mpi, gift_nccl, a caller's own) that fail before a
+ * communicator exists: makes `message` the calling thread's giftGetLastErrorMessage and
+ * returns `code`. */
+GIFT_API giftResult_t giftBackendFail(giftResult_t code, const char* message);
+
 /* A communicator over a backend; plans are cached per bucket shape (with their error
  * feedback) for the communicator's life. Backend headers (gift_mpi.h) wrap this. */
 GIFT_API giftResult_t giftCommCreate(const giftCommBackend* backend,
@@ -186,7 +194,13 @@ GIFT_API void giftCommDestroy(giftComm* comm);
 /* All-reduce of one flat buffer (send == recv allowed). stream must be NULL for host
  * backends. Collective: every rank calls it with the same count and dtype. An error on any
  * rank is returned on every rank, and the message names the rank and step that failed; the
- * error feedback then stays as it was (see giftReduceDecodeResult). */
+ * communicator's state (call counters, error feedback, coordinates) then stays as it was on
+ * every rank, and recv holds no result. Before anything is sent, the ranks compare their
+ * calls: a rank whose arguments fail their checks, whose bucket (element count, dtypes,
+ * shapes) differs from rank 0's, whose config differs in what the messages depend on (kind,
+ * block, scale_dtype, op, integrity, coords, reselect_every, nonfinite), or whose plan for the
+ * bucket has made another number of calls, fails the call on every rank, named, instead of
+ * exchanging messages that do not match. */
 GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
                                     giftDType_t dtype, void* stream);
 
@@ -205,7 +219,8 @@ GIFT_API giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char*
                                            const float* const* moments, const uint32_t* dims,
                                            const giftFitParams* params, giftBasis** basis);
 
-/* All-reduce of a bucket of n tensors (send[i] == recv[i] allowed). */
+/* All-reduce of a bucket of n tensors (send[i] == recv[i] allowed), with giftAllReduce's
+ * rules for errors and for ranks whose calls differ. */
 GIFT_API giftResult_t giftAllReduceBucket(giftComm* comm, const giftBucketTensor* tensors,
                                           const void* const* send, void* const* recv, size_t n);
 

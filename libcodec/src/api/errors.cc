@@ -1,8 +1,13 @@
 // The C API of errors: names of the result codes and the calling thread's last message.
 #include "common/error.h"
 #include "gift/gift.h"
+#include "gift/gift_transport.h"
 
 extern "C" const char* giftGetLastErrorMessage(void) { return gift::last_message(); }
+
+extern "C" giftResult_t giftBackendFail(giftResult_t code, const char* message) {
+  return gift::fail(code, "%s", message ? message : "(no message)");
+}
 
 extern "C" const char* giftGetErrorString(giftResult_t result) {
   switch (result) {

@@ -1,0 +1,25 @@
+// What the communicators (comm.cc) reach of a plan beyond gift_transport.h.
+#pragma once
+
+#include <cstdint>
+
+#include "gift/gift_transport.h"
+
+namespace gift::transport {
+
+// The plan's call counter (advanced by every giftReduceEncodeShards): ranks compare it before
+// a call, so that a plan left behind by an error is named instead of sending messages of
+// another call.
+uint64_t plan_calls(const giftReducePlan* plan);
+
+// giftReduceDecodeResult in two parts, so that a communicator can agree over the ranks that
+// every rank's checks passed before any rank commits the call's state: check_result checks
+// what step 5 reads (the output pointers, every gathered message's checksum and header) and
+// changes nothing; decode_checked_result then writes the tensors and commits, and fails only
+// for want of memory (before it commits) or for a dump (after).
+giftResult_t check_result(const giftReducePlan* plan, const uint8_t* gathered,
+                          void* const* out_tensors);
+giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered,
+                                   void* const* out_tensors);
+
+}  // namespace gift::transport
