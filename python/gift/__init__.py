@@ -21,6 +21,7 @@ gift.ReducePlan exposes the local steps of the compressed all-reduce (gift_trans
 gift_transport_cuda.h), and gift.ddp the PyTorch DDP communication hook built on them.
 """
 import contextlib
+import operator
 import os
 
 from . import _gift
@@ -51,18 +52,40 @@ def _choice(what, table, value):
         raise ValueError(f"{what}: {value!r} is not {', '.join(table)}") from None
 
 
+def _int(what, value, low=0, high=2**32 - 1):
+    """An integer option in [low, high], refused by name otherwise (pybind's own refusal names
+    no option)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: {value!r} is not an integer") from None
+    if isinstance(value, bool) or not low <= v <= high:
+        raise ValueError(f"{what}: {value!r} is not an integer in [{low}, {high}]")
+    return v
+
+
+def _flag(what, value):
+    """A yes/no option: a bool (or 0 or 1), not any object Python would call true."""
+    if value in (True, False) and not isinstance(value, (str, bytes)):
+        return bool(value)
+    raise TypeError(f"{what}: {value!r} is not True or False")
+
+
 def _parse_scale(scale, params):
     if scale == "tensor":
         params["layout"] = 0
     elif scale == "row":
         params["layout"] = 1
-    elif isinstance(scale, str) and scale.startswith("block:"):
+    elif isinstance(scale, str) and scale.startswith("block:") and scale[6:].isdigit():
         params["layout"] = 2
-        params["block"] = int(scale[6:])
+        params["block"] = _int("scale: block", int(scale[6:]))
     elif isinstance(scale, str) and scale.startswith("tile:") and "x" in scale:
         rows, cols = scale[5:].split("x", 1)
+        if not (rows.isdigit() and cols.isdigit()):
+            raise ValueError(f"scale: {scale!r} is not tile:RxC with R and C counts")
         params["layout"] = 3
-        params["tile_rows"], params["tile_cols"] = int(rows), int(cols)
+        params["tile_rows"] = _int("scale: tile rows", int(rows))
+        params["tile_cols"] = _int("scale: tile columns", int(cols))
     else:
         raise ValueError(f"scale: {scale!r} is not tensor, row, block:N or tile:RxC")
 
@@ -75,8 +98,8 @@ def quant_params(fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="nea
     _parse_scale(scale, p)
     p["scale_dtype"] = _choice("scale_dtype", _SCALE_DTYPES, scale_dtype)
     p["rounding"] = _choice("rounding", _ROUNDING, rounding)
-    p["seed"] = int(seed)
-    p["nonfinite"] = 1 if keep_nonfinite else 0
+    p["seed"] = _int("seed", seed, high=2**64 - 1)
+    p["nonfinite"] = 1 if _flag("keep_nonfinite", keep_nonfinite) else 0
     _gift.check_params(p)
     return p
 
@@ -224,7 +247,9 @@ class Basis:
                 raise ValueError(f"moment of {name!r}: shape {a.shape} is not square")
             held.append((name, a))
         entries = [(n, a.__array_interface__["data"][0], a.shape[0], source) for n, a in held]
-        return cls(_gift.Basis.fit(entries, rank, damping, damping_relative, seed))
+        return cls(_gift.Basis.fit(entries, _int("rank", rank), float(damping),
+                                   _flag("damping_relative", damping_relative),
+                                   _int("seed", seed, high=2**64 - 1)))
 
     def to_bytes(self, zstd=0):
         return self._b.to_bytes(zstd)
@@ -296,6 +321,11 @@ def encode(tensors, fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="
     return w.finish()
 
 
+class _ClosedFrame:
+    def __getattr__(self, name):
+        raise ValueError("the frame is closed")
+
+
 class Frame:
     """An open, verified frame (bytes-like or a file, memory-mapped) for inspection and
     decoding. Use as a context manager or call close()."""
@@ -303,11 +333,13 @@ class Frame:
     def __init__(self, source):
         if isinstance(source, (str, os.PathLike)):
             self._f = _gift.Frame(os.fspath(source))
+        elif _is_torch(source):
+            self._f = _gift.Frame(_byte_buffer(source, "frame").owner.cpu().numpy())
         else:
             self._f = _gift.Frame(source)
 
     def close(self):
-        self._f = None
+        self._f = _ClosedFrame()
 
     def __enter__(self):
         return self
@@ -347,7 +379,10 @@ class Frame:
 
     def _index(self, key):
         if isinstance(key, int):
-            return key
+            count = self._f.count()
+            if not -count <= key < count:
+                raise IndexError(f"tensor {key} of a frame of {count}")
+            return key % count
         for i in range(self._f.count()):
             if self._f.tensor_info(i)["name"] == key:
                 return i
@@ -532,18 +567,22 @@ class ReducePlan:
         if integrity is None:
             integrity = device is None
         config = {
-            "kind": _choice("fp8", _FP8, fp8), "block": int(block),
+            "kind": _choice("fp8", _FP8, fp8), "block": _int("block", block),
             "scale_dtype": _choice("scale_dtype", _SCALE_DTYPES, scale_dtype),
-            "rounding": _choice("rounding", _ROUNDING, rounding), "seed": int(seed),
-            "op": _choice("op", _REDUCE_OPS, op), "error_feedback": bool(error_feedback),
-            "integrity": bool(integrity), "threads": int(threads),
-            "coords": _choice("coords", _COORDS, coords), "reselect_every": int(reselect_every),
-            "nonfinite": 1 if keep_nonfinite else 0,
+            "rounding": _choice("rounding", _ROUNDING, rounding),
+            "seed": _int("seed", seed, high=2**64 - 1),
+            "op": _choice("op", _REDUCE_OPS, op),
+            "error_feedback": _flag("error_feedback", error_feedback),
+            "integrity": _flag("integrity", integrity),
+            "threads": _int("threads", threads, high=2**31 - 1),
+            "coords": _choice("coords", _COORDS, coords),
+            "reselect_every": _int("reselect_every", reselect_every),
+            "nonfinite": 1 if _flag("keep_nonfinite", keep_nonfinite) else 0,
         }
         self._specs = []
         for name, dtype, shape in tensors:
             self._specs.append((str(name), _choice("dtype", _DTYPES, _dtype_name(dtype)),
-                                [int(d) for d in shape]))
+                                [_int(f"{name}: shape", d, high=2**64 - 1) for d in shape]))
         self.world, self.rank, self.device = world, rank, device
         with _on(device):
             self._plan = _gift.ReducePlan(config, world, rank, self._specs, device is not None)

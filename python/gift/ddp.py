@@ -51,12 +51,14 @@ collected on the model's device and cross the process group where its backend wa
 (on the current CUDA device for NCCL, on the host otherwise), and the GiftState pickles
 with the device plans' states, which load into host or device plans alike.
 """
+import math
 import warnings
+import zlib
 
 import torch
 import torch.distributed as dist
 
-from . import Basis, GiftError, ReducePlan, _gift
+from . import Basis, GiftError, ReducePlan, _gift, _int
 
 __all__ = ["GiftState", "gift_hook"]
 
@@ -69,6 +71,10 @@ class GiftState:
     set on `process_group`) and without its forward hooks, so that a run is checkpointed with
     it and resumed bit for bit: each rank saves and restores its own state, and calls
     attach(model) on the restored state again. The basis travels with the state.
+
+    Every rank needs the same options, step count and attach(): at the first bucket a state
+    meets (made or unpickled) they are compared over the ranks (one small all_gather), and
+    ranks that differ fail there on every rank, naming the option.
 
     start_iter: steps of plain fp32 all-reduce before compression starts.
     coords: "auto", "gift" or "euclidean" (see the module's doc); GIFT coordinates need
@@ -87,8 +93,13 @@ class GiftState:
                  error_feedback=True, start_iter=0, refresh_every=50, reselect_every=50,
                  basis_rank=32, damping=1e-3, scale_dtype="f32", rounding="nearest", seed=0,
                  integrity=None, threads=0):
-        if refresh_every < 1:
-            raise ValueError(f"refresh_every: {refresh_every} is not a positive step count")
+        # Checked here, before the first step, so that a bad option fails on every rank at
+        # once instead of inside a backward pass (or, for the fit's, on rank 0 only).
+        start_iter = _int("start_iter", start_iter, high=2**63 - 1)
+        refresh_every = _int("refresh_every", refresh_every, low=1, high=2**63 - 1)
+        basis_rank = _int("basis_rank", basis_rank, low=1)
+        if not (isinstance(damping, (int, float)) and 0 < damping < math.inf):
+            raise ValueError(f"damping: {damping!r} is not a positive number")
         self.process_group = process_group
         self.config = dict(fp8=fp8, block=block, scale_dtype=scale_dtype, rounding=rounding,
                            seed=seed, op="avg", error_feedback=error_feedback,
@@ -108,8 +119,6 @@ class GiftState:
         self._saved = {}  # plan states restored from a checkpoint, until their plan exists
         self._transient()
         self._unpicklable()
-        # Checked here, before the first step, so that a bad option fails on every rank at
-        # once instead of inside a backward pass.
         ReducePlan(1, 0, [], **self.config)
 
     def _unpicklable(self):
@@ -127,10 +136,11 @@ class GiftState:
         self._pending = {}   # plan key -> {place: (bucket buffer, byte offset)} of this step
         self._waiting = []   # [future, buffer, plan keys left] of buckets waiting for plans
         self._regrouped = False  # whether groups came or went in this step
+        self._agreed = False  # whether the ranks' options were compared (_agree_on_options)
 
     _TRANSIENT = ("process_group", "_plans", "_canon", "_param_of", "_group_of", "_names",
                   "_moments", "_hooks", "_layouts", "_messages", "_pending", "_waiting",
-                  "_regrouped")
+                  "_regrouped", "_agreed")
 
     def __getstate__(self):
         d = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
@@ -225,9 +235,9 @@ class GiftState:
             try:
                 data = Basis.fit(moments, rank=self.basis_rank, damping=self.damping).to_bytes()
                 size[0] = len(data)
-            except GiftError as e:
+            except Exception as e:  # whatever it is, the other ranks must hear of it
                 failure = e
-                size[1] = e.code
+                size[1] = e.code if isinstance(e, GiftError) else 5  # GIFT_ERROR_INTERNAL
         dist.broadcast(size, src=self._global_rank(0), group=group)
         size, code = size.cpu().tolist()
         if failure is not None:
@@ -247,6 +257,29 @@ class GiftState:
         self.basis = basis
         for plan in self._plans.values():
             plan.set_basis(basis)
+
+    def _agree_on_options(self, world):
+        """At the first bucket a state meets (new or unpickled): what every rank's exchanges
+        depend on, all-gathered (one small collective), so that ranks given other options
+        (or resumed at other steps, or attached on some ranks only) fail there on every rank,
+        naming the option, instead of summing bytes encoded by other rules or waiting in an
+        exchange that the others never start."""
+        options = [(k, v) for k, v in sorted(self.config.items()) if k != "threads"]
+        options += [("start_iter", self.start_iter), ("refresh_every", self.refresh_every),
+                    ("step", self.iter), ("attach()", bool(self._moments))]
+        mine = torch.tensor([zlib.crc32(repr(v).encode()) for _, v in options],
+                            dtype=torch.int64, device=self._comm_device())
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine, group=self.process_group)
+        every = [t.cpu().tolist() for t in every]
+        for r in range(1, world):
+            for i, (name, value) in enumerate(options):
+                if every[r][i] != every[0][i]:
+                    raise ValueError(
+                        f"gift_hook: rank {r}'s {name} differs from rank 0's (this rank, "
+                        f"{dist.get_rank(self.process_group)}, has {value!r}); every rank "
+                        "needs the same GiftState options, step and attach()")
+        self._agreed = True
 
     def _check_status(self, world):
         """The plans' status (what device plans' steps saw: messages of another call or
@@ -496,6 +529,8 @@ def gift_hook(state, bucket):
     group = state.process_group
     world = dist.get_world_size(group)
     buf = bucket.buffer()
+    if not state._agreed:
+        state._agree_on_options(world)
     layout = state._layout(bucket, buf)
     # A CUDA bucket's future carries the current stream, which the work is enqueued on, to
     # whoever waits for it.

@@ -308,6 +308,16 @@ class Frame {
  public:
   explicit Frame(const py::buffer& data)
       : view_(std::make_unique<py::buffer_info>(data.request())) {
+    // The frame is read as view_->size * itemsize bytes from ptr: only a C-contiguous view
+    // has them there (a reversed or strided view would be read past its end).
+    py::ssize_t stride = view_->itemsize;
+    for (py::ssize_t d = view_->ndim - 1; d >= 0; --d) {
+      if (view_->shape[d] > 1 && view_->strides[d] != stride) {
+        throw py::value_error(
+            "frame: the buffer is not C-contiguous (np.ascontiguousarray makes a copy that is)");
+      }
+      stride *= view_->shape[d];
+    }
     giftFrame* f = nullptr;
     check(giftFrameOpen(view_->ptr, uint64_t(view_->size * view_->itemsize), &f));
     f_.reset(f);

@@ -287,6 +287,52 @@ def test_status_error_fails_every_rank(rank, world):
     raise AssertionError("a status error went unnoticed")
 
 
+def test_bad_options_fail_at_construction(rank, world):
+    """Options that would fail inside a backward pass, or in rank 0's fit only (leaving the
+    others in its broadcast), fail when the state is made."""
+    for kwargs, says in ((dict(basis_rank=-1), "basis_rank: -1"),
+                         (dict(basis_rank=0), "basis_rank: 0"),
+                         (dict(damping=0), "damping: 0 is not a positive number"),
+                         (dict(refresh_every=2.5), "refresh_every: 2.5 is not an integer"),
+                         (dict(start_iter=-1), "start_iter: -1"),
+                         (dict(error_feedback="no"), "error_feedback: 'no'")):
+        try:
+            gift.ddp.GiftState(**kwargs)
+        except (ValueError, TypeError) as e:
+            assert says in str(e), f"{kwargs}: {e}"
+        else:
+            raise AssertionError(f"GiftState({kwargs}) was accepted")
+
+
+def test_options_that_differ_fail_every_rank(rank, world):
+    """Ranks given other options (which would sum bytes encoded by other rules, or wait in
+    exchanges the others never start) fail at their first bucket on every rank, naming the
+    option and the rank; the same options on every rank go through."""
+    if world < 2:
+        return
+    cases = [("fp8", dict(fp8="e5m2")), ("block", dict(block=64)),
+             ("start_iter", dict(start_iter=2)), ("refresh_every", dict(refresh_every=3))]
+    for name, odd in cases:
+        model = new_model("mlp")
+        ddp = DDP(model)
+        state = gift.ddp.GiftState(coords="euclidean", **(odd if rank == world - 1 else {}))
+        ddp.register_comm_hook(state, gift.ddp.gift_hook)
+        x, y = batch("mlp", rank, 0)
+        try:
+            nn.functional.mse_loss(ddp(x), y).backward()
+        except RuntimeError as e:  # DDP wraps the hook's ValueError
+            assert f"rank {world - 1}'s {name} differs from rank 0's" in str(e), str(e)
+        else:
+            raise AssertionError(f"{name} that differs went through")
+    model = new_model("mlp")
+    ddp = DDP(model)
+    ddp.register_comm_hook(gift.ddp.GiftState(coords="euclidean"), gift.ddp.gift_hook)
+    x, y = batch("mlp", rank, 0)
+    nn.functional.mse_loss(ddp(x), y).backward()
+    if rank == 0:
+        print("options that differ: every rank raised, naming the option", flush=True)
+
+
 def all_tests(rank, world, tmp):
     test_convergence_and_bytes(rank, world, "mlp")
     test_convergence_and_bytes(rank, world, "transformer")
@@ -298,6 +344,8 @@ def all_tests(rank, world, tmp):
     test_uneven_inputs_with_join(rank, world)
     test_overflow_skips_the_step_everywhere(rank, world)
     test_status_error_fails_every_rank(rank, world)
+    test_bad_options_fail_at_construction(rank, world)
+    test_options_that_differ_fail_every_rank(rank, world)
 
 
 def main():

@@ -188,17 +188,27 @@ def test_overflowing_activations_skip_the_refresh(rank):
 
 
 def test_failed_fit_fails_every_rank(rank):
-    """Rank 0's fit fails (a basis rank of 0 is refused): every rank raises, none waits."""
-    state = gift.ddp.GiftState(coords="auto", refresh_every=3, basis_rank=0)
-    try:
-        train(rank, state, range(2))
-    except RuntimeError as e:  # DDP may wrap the hook's GiftError
-        want = "rank is 0" if rank == 0 else "rank 0 could not fit the basis"
-        assert want in str(e), str(e)
+    """Rank 0's fit fails, with a GiftError or any other exception: every rank raises, none
+    waits in the broadcast of the basis."""
+    fit = gift.ddp.Basis.__dict__["fit"]  # the classmethod itself, to put back
+    for failure in (gift.GiftError(1, "invalid argument", "rank is 0"),
+                    MemoryError("no memory for the fit")):
+        def failing_fit(*args, **kwargs):
+            raise failure
         if rank == 0:
-            print("failed fit: every rank raised", flush=True)
-        return
-    raise AssertionError("a failed fit went unnoticed")
+            gift.ddp.Basis.fit = failing_fit
+        state = gift.ddp.GiftState(coords="auto", refresh_every=3)
+        try:
+            train(rank, state, range(2))
+        except (RuntimeError, MemoryError) as e:  # DDP may wrap the hook's error
+            want = str(failure) if rank == 0 else "rank 0 could not fit the basis"
+            assert want in str(e), str(e)
+        else:
+            raise AssertionError(f"a failed fit ({failure!r}) went unnoticed")
+        finally:
+            gift.ddp.Basis.fit = fit
+    if rank == 0:
+        print("failed fit: every rank raised", flush=True)
 
 
 def all_tests(rank, world, tmp):

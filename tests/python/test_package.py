@@ -252,6 +252,43 @@ class Package(unittest.TestCase):
         self.assertEqual(e.exception.name, "GIFT_ERROR_BASIS_MISSING")
         self.assertIn("rank 1", e.exception.message)
 
+    def test_frames_are_read_only_from_contiguous_bytes(self):
+        data = np.frombuffer(gift.encode(sample_tensors()), dtype=np.uint8)
+        for view in (data[::-1], np.repeat(data, 2)[::2]):
+            # A view whose bytes are not where a flat read would take them is refused (a
+            # reversed one was read past its end), even where its elements are a frame.
+            with self.assertRaisesRegex(ValueError, "not C-contiguous"):
+                gift.open(view)
+        f = gift.open(np.repeat(data, 2)[::2].copy())
+        self.assertEqual(len(f.tensors), 3)
+        np.testing.assert_array_equal(f.decode(-1), f.decode(2))
+        with self.assertRaisesRegex(IndexError, "tensor 3 of a frame of 3"):
+            f.decode(3)
+        f.close()
+        with self.assertRaisesRegex(ValueError, "the frame is closed"):
+            f.decode(0)
+
+    def test_integer_and_flag_options_are_refused_by_name(self):
+        t = sample_tensors()
+        for kwargs, error, says in (
+                (dict(scale="block:-128"), ValueError, "scale: 'block:-128' is not"),
+                (dict(scale="tile:-1x4"), ValueError, "is not tile:RxC"),
+                (dict(seed=-1), ValueError, "seed: -1 is not an integer in"),
+                (dict(seed=2**64), ValueError, "seed: 18446744073709551616 is not"),
+                (dict(keep_nonfinite="no"), TypeError, "keep_nonfinite: 'no' is not True")):
+            with self.assertRaisesRegex(error, says, msg=kwargs):
+                gift.encode(t, **kwargs)
+        specs = [("a", "float32", (4, 8))]
+        for kwargs, error, says in (
+                (dict(block=-128), ValueError, "block: -128 is not an integer"),
+                (dict(reselect_every=-1), ValueError, "reselect_every: -1"),
+                (dict(error_feedback="no"), TypeError, "error_feedback: 'no' is not True"),
+                (dict(threads=2.5), TypeError, "threads: 2.5 is not an integer")):
+            with self.assertRaisesRegex(error, says, msg=kwargs):
+                gift.ReducePlan(2, 0, specs, **kwargs)
+        with self.assertRaisesRegex(ValueError, "rank: -1 is not an integer"):
+            gift.Basis.fit({"w": np.eye(4)}, rank=-1)
+
     def test_import_loads_no_cublas(self):
         # Only the tests and benchmarks call the whitener's cuBLAS forms; the package must not
         # make every process that imports it load cuBLAS (about 80 ms, 200 MiB of pages).
