@@ -32,6 +32,8 @@ struct MessageHeader {
 static_assert(sizeof(MessageHeader) == 64, "header keeps the payload 64-byte aligned");
 
 constexpr uint32_t kMessageMagic = 0x52544647u;  // "GFTR"
+// In place of kMessageMagic: the sender abandoned the call (giftReduceAbandon).
+constexpr uint32_t kAbandonedMagic = 0x58544647u;  // "GFTX"
 constexpr uint32_t kScatter = 0;
 constexpr uint32_t kGather = 1;
 constexpr uint64_t kAlign = 64;

@@ -278,6 +278,11 @@ giftResult_t check_message(const giftReducePlan& p, uint32_t step, int sender, i
                            const uint8_t* msg) {
   MessageHeader h;
   memcpy(&h, msg, sizeof h);
+  if (h.magic == gift::transport::kAbandonedMagic) {
+    return fail(GIFT_ERROR_REMOTE,
+                "rank %d abandoned call %" PRIu64 " before %s (its own error says why)", sender,
+                h.call, step_name(step));
+  }
   if (p.config.integrity && h.checksum != XXH3_64bits(msg + 8, p.layout.message_bytes - 8)) {
     return fail(GIFT_ERROR_SECTION_CHECKSUM,
                 "the message from rank %d in %s (call %" PRIu64 ") fails its checksum", sender,
@@ -602,6 +607,25 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
                                          out_msg, fill, flags, d.data(), d.size());
   p.shard_residual_pending = rc == GIFT_OK && feedback;
   return rc;
+}
+
+giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msgs, int n) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  const giftReducePlan& p = *plan;
+  if (n < 0 || n > p.world) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%d messages for a world of %d", n, p.world);
+  }
+  if (!msgs) return fail(GIFT_ERROR_INVALID_ARGUMENT, "msgs is NULL");
+  for (int i = 0; i < n; ++i) {
+    uint8_t* msg = msgs + uint64_t(i) * p.layout.message_bytes;
+    memset(msg, 0, p.layout.message_bytes);
+    MessageHeader h = {};
+    h.magic = gift::transport::kAbandonedMagic;
+    h.sender = uint32_t(p.rank);
+    h.call = p.call;
+    memcpy(msg, &h, sizeof h);
+  }
+  return GIFT_OK;
 }
 
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,

@@ -678,6 +678,19 @@ class ReducePlan:
         with _on(self.device):
             self._plan.decode_result(g.address, 0, addresses, stream)
 
+    def abandon(self, out):
+        """After a step failed on this rank (a host plan's): fills `out` (the step's output,
+        whole messages: world of them for step 1's, one for step 3's) with messages that say
+        so, to send in the call's remaining exchanges; the ranks that receive one fail their
+        step with GIFT_ERROR_REMOTE naming this rank, instead of waiting for it."""
+        m = self.message_bytes
+        b = _byte_buffer(out, "out", writable=True)
+        if b.nbytes % m or b.nbytes // m > self.world:
+            raise ValueError(f"out: {b.nbytes} bytes are not whole messages of {m} for a world "
+                             f"of {self.world}")
+        self._plan.abandon(b.address, b.nbytes // m)
+        return out
+
     def status(self):
         """Raises GiftError for what a device plan's steps saw since the last status (a
         non-finite value in an input or a sum unless kept, a message of another call or

@@ -37,7 +37,10 @@ choice of coordinates as they were (ReducePlan's keep_nonfinite), the other buck
 keep the step's residuals (one FP8 rounding error of gradients the step did not apply).
 Device plans report what else their data held (messages of another call or basis) once per
 step, at the last bucket, which waits for the device; the error is raised there on every
-rank (one small all_gather per step agrees on it).
+rank (one small all_gather per step agrees on it). A host plan's step that fails on one rank
+(a message that fails its checksum, say) fails that bucket on every rank: the rank's
+remaining messages say so (ReducePlan.abandon), and the others raise GIFT_ERROR_REMOTE
+naming it.
 
 GIFT coordinates (coords="auto" or "gift"): state.attach(model) puts a forward pre-hook on
 every nn.Linear, which every refresh_every steps accumulates the second moment X^T X / n of
@@ -444,10 +447,29 @@ class GiftState:
         m = plan.message_bytes
         if addresses is None:
             addresses = [b.data_ptr() + offset for b, offset in parts]
-        plan.encode_shards_at(addresses, send)
+        # A host step that fails on this rank (a message that fails its checksum, say) is
+        # raised after the exchanges, whose messages then say so: every rank fails the call,
+        # naming this rank, instead of waiting in an exchange it left. Device plans report
+        # at the step's last bucket (_check_status).
+        failure = None
+
+        def step(run, out):
+            nonlocal failure
+            if failure is None:
+                try:
+                    return run()
+                except GiftError as e:
+                    if where is not None:
+                        raise
+                    failure = e
+            plan.abandon(out)
+
+        step(lambda: plan.encode_shards_at(addresses, send), send)
         dist.all_to_all_single(recv, send, group=group)
-        plan.sum_shard(recv, reduced)
+        step(lambda: plan.sum_shard(recv, reduced), reduced)
         dist.all_gather(list(gathered.split(m)), reduced, group=group)
+        if failure is not None:
+            raise failure
         plan.decode_result_at(gathered, addresses)
         self.bytes_sent += 2 * (world - 1) * m
         self.fp32_bytes += 2 * (world - 1) * elements * 4 // world

@@ -550,6 +550,13 @@ class ReducePlan {
                                        cuda_stream(w)));
 #endif
   }
+  // Host plans only: device plans report through status().
+  void abandon(uintptr_t msgs, int n) {
+    if (device()) {
+      throw Failure{GIFT_ERROR_INVALID_ARGUMENT, "abandon: a device plan reports through status()"};
+    }
+    check(giftReduceAbandon(host_.get(), address<uint8_t>(msgs), n));
+  }
   // What a device plan's enqueued steps saw (non-finite values, foreign messages); waits for
   // them. Host steps report at once, so there is nothing left to report.
   void status() {
@@ -704,6 +711,7 @@ PYBIND11_MODULE(_gift, m) {
       .def_property_readonly("coords", &ReducePlan::coords)
       .def("encode_shards", &ReducePlan::encode_shards)
       .def("sum_shard", &ReducePlan::sum_shard)
+      .def("abandon", &ReducePlan::abandon)
       .def("decode_result", &ReducePlan::decode_result)
       .def("status", &ReducePlan::status)
       .def("save_state", &ReducePlan::save_state)

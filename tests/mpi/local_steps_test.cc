@@ -507,6 +507,39 @@ TEST(LocalSteps, CorruptedMessageIsCaughtAndNamesTheSender) {
       << giftGetLastErrorMessage();
 }
 
+TEST(LocalSteps, AbandonedMessagesFailTheReceiversStepsNamingTheSender) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  for (const int integrity : {1, 0}) {
+    c.integrity = integrity;
+    SimulatedWorld sim(c, 3, specs);
+    auto recv = sim.scatter(inputs_for(specs, 3, 1));
+    const uint64_t m = sim.message_bytes();
+    // Rank 1 failed its step 1: what it sends in the all-to-all says so.
+    std::vector<uint8_t> abandoned(3 * m, 0xA5);
+    ASSERT_EQ(giftReduceAbandon(sim.plan(1), abandoned.data(), 3), GIFT_OK);
+    for (int to = 0; to < 3; ++to) {
+      std::copy_n(abandoned.begin() + to * m, m, recv[to].begin() + 1 * m);
+    }
+    std::vector<uint8_t> gathered(3 * m);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(sim.reduce(r, recv[r], gathered.data() + r * m), GIFT_ERROR_REMOTE);
+      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("rank 1 abandoned call 1"),
+                std::string::npos)
+          << giftGetLastErrorMessage();
+      ASSERT_EQ(giftReduceAbandon(sim.plan(r), gathered.data() + r * m, 1), GIFT_OK);
+    }
+    // Step 5 on the gathered abandoned messages fails too, naming the first sender.
+    std::vector<float> out(1 << 12);
+    std::vector<void*> o(specs.size(), out.data());
+    EXPECT_EQ(giftReduceDecodeResult(sim.plan(2), gathered.data(), o.data()), GIFT_ERROR_REMOTE);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("rank 0 abandoned call 1"),
+              std::string::npos)
+        << giftGetLastErrorMessage();
+  }
+  EXPECT_EQ(giftReduceAbandon(nullptr, nullptr, 1), GIFT_ERROR_INVALID_ARGUMENT);
+}
+
 TEST(LocalSteps, MisroutedMessageIsRejectedEvenWithoutIntegrity) {
   const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
   giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;

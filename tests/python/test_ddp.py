@@ -287,6 +287,41 @@ def test_status_error_fails_every_rank(rank, world):
     raise AssertionError("a status error went unnoticed")
 
 
+def test_step_failed_on_one_rank_fails_every_rank(rank, world):
+    """A host step that fails on one rank only (what a message corrupted on its way there
+    gives, stood in for here at step 2) raises on every rank in that bucket, the others naming
+    the rank, instead of leaving them in the hook's next exchange."""
+    if world < 2:
+        return
+    model = new_model("mlp")
+    ddp = DDP(model)
+    state = gift.ddp.GiftState(coords="euclidean")
+    ddp.register_comm_hook(state, gift.ddp.gift_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def corrupted(recv, out=None):
+        raise gift.GiftError(19, "section checksum mismatch", "a corrupted message")
+
+    for step in range(4):
+        if step == 2 and rank == world - 1:
+            for plan in state._plans.values():
+                plan.sum_shard = corrupted
+        x, y = batch("mlp", rank, step)
+        loss = nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        try:
+            loss.backward()
+        except RuntimeError as e:  # DDP wraps the hook's GiftError
+            want = ("a corrupted message" if rank == world - 1
+                    else f"rank {world - 1} abandoned call 3")
+            assert step == 2 and want in str(e), f"step {step}: {e}"
+            if rank == 0:
+                print("one rank's failed step: every rank raised in that bucket", flush=True)
+            return
+        opt.step()
+    raise AssertionError("a failed step went unnoticed")
+
+
 def test_bad_options_fail_at_construction(rank, world):
     """Options that would fail inside a backward pass, or in rank 0's fit only (leaving the
     others in its broadcast), fail when the state is made."""
@@ -344,6 +379,7 @@ def all_tests(rank, world, tmp):
     test_uneven_inputs_with_join(rank, world)
     test_overflow_skips_the_step_everywhere(rank, world)
     test_status_error_fails_every_rank(rank, world)
+    test_step_failed_on_one_rank_fails_every_rank(rank, world)
     test_bad_options_fail_at_construction(rank, world)
     test_options_that_differ_fail_every_rank(rank, world)
 

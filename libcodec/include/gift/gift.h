@@ -59,7 +59,8 @@ typedef enum {
   GIFT_ERROR_DECOMPRESSION = 20,     /* a compressed section does not decompress to its length */
   GIFT_ERROR_NOT_FOUND = 21,         /* no tensor of that name, or index out of range */
   GIFT_ERROR_BASIS_MISSING = 22,     /* a tensor needs a basis that is not at hand */
-  GIFT_ERROR_DEVICE = 23             /* no CUDA device, or a CUDA or cuBLAS call failed */
+  GIFT_ERROR_DEVICE = 23,            /* no CUDA device, or a CUDA or cuBLAS call failed */
+  GIFT_ERROR_REMOTE = 24             /* another rank abandoned the all-reduce call */
 } giftResult_t;
 
 typedef enum { GIFT_FP8_E4M3 = 0, GIFT_FP8_E5M2 = 1 } giftFp8Kind_t;

@@ -143,6 +143,13 @@ GIFT_API giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* re
 GIFT_API giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                              void* const* out_tensors);
 
+/* For backends without an agreement of their own (the DDP hook): after a step failed on
+ * this rank, writes n messages that say so at msgs (giftReducePlanMessageBytes each), to send
+ * in the call's remaining exchanges in place of the step's output. A rank whose step 3 or 5
+ * receives one fails it with GIFT_ERROR_REMOTE naming this rank, and sends the same onwards:
+ * every rank fails the call instead of waiting in an exchange this rank left. */
+GIFT_API giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msgs, int n);
+
 /* The plan's state between calls (its call counter, error-feedback residuals and choice of
  * coordinates) as bytes, so that a training run can be checkpointed and resumed with the
  * same results. The state loads only into a plan of the same config, world, rank and tensors

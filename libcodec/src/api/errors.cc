@@ -55,6 +55,8 @@ extern "C" const char* giftGetErrorString(giftResult_t result) {
       return "basis missing";
     case GIFT_ERROR_DEVICE:
       return "device error";
+    case GIFT_ERROR_REMOTE:
+      return "another rank failed";
   }
   return "unknown error code";
 }
