@@ -84,6 +84,15 @@ TEST(SizedStructs, SizeLargerThanTheLibrarysIsRefused) {
   EXPECT_TRUE(contains(giftGetLastErrorMessage(), std::to_string(sizeof(giftQuantParams))));
 }
 
+TEST(SizedStructs, SizeSmallerThanTheHeaderIsCalledThat) {
+  giftQuantParams p = GIFT_QUANT_PARAMS_INIT;
+  for (const size_t size : {size_t(0), size_t(8)}) {
+    p.size = size;
+    EXPECT_EQ(giftQuantParamsValidate(&p), GIFT_ERROR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(giftGetLastErrorMessage(), "less than its header")) << size;
+  }
+}
+
 TEST(SizedStructs, OlderHeaderGetsDefaultsForTheFieldsItLacks) {
   const uint64_t rows = 64, cols = 300;
   const std::vector<float> w = gaussian(rows * cols, 1);
@@ -158,6 +167,16 @@ TEST(SizedStructs, OutputStructsAreWrittenOnlyUpToTheCallersSize) {
   EXPECT_EQ(info.elements, 256u);
   EXPECT_EQ(info.coords, GIFT_COORDS_EUCLIDEAN);
   EXPECT_TRUE(untouched_past(info, offsetof(giftTensorInfo, params), kCanary));
+  // Rows past the tensor are named as asked, not as a range whose end wrapped.
+  std::vector<float> band(256);
+  EXPECT_EQ(
+      giftFrameDecodeRows(frame, 0, 1, UINT64_MAX, band.data(), band.size() * 4, GIFT_DTYPE_F32),
+      GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(giftGetLastErrorMessage(), "18446744073709551615 rows from row 1"))
+      << giftGetLastErrorMessage();
+  EXPECT_EQ(giftFrameDecodeRows(nullptr, 0, 0, 1, band.data(), band.size() * 4, GIFT_DTYPE_F32),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_STREQ(giftGetLastErrorMessage(), "frame is NULL");
   giftFrameClose(frame);
   giftFree(data);
 }

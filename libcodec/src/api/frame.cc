@@ -56,7 +56,7 @@ template <typename Decode>
 giftResult_t decode_guarded(giftFrame* frame, uint64_t index, const giftBasis* given,
                             const void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
                             uint64_t elements, Decode&& decode) {
-  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: null frame");
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "frame is NULL");
   try {
     const giftBasis* basis = given;
     if (in_gift_coords(frame, index)) {

@@ -23,7 +23,13 @@ giftResult_t check_sized(const T* s, const char* type) {
                 "macro or its Init function",
                 type);
   }
-  if (s->size < kSizedHeader || s->size > sizeof(T)) {
+  if (s->size < kSizedHeader) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s has size %zu, less than its header of %zu bytes: start from its GIFT_..._INIT "
+                "macro",
+                type, s->size, kSizedHeader);
+  }
+  if (s->size > sizeof(T)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
                 "%s has size %zu; this library knows sizes up to %zu (a newer gift.h?)", type,
                 s->size, sizeof(T));

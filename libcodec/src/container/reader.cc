@@ -568,8 +568,8 @@ giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t
   const TensorEntry& e = tensors_[index];
   if (first_row > e.rows || rows > e.rows - first_row) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "%s: tensor '%s' has %" PRIu64 " rows; rows [%" PRIu64 ", %" PRIu64 ") asked",
-                name_.c_str(), e.name.c_str(), e.rows, first_row, first_row + rows);
+                "%s: tensor '%s' has %" PRIu64 " rows; %" PRIu64 " rows from row %" PRIu64 " asked",
+                name_.c_str(), e.name.c_str(), e.rows, rows, first_row);
   }
   if (first_row % row_unit(e)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
