@@ -399,19 +399,24 @@ class Frame:
         i = self._index(key)
         t = self._f.tensor_info(i)
         if out is None:
-            name = dtype or _DTYPE_NAMES[t["dtype"]]
+            name = _dtype_name(dtype) if dtype is not None else _DTYPE_NAMES[t["dtype"]]
             if name == "bfloat16":
                 try:
                     import ml_dtypes
-                    np_dtype = ml_dtypes.bfloat16
                 except ImportError:
-                    name, np_dtype = "float32", np.float32
+                    # bf16's values all the same, held in float32 (exactly: bf16 is the top
+                    # half of an fp32), so that they do not depend on an optional package.
+                    bits = np.empty(t["shape"], dtype=np.uint16)
+                    self._f.decode_into(i, _handle(basis), bits.__array_interface__["data"][0],
+                                        bits.nbytes, _DTYPES["bfloat16"])
+                    return (bits.astype(np.uint32) << 16).view(np.float32)
+                np_dtype = ml_dtypes.bfloat16
             else:
                 np_dtype = np.dtype(name)
             out = np.empty(t["shape"], dtype=np_dtype)
         b = _float_buffer(out, f"out for {t['name']!r}", writable=True)
-        if b.nbytes != t["elements"] * _ITEMSIZE[_DTYPES[b.dtype]]:
-            raise ValueError(f"out for {t['name']!r}: shape {b.shape}, not {t['shape']}")
+        if b.shape != tuple(t["shape"]):
+            raise ValueError(f"out for {t['name']!r}: shape {b.shape}, not {tuple(t['shape'])}")
         if b.device is None or t["elements"] == 0:
             self._f.decode_into(i, _handle(basis), b.address, b.nbytes, _DTYPES[b.dtype])
         elif t["raw"] or t["coords"] == "gift" or t["compressed"]:

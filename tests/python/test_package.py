@@ -268,6 +268,23 @@ class Package(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "the frame is closed"):
             f.decode(0)
 
+    def test_bf16_values_do_not_depend_on_ml_dtypes(self):
+        frame = gift.encode(sample_tensors())
+        with gift.open(frame) as f:
+            want = f.decode("a.weight", dtype="bfloat16").astype(np.float32)
+            with self.assertRaisesRegex(ValueError, r"shape \(256, 64\), not \(64, 256\)"):
+                f.decode("a.weight", out=np.empty((256, 64), np.float32))
+        path = self.path("f.gift")
+        with open(path, "wb") as out:
+            out.write(frame)
+        code = ("import sys; sys.modules['ml_dtypes'] = None; import numpy as np, gift; "
+                "a = gift.open(sys.argv[1]).decode('a.weight', dtype='bfloat16'); "
+                "sys.stdout.buffer.write(a.dtype.name.encode() + b' ' + a.tobytes())")
+        r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, check=True)
+        name, data = r.stdout.split(b" ", 1)
+        self.assertEqual(name, b"float32")
+        np.testing.assert_array_equal(np.frombuffer(data, np.float32).reshape(64, 256), want)
+
     def test_integer_and_flag_options_are_refused_by_name(self):
         t = sample_tensors()
         for kwargs, error, says in (
