@@ -710,6 +710,8 @@ TEST(Frame, WriterRejectsBadTensors) {
             GIFT_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(giftFrameWriterAddMetadata(w, "k", "\xF5\x80\x80\x80"), GIFT_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(giftFrameWriterAddMetadata(w, "k", "caf\xC3\xA9"), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterAddMetadata(w, "k", "other"), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_STREQ(giftGetLastErrorMessage(), "metadata 'k' is already set");
   EXPECT_EQ(giftFrameWriterSetCompression(w, 40), GIFT_ERROR_INVALID_ARGUMENT);
   giftFrameWriterFree(w);
 }

@@ -378,6 +378,8 @@ GIFT_API giftResult_t giftFrameWriterSetThreads(giftFrameWriter* writer, int thr
 /* zstd level for the data sections of tensors added afterwards; 0 (the default) stores them
  * uncompressed. A section that does not shrink is stored uncompressed. */
 GIFT_API giftResult_t giftFrameWriterSetCompression(giftFrameWriter* writer, int zstd_level);
+
+/* A UTF-8 key and value for the header; a key once (GIFT_ERROR_INVALID_ARGUMENT again). */
 GIFT_API giftResult_t giftFrameWriterAddMetadata(giftFrameWriter* writer, const char* key,
                                                  const char* value);
 

@@ -105,6 +105,13 @@ giftResult_t FrameWriter::add_metadata(std::string key, std::string value) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "metadata '%s': key and value must be UTF-8",
                 ascii_escaped(key).c_str());
   }
+  // A key given twice would read two ways (first or last value, as the reader chooses).
+  for (const auto& [k, v] : metadata_) {
+    if (k == key) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "metadata '%s' is already set",
+                  ascii_escaped(key).c_str());
+    }
+  }
   metadata_.emplace_back(std::move(key), std::move(value));
   return GIFT_OK;
 }
