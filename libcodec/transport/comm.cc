@@ -126,19 +126,27 @@ struct CallSignature {
   uint64_t calls;   // the plan's call counter
 };
 
+// A config field as the message names it: by the names of its enum's values where it has
+// some (their order is the enum's), as a number otherwise.
 struct SignatureField {
   const char* name;
   uint64_t CallSignature::*field;
+  std::vector<const char*> values;
+
+  std::string text(const CallSignature& s) const {
+    const uint64_t v = s.*field;
+    return v < values.size() ? values[v] : std::to_string(v);
+  }
 };
-constexpr SignatureField kConfigFields[] = {
-    {"kind", &CallSignature::kind},
-    {"block", &CallSignature::block},
-    {"scale_dtype", &CallSignature::scale_dtype},
-    {"op", &CallSignature::op},
-    {"integrity", &CallSignature::integrity},
-    {"coords", &CallSignature::coords},
-    {"reselect_every", &CallSignature::reselect_every},
-    {"nonfinite", &CallSignature::nonfinite},
+const SignatureField kConfigFields[] = {
+    {"kind", &CallSignature::kind, {"e4m3", "e5m2"}},
+    {"block", &CallSignature::block, {}},
+    {"scale_dtype", &CallSignature::scale_dtype, {"f32", "e8m0"}},
+    {"op", &CallSignature::op, {"sum", "avg"}},
+    {"integrity", &CallSignature::integrity, {"off", "on"}},
+    {"coords", &CallSignature::coords, {"euclidean", "gift", "auto"}},
+    {"reselect_every", &CallSignature::reselect_every, {}},
+    {"nonfinite", &CallSignature::nonfinite, {"error", "keep"}},
 };
 
 CallSignature signature(const giftComm& c, giftResult_t local,
@@ -173,8 +181,8 @@ std::string difference(const CallSignature& zero, const CallSignature& sig, int 
   const std::string who = "rank " + std::to_string(r) + "'s ";
   for (const SignatureField& f : kConfigFields) {
     if (sig.*f.field != zero.*f.field) {
-      return who + "config differs from rank 0's in " + f.name + " (" +
-             std::to_string(sig.*f.field) + ", rank 0's " + std::to_string(zero.*f.field) + ")";
+      return who + "config differs from rank 0's in " + f.name + " (" + f.text(sig) +
+             ", rank 0's " + f.text(zero) + ")";
     }
   }
   if (sig.tensors != zero.tensors || sig.elements != zero.elements) {
