@@ -267,6 +267,11 @@ class GiftState:
         (or resumed at other steps, or attached on some ranks only) fail there on every rank,
         naming the option, instead of summing bytes encoded by other rules or waiting in an
         exchange that the others never start."""
+        if self.basis is not None and self.coords != "euclidean" and not self._names:
+            # Unattached, the plans would name their tensors by place: the basis would cover
+            # none of them, and the saved states would load into plans of other names.
+            raise ValueError("gift_hook: this state holds a basis but attach(model) was not "
+                             "called (call it again after unpickling a state)")
         options = [(k, v) for k, v in sorted(self.config.items()) if k != "threads"]
         options += [("start_iter", self.start_iter), ("refresh_every", self.refresh_every),
                     ("step", self.iter), ("attach()", bool(self._moments))]

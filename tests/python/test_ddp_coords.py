@@ -125,6 +125,17 @@ def test_checkpoint_with_basis(rank, tmp):
     model.load_state_dict(saved["model"])
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     opt.load_state_dict(saved["opt"])
+    # Resumed without attach(), the plans would name their tensors by place: refused.
+    unattached = pickle.loads(saved["hook"])
+    ddp = DDP(new_model(width))
+    ddp.register_comm_hook(unattached, gift.ddp.gift_hook)
+    x, y = batch(rank, 8, mixing())
+    try:
+        nn.functional.mse_loss(ddp(x), y).backward()
+    except RuntimeError as e:  # DDP wraps the hook's ValueError
+        assert "attach(model) was not called" in str(e), str(e)
+    else:
+        raise AssertionError("a state with a basis ran unattached")
     state = pickle.loads(saved["hook"])
     _, model, _ = train(rank, state, range(8, 9), model, opt)
     assert [x.group for x in state._layouts.values()] == [False], \
