@@ -288,36 +288,32 @@ void test_failed_calls_leave_no_trace() {
   const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
   const Bucket in = gift::test::make_input(specs, 11, g_rank);
   const int last = g_world - 1;
-  const std::string named = "rank " + std::to_string(last) + " failed";
-  const auto good = [&](giftComm* comm, auto&& keep) {
-    for (int i = 0; i < 3; ++i) {
-      giftResult_t rc;
-      const Bucket out = allreduce(comm, specs, in, &rc);
-      CHECK(rc == GIFT_OK, "call %d: %s", i, giftGetLastErrorMessage());
-      keep(out, rc);
+  // One call of `bucket`, its result kept if it succeeds.
+  const auto call = [&](giftComm* comm, auto&& keep, const std::vector<TensorSpec>& bucket) {
+    giftResult_t rc;
+    const Bucket out = allreduce(comm, bucket, in, &rc);
+    keep(out, rc);
+    return rc;
+  };
+  const auto good = [&](giftComm* comm, auto&& keep, int calls) {
+    for (int i = 0; i < calls; ++i) {
+      CHECK(call(comm, keep, specs) == GIFT_OK, "call %d: %s", i, giftGetLastErrorMessage());
     }
   };
-  const std::vector<Bucket> want = successful_results(base_config(), good);
+  const std::vector<Bucket> want =
+      successful_results(base_config(), [&](giftComm* comm, auto&& keep) { good(comm, keep, 3); });
   const auto bad_dtype = [&](giftComm* comm, auto&& keep) {
     std::vector<TensorSpec> odd = specs;
     if (g_rank == last) odd[1].dtype = giftDType_t(9);
-    giftResult_t rc;
-    {
-      const Bucket out = allreduce(comm, odd, in, &rc);
-      keep(out, rc);
-    }
-    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, named + " in checking its arguments",
+    expect_failed_everywhere(call(comm, keep, odd), GIFT_ERROR_INVALID_ARGUMENT,
+                             "rank " + std::to_string(last) + " failed in checking its arguments",
                              "a bad dtype on one rank");
-    good(comm, keep);
+    good(comm, keep, 3);
   };
   CHECK(successful_results(base_config(), bad_dtype) == want,
         "a call failed for one rank's dtype changed the later results");
   const auto no_output = [&](giftComm* comm, auto&& keep) {
-    giftResult_t rc;
-    {
-      const Bucket out = allreduce(comm, specs, in, &rc);
-      keep(out, rc);
-    }
+    good(comm, keep, 1);
     const std::vector<giftBucketTensor> d = gift::test::describe(specs);
     Bucket out;
     std::vector<const void*> send;
@@ -327,41 +323,22 @@ void test_failed_calls_leave_no_trace() {
       send.push_back(in[i].data());
       recv.push_back(g_rank == last && i == 0 ? nullptr : out[i].data());
     }
-    rc = giftAllReduceBucket(comm, d.data(), send.data(), recv.data(), d.size());
+    const giftResult_t rc = giftAllReduceBucket(comm, d.data(), send.data(), recv.data(), d.size());
     expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, "recv: tensor 0 ('w.fp32') has no",
                              "no output buffer on one rank");
-    for (int i = 0; i < 2; ++i) {
-      {
-        const Bucket out = allreduce(comm, specs, in, &rc);
-        keep(out, rc);
-      }
-      CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
-    }
+    good(comm, keep, 2);
   };
   CHECK(successful_results(base_config(), no_output) == want,
         "a call failed for one rank's output buffer changed the later results");
   const auto corrupted = [&](giftComm* comm, auto&& keep) {
-    giftResult_t rc;
-    {
-      const Bucket out = allreduce(comm, specs, in, &rc);
-      keep(out, rc);
-    }
+    good(comm, keep, 1);
     gift::transport::testing::corrupt_message(1, last, 0);  // the result, to rank 0 only
-    {
-      const Bucket out = allreduce(comm, specs, in, &rc);
-      keep(out, rc);
-    }
+    const giftResult_t rc = call(comm, keep, specs);
     gift::transport::testing::corrupt_message(-1, -1, -1);
     expect_failed_everywhere(rc, GIFT_ERROR_SECTION_CHECKSUM,
                              "rank 0 failed in checking the result",
                              "a result corrupted on its way to rank 0");
-    for (int i = 0; i < 2; ++i) {
-      {
-        const Bucket out = allreduce(comm, specs, in, &rc);
-        keep(out, rc);
-      }
-      CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
-    }
+    good(comm, keep, 2);
   };
   CHECK(successful_results(base_config(), corrupted) == want,
         "a result corrupted on its way to one rank changed the later results");

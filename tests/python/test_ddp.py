@@ -254,72 +254,58 @@ def test_overflow_skips_the_step_everywhere(rank, world):
         lambda model: model.net[2].bias)
 
 
-def test_status_error_fails_every_rank(rank, world):
-    """A plan's status error on the last rank at step 2 (what a device plan reports for a
-    misrouted message, stood in for here) raises on every rank at that step's last bucket,
-    naming the rank, instead of leaving the others in the next step's exchange."""
+def _check_failure_on_the_last_rank_fails_every_rank(rank, world, state, method, error,
+                                                    others_say, what):
+    """Replaces `method` of the last rank's plans with one raising `error` at step 2: every
+    rank must raise at that step, the last with its own error and the others saying
+    `others_say`, instead of leaving the others in the next exchange."""
     model = new_model("mlp")
     ddp = DDP(model)
-    state = gift.ddp.GiftState()
     ddp.register_comm_hook(state, gift.ddp.gift_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
 
-    def misrouted():
-        raise gift.GiftError(7, "corrupt input", "a misrouted message")
+    def failing(*args, **kwargs):
+        raise error
 
     for step in range(4):
         if step == 2 and rank == world - 1:
             for plan in state._plans.values():
-                plan.status = misrouted
+                setattr(plan, method, failing)
         x, y = batch("mlp", rank, step)
         loss = nn.functional.mse_loss(ddp(x), y)
         opt.zero_grad()
         try:
             loss.backward()
         except RuntimeError as e:  # DDP may wrap the hook's GiftError
-            want = ("a misrouted message" if rank == world - 1
-                    else f"rank {world - 1} failed at the end of step 2")
+            want = error.message if rank == world - 1 else others_say
             assert step == 2 and want in str(e), f"step {step}: {e}"
             if rank == 0:
-                print("status error: every rank raised at the step it happened", flush=True)
+                print(f"{what}: every rank raised at the step it happened", flush=True)
             return
         opt.step()
-    raise AssertionError("a status error went unnoticed")
+    raise AssertionError(f"{what} went unnoticed")
+
+
+def test_status_error_fails_every_rank(rank, world):
+    """A plan's status error on the last rank (what a device plan reports for a misrouted
+    message, stood in for here) raises on every rank at that step's last bucket, naming the
+    rank."""
+    _check_failure_on_the_last_rank_fails_every_rank(
+        rank, world, gift.ddp.GiftState(), "status",
+        gift.GiftError(7, "corrupt input", "a misrouted message"),
+        f"rank {world - 1} failed at the end of step 2", "status error")
 
 
 def test_step_failed_on_one_rank_fails_every_rank(rank, world):
     """A host step that fails on one rank only (what a message corrupted on its way there
-    gives, stood in for here at step 2) raises on every rank in that bucket, the others naming
-    the rank, instead of leaving them in the hook's next exchange."""
+    gives, stood in for here) raises on every rank in that bucket, the others naming the rank
+    (its remaining messages say it abandoned the call)."""
     if world < 2:
         return
-    model = new_model("mlp")
-    ddp = DDP(model)
-    state = gift.ddp.GiftState(coords="euclidean")
-    ddp.register_comm_hook(state, gift.ddp.gift_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-
-    def corrupted(recv, out=None):
-        raise gift.GiftError(19, "section checksum mismatch", "a corrupted message")
-
-    for step in range(4):
-        if step == 2 and rank == world - 1:
-            for plan in state._plans.values():
-                plan.sum_shard = corrupted
-        x, y = batch("mlp", rank, step)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        try:
-            loss.backward()
-        except RuntimeError as e:  # DDP wraps the hook's GiftError
-            want = ("a corrupted message" if rank == world - 1
-                    else f"rank {world - 1} abandoned call 3")
-            assert step == 2 and want in str(e), f"step {step}: {e}"
-            if rank == 0:
-                print("one rank's failed step: every rank raised in that bucket", flush=True)
-            return
-        opt.step()
-    raise AssertionError("a failed step went unnoticed")
+    _check_failure_on_the_last_rank_fails_every_rank(
+        rank, world, gift.ddp.GiftState(coords="euclidean"), "sum_shard",
+        gift.GiftError(19, "section checksum mismatch", "a corrupted message"),
+        f"rank {world - 1} abandoned call 3", "one rank's failed step")
 
 
 def test_bad_options_fail_at_construction(rank, world):
