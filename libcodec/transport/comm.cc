@@ -152,14 +152,16 @@ const SignatureField kConfigFields[] = {
 CallSignature signature(const giftComm& c, giftResult_t local,
                         const gift::transport::BucketShape& shape, const Bucket* b) {
   const giftAllReduceConfig& k = c.config;
+  // As the plans read them: integrity is on or off, and reselect_every counts only in AUTO.
+  const bool measures = k.coords == GIFT_COORDS_MODE_AUTO;
   CallSignature sig = {uint64_t(local),
                        uint64_t(k.kind),
                        k.block,
                        uint64_t(k.scale_dtype),
                        uint64_t(k.op),
-                       uint64_t(k.integrity),
+                       uint64_t(k.integrity != 0),
                        uint64_t(k.coords),
-                       k.reselect_every,
+                       measures ? k.reselect_every : 0,
                        uint64_t(k.nonfinite),
                        shape.dtypes.size(),
                        shape.offset.empty() ? 0 : shape.offset.back(),
@@ -232,9 +234,10 @@ giftResult_t run(giftComm& c, Bucket& b, void* const* recv) {
   }
   apply_test_corruption(c, 1, b.send.data(), m);
   // No rank commits the call's state before every rank's result has passed its checks.
-  rc = gift::transport::check_result(b.plan.get(), b.send.data(), recv);
+  gift::transport::StepScratch scratch;
+  rc = gift::transport::check_result(b.plan.get(), b.send.data(), recv, &scratch);
   if ((rc = agree(c, rc, "checking the result"))) return rc;
-  rc = gift::transport::decode_checked_result(b.plan.get(), b.send.data(), recv);
+  rc = gift::transport::decode_checked_result(b.plan.get(), b.send.data(), recv, scratch);
   return agree(c, rc, "decoding the result");
 }
 
@@ -434,8 +437,8 @@ namespace {
 
 // A call's arguments checked, its plan found or made, and its signature agreed on every rank
 // before anything is encoded: `early` is a failure found before (a stream where none goes).
-giftResult_t all_reduce(giftComm& c, giftResult_t early, const giftBucketTensor* tensors,
-                        const void* const* send, void* const* recv, size_t n) {
+giftResult_t all_reduce_steps(giftComm& c, giftResult_t early, const giftBucketTensor* tensors,
+                              const void* const* send, void* const* recv, size_t n) {
   namespace tr = gift::transport;
   tr::BucketShape shape;
   Bucket* b = nullptr;
@@ -456,6 +459,18 @@ giftResult_t all_reduce(giftComm& c, giftResult_t early, const giftBucketTensor*
   rc = giftReduceEncodeShards(b->plan.get(), send, b->send.data());
   if ((rc = agree(c, rc, "encoding its shards"))) return rc;
   return run(c, *b, recv);
+}
+
+// No exception crosses the C API: memory that runs out between the steps (their signatures,
+// messages' texts) fails this rank's call, which may leave the others in an exchange.
+giftResult_t all_reduce(giftComm& c, giftResult_t early, const giftBucketTensor* tensors,
+                        const void* const* send, void* const* recv, size_t n) {
+  try {
+    return all_reduce_steps(c, early, tensors, send, recv, n);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "rank %d ran out of memory in an all-reduce call",
+                c.backend.rank);
+  }
 }
 
 }  // namespace

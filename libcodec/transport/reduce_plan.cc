@@ -98,12 +98,8 @@ uint64_t tensor_elements(const giftReducePlan& p, size_t i) {
 constexpr uint64_t kChunk = 16384;
 static_assert(kChunk % GIFT_BLOCK_MAX == 0, "a chunk holds whole blocks");
 
-// Two spans of kChunk floats for each of the plan's threads, for one step's chunked passes:
-// allocated as the step starts, before it changes anything (plans hold no memory for it).
-struct ChunkScratch {
-  int threads = 1;
-  std::unique_ptr<float[]> floats;
-};
+// kChunk floats each (transport/reduce_plan.h).
+using ChunkScratch = gift::transport::StepScratch;
 
 giftResult_t make_scratch(const giftReducePlan& p, ChunkScratch* s) {
   s->threads = std::max(1, gift::thread_count(&p.ctx));
@@ -630,8 +626,10 @@ giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msgs, int n)
 
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                     void* const* out_tensors) {
-  if (const giftResult_t rc = gift::transport::check_result(plan, gathered, out_tensors)) return rc;
-  return gift::transport::decode_checked_result(plan, gathered, out_tensors);
+  ChunkScratch scratch;
+  if (const giftResult_t rc = gift::transport::check_result(plan, gathered, out_tensors, &scratch))
+    return rc;
+  return gift::transport::decode_checked_result(plan, gathered, out_tensors, scratch);
 }
 
 }  // extern "C"
@@ -641,7 +639,7 @@ namespace gift::transport {
 uint64_t plan_calls(const giftReducePlan* plan) { return plan->call; }
 
 giftResult_t check_result(const giftReducePlan* plan, const uint8_t* gathered,
-                          void* const* out_tensors) {
+                          void* const* out_tensors, StepScratch* scratch) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   const giftReducePlan& p = *plan;
   if (const giftResult_t rc = check_tensor_pointers(p.bucket, out_tensors)) return rc;
@@ -652,15 +650,13 @@ giftResult_t check_result(const giftReducePlan* plan, const uint8_t* gathered,
       return rc;
     }
   }
-  return GIFT_OK;
+  return make_scratch(p, scratch);
 }
 
 giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered,
-                                   void* const* out_tensors) {
+                                   void* const* out_tensors, const StepScratch& scratch) {
   const gift::num::FpEnvGuard fp_env;
   giftReducePlan& p = *plan;
-  ChunkScratch scratch;
-  if (const giftResult_t rc = make_scratch(p, &scratch)) return rc;
   const bool finite = !holds_nonfinite(p, gathered);
   // Commits the call's residuals; without a commit they are dropped (the next call writes
   // over them).

@@ -2,10 +2,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "gift/gift_transport.h"
 
 namespace gift::transport {
+
+// Two spans of fp32 scratch for each of a plan's threads, for one step's chunked passes:
+// allocated as the step starts, before it changes anything (plans hold no memory for it).
+struct StepScratch {
+  int threads = 1;
+  std::unique_ptr<float[]> floats;
+};
 
 // The plan's call counter (advanced by every giftReduceEncodeShards): ranks compare it before
 // a call, so that a plan left behind by an error is named instead of sending messages of
@@ -15,11 +23,11 @@ uint64_t plan_calls(const giftReducePlan* plan);
 // giftReduceDecodeResult in two parts, so that a communicator can agree over the ranks that
 // every rank's checks passed before any rank commits the call's state: check_result checks
 // what step 5 reads (the output pointers, every gathered message's checksum and header) and
-// changes nothing; decode_checked_result then writes the tensors and commits, and fails only
-// for want of memory (before it commits) or for a dump (after).
+// allocates its scratch, changing nothing of the plan; decode_checked_result then writes the
+// tensors and commits, and fails only for a dump, after it committed.
 giftResult_t check_result(const giftReducePlan* plan, const uint8_t* gathered,
-                          void* const* out_tensors);
+                          void* const* out_tensors, StepScratch* scratch);
 giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered,
-                                   void* const* out_tensors);
+                                   void* const* out_tensors, const StepScratch& scratch);
 
 }  // namespace gift::transport

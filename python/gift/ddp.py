@@ -37,10 +37,12 @@ choice of coordinates as they were (ReducePlan's keep_nonfinite), the other buck
 keep the step's residuals (one FP8 rounding error of gradients the step did not apply).
 Device plans report what else their data held (messages of another call or basis) once per
 step, at the last bucket, which waits for the device; the error is raised there on every
-rank (one small all_gather per step agrees on it). A host plan's step that fails on one rank
-(a message that fails its checksum, say) fails that bucket on every rank: the rank's
-remaining messages say so (ReducePlan.abandon), and the others raise GIFT_ERROR_REMOTE
-naming it.
+rank (one small all_gather per step agrees on it). A host plan's step 1 or 3 that fails on
+one rank (a message that fails its checksum, say) fails that bucket on every rank: the
+rank's remaining messages say so (ReducePlan.abandon), and the others raise
+GIFT_ERROR_REMOTE naming it. Its step 5 failing (the result corrupted on its way to it, a
+dump) raises on every rank at the step's last bucket, the others having decoded that bucket
+and kept its error feedback: resume such a run from a checkpoint.
 
 GIFT coordinates (coords="auto" or "gift"): state.attach(model) puts a forward pre-hook on
 every nn.Linear, which every refresh_every steps accumulates the second moment X^T X / n of
@@ -140,10 +142,11 @@ class GiftState:
         self._waiting = []   # [future, buffer, plan keys left] of buckets waiting for plans
         self._regrouped = False  # whether groups came or went in this step
         self._agreed = False  # whether the ranks' options were compared (_agree_on_options)
+        self._failure = None  # a host step 5's error, raised at the step's last bucket
 
     _TRANSIENT = ("process_group", "_plans", "_canon", "_param_of", "_group_of", "_names",
                   "_moments", "_hooks", "_layouts", "_messages", "_pending", "_waiting",
-                  "_regrouped", "_agreed")
+                  "_regrouped", "_agreed", "_failure")
 
     def __getstate__(self):
         d = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
@@ -267,14 +270,13 @@ class GiftState:
         (or resumed at other steps, or attached on some ranks only) fail there on every rank,
         naming the option, instead of summing bytes encoded by other rules or waiting in an
         exchange that the others never start."""
-        if self.basis is not None and self.coords != "euclidean" and not self._names:
-            # Unattached, the plans would name their tensors by place: the basis would cover
-            # none of them, and the saved states would load into plans of other names.
-            raise ValueError("gift_hook: this state holds a basis but attach(model) was not "
-                             "called (call it again after unpickling a state)")
+        # Unattached, the plans would name their tensors by place: a basis would cover none
+        # of them, and saved states would load into plans of other names.
+        unattached = self.basis is not None and self.coords != "euclidean" and not self._names
         options = [(k, v) for k, v in sorted(self.config.items()) if k != "threads"]
         options += [("start_iter", self.start_iter), ("refresh_every", self.refresh_every),
-                    ("step", self.iter), ("attach()", bool(self._moments))]
+                    ("step", self.iter), ("attach()", (bool(self._names), bool(self._moments))),
+                    ("basis", self.basis.id if self.basis is not None else None)]
         mine = torch.tensor([zlib.crc32(repr(v).encode()) for _, v in options],
                             dtype=torch.int64, device=self._comm_device())
         every = [torch.empty_like(mine) for _ in range(world)]
@@ -287,19 +289,22 @@ class GiftState:
                         f"gift_hook: rank {r}'s {name} differs from rank 0's (this rank, "
                         f"{dist.get_rank(self.process_group)}, has {value!r}); every rank "
                         "needs the same GiftState options, step and attach()")
+        if unattached:  # on every rank alike, as the options compared equal
+            raise ValueError("gift_hook: this state holds a basis but attach(model) was not "
+                             "called (call it again after unpickling a state)")
         self._agreed = True
 
     def _check_status(self, world):
         """The plans' status (what device plans' steps saw: messages of another call or
-        basis), agreed over the ranks at the step's last bucket: a rank's error raises on
-        every rank, naming it, instead of leaving the others in the next step's exchange."""
-        error = None
+        basis) and a host plan's failed step 5, agreed over the ranks at the step's last
+        bucket: a rank's error raises on every rank, naming it, instead of leaving the others
+        in the next step's exchange."""
+        error, self._failure = self._failure, None
         for plan in self._plans.values():
             try:
                 plan.status()
             except GiftError as e:
-                error = e
-                break
+                error = error or e
         code = torch.tensor([error.code if error else 0], device=self._comm_device())
         codes = [torch.empty_like(code) for _ in range(world)]
         dist.all_gather(codes, code, group=self.process_group)
@@ -475,7 +480,16 @@ class GiftState:
         dist.all_gather(list(gathered.split(m)), reduced, group=group)
         if failure is not None:
             raise failure
-        plan.decode_result_at(gathered, addresses)
+        try:
+            plan.decode_result_at(gathered, addresses)
+        except GiftError as e:
+            # A rank that abandoned the call did so in every rank's gathered messages: every
+            # rank raises here. Any other failure is this rank's own, and no exchange follows
+            # to tell the others (who decoded, and go on to the next bucket): it is raised on
+            # every rank at the step's last bucket (_check_status).
+            if where is not None or e.name == "GIFT_ERROR_REMOTE":
+                raise
+            self._failure = self._failure or e
         self.bytes_sent += 2 * (world - 1) * m
         self.fp32_bytes += 2 * (world - 1) * elements * 4 // world
 

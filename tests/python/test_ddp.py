@@ -308,6 +308,15 @@ def test_step_failed_on_one_rank_fails_every_rank(rank, world):
         f"rank {world - 1} abandoned call 3", "one rank's failed step")
 
 
+def test_failed_decode_on_one_rank_fails_every_rank_at_the_step_end(rank, world):
+    """A host step 5 that fails on one rank (no exchange follows it to tell the others) raises
+    on every rank at that step's last bucket, naming the rank."""
+    _check_failure_on_the_last_rank_fails_every_rank(
+        rank, world, gift.ddp.GiftState(coords="euclidean"), "decode_result_at",
+        gift.GiftError(19, "section checksum mismatch", "a corrupted result"),
+        f"rank {world - 1} failed at the end of step 2", "one rank's failed decode")
+
+
 def test_bad_options_fail_at_construction(rank, world):
     """Options that would fail inside a backward pass, or in rank 0's fit only (leaving the
     others in its broadcast), fail when the state is made."""
@@ -366,6 +375,7 @@ def all_tests(rank, world, tmp):
     test_overflow_skips_the_step_everywhere(rank, world)
     test_status_error_fails_every_rank(rank, world)
     test_step_failed_on_one_rank_fails_every_rank(rank, world)
+    test_failed_decode_on_one_rank_fails_every_rank_at_the_step_end(rank, world)
     test_bad_options_fail_at_construction(rank, world)
     test_options_that_differ_fail_every_rank(rank, world)
 

@@ -125,17 +125,22 @@ def test_checkpoint_with_basis(rank, tmp):
     model.load_state_dict(saved["model"])
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     opt.load_state_dict(saved["opt"])
-    # Resumed without attach(), the plans would name their tensors by place: refused.
-    unattached = pickle.loads(saved["hook"])
-    ddp = DDP(new_model(width))
-    ddp.register_comm_hook(unattached, gift.ddp.gift_hook)
-    x, y = batch(rank, 8, mixing())
-    try:
-        nn.functional.mse_loss(ddp(x), y).backward()
-    except RuntimeError as e:  # DDP wraps the hook's ValueError
-        assert "attach(model) was not called" in str(e), str(e)
-    else:
-        raise AssertionError("a state with a basis ran unattached")
+    # Resumed without attach(), the plans would name their tensors by place: refused on every
+    # rank, whether some ranks attached or none did.
+    for attached_ranks, says in (({0}, "rank 1's attach() differs from rank 0's"),
+                                 (set(), "attach(model) was not called")):
+        unattached = pickle.loads(saved["hook"])
+        ddp = DDP(new_model(width))
+        if rank in attached_ranks:
+            unattached.attach(ddp)
+        ddp.register_comm_hook(unattached, gift.ddp.gift_hook)
+        x, y = batch(rank, 8, mixing())
+        try:
+            nn.functional.mse_loss(ddp(x), y).backward()
+        except RuntimeError as e:  # DDP wraps the hook's ValueError
+            assert says in str(e), str(e)
+        else:
+            raise AssertionError(f"a state with a basis ran unattached on {attached_ranks}")
     state = pickle.loads(saved["hook"])
     _, model, _ = train(rank, state, range(8, 9), model, opt)
     assert [x.group for x in state._layouts.values()] == [False], \

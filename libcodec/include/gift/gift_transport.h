@@ -201,13 +201,15 @@ GIFT_API void giftCommDestroy(giftComm* comm);
 /* All-reduce of one flat buffer (send == recv allowed). stream must be NULL for host
  * backends. Collective: every rank calls it with the same count and dtype. An error on any
  * rank is returned on every rank, and the message names the rank and step that failed; the
- * communicator's state (call counters, error feedback, coordinates) then stays as it was on
- * every rank, and recv holds no result. Before anything is sent, the ranks compare their
- * calls: a rank whose arguments fail their checks, whose bucket (element count, dtypes,
- * shapes) differs from rank 0's, whose config differs in what the messages depend on (kind,
- * block, scale_dtype, op, integrity, coords, reselect_every, nonfinite), or whose plan for the
- * bucket has made another number of calls, fails the call on every rank, named, instead of
- * exchanging messages that do not match. */
+ * error feedback and the choice of coordinates then stay as they were on every rank, and recv
+ * holds no result (but for a dump that failed after its call completed, which the message
+ * says). Before anything is sent, the ranks compare their calls: a rank whose arguments fail
+ * their checks, whose bucket (element count, dtypes, shapes) differs from rank 0's, whose
+ * config differs in what the messages depend on (kind, block, scale_dtype, op, integrity,
+ * coords, and reselect_every under AUTO, nonfinite), or whose plan for the bucket has made
+ * another number of calls, fails the call on every rank, named, before any plan changes. A
+ * call that fails later (a NaN, a corrupted message) still counts as a call on every rank:
+ * stochastic rounding draws other bits for the calls after it than without it. */
 GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
                                     giftDType_t dtype, void* stream);
 
