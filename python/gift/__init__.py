@@ -509,6 +509,9 @@ def decode_tensor(codes, scales, out=None, dtype="float32", fp8="e4m3", scale="b
     rows, cols = _matrix(c.shape)
     scale_bytes = _gift.scale_bytes(params, rows, cols)
     sc = _buffer(scales, "scales")
+    want = "float32" if scale_dtype == "f32" else "uint8"
+    if sc.dtype != want:  # what encode_tensor gives; other bytes would be read as these
+        raise TypeError(f"scales: dtype {sc.dtype}; {scale_dtype} scales are {want}")
     if sc.nbytes != scale_bytes:
         raise ValueError(f"scales: {sc.nbytes} bytes, not {scale_bytes} for codes of shape "
                          f"{c.shape} with these parameters")

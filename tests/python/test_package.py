@@ -285,6 +285,15 @@ class Package(unittest.TestCase):
         self.assertEqual(name, b"float32")
         np.testing.assert_array_equal(np.frombuffer(data, np.float32).reshape(64, 256), want)
 
+    def test_scales_of_another_dtype_are_refused(self):
+        x = np.linspace(-3, 3, 4 * 128, dtype=np.float32).reshape(4, 128)
+        codes, scales = gift.encode_tensor(x)
+        np.testing.assert_array_equal(gift.decode_tensor(codes, scales),
+                                      gift.decode_tensor(codes, scales.copy()))
+        for wrong in (scales.astype(np.float64)[: scales.size // 2], scales.view(np.int8)):
+            with self.assertRaisesRegex(TypeError, "scales: dtype .*; f32 scales are float32"):
+                gift.decode_tensor(codes, wrong)
+
     def test_integer_and_flag_options_are_refused_by_name(self):
         t = sample_tensors()
         for kwargs, error, says in (
