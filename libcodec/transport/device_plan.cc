@@ -346,8 +346,8 @@ giftResult_t giftReduceDevicePlanSaveState(const giftReduceDevicePlan* plan, voi
   if (const giftResult_t rc = check_plan(plan)) return rc;
   const giftReduceDevicePlan& p = *plan;
   const tr::StateLayout l = state_layout(p);
-  const uint64_t fingerprint = tr::state_fingerprint(p.world, p.rank, p.config, p.bucket);
-  if (const giftResult_t rc = tr::save_state(l, fingerprint, p.call, p.coords, state, bytes)) {
+  const tr::StateKey key = tr::state_key(p.world, p.rank, p.config, p.bucket);
+  if (const giftResult_t rc = tr::save_state(l, key, p.call, p.coords, state, bytes)) {
     return rc;
   }
   if (const giftResult_t rc = wait(p)) return rc;
@@ -368,9 +368,9 @@ giftResult_t giftReduceDevicePlanLoadState(giftReduceDevicePlan* plan, const voi
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReduceDevicePlan& p = *plan;
   const tr::StateLayout l = state_layout(p);
-  const uint64_t fingerprint = tr::state_fingerprint(p.world, p.rank, p.config, p.bucket);
+  const tr::StateKey key = tr::state_key(p.world, p.rank, p.config, p.bucket);
   uint64_t call = 0;
-  if (const giftResult_t rc = tr::check_state(l, fingerprint, p.coords, state, bytes, &call)) {
+  if (const giftResult_t rc = tr::check_state(l, key, p.coords, state, bytes, &call)) {
     return rc;
   }
   if (const giftResult_t rc = wait(p)) return rc;

@@ -29,7 +29,7 @@ std::string id_text(uint64_t lo, uint64_t hi) {
 }
 
 constexpr uint32_t kStateMagic = 0x53544647u;  // "GFTS"
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;          // 1: a fingerprint without the shapes (StateKey)
 
 }  // namespace
 
@@ -167,26 +167,39 @@ giftResult_t PlanCoords::check_header(const MessageHeader& h, int sender, uint32
   return GIFT_OK;
 }
 
-uint64_t state_fingerprint(int world, int rank, const giftAllReduceConfig& config,
-                           const BucketShape& bucket) {
+StateKey state_key(int world, int rank, const giftAllReduceConfig& config,
+                   const BucketShape& bucket) {
   std::vector<uint64_t> words = {uint64_t(world),          uint64_t(rank),
                                  uint64_t(config.kind),    config.block,
                                  uint64_t(config.op),      uint64_t(config.scale_dtype),
                                  uint64_t(config.rounding)};
   words.insert(words.end(), bucket.offset.begin(), bucket.offset.end());
   for (giftDType_t d : bucket.dtypes) words.push_back(uint64_t(d));
-  return XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+  StateKey key;
+  key.v1 = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+  for (const std::vector<uint64_t>& shape : bucket.shapes) {
+    words.push_back(shape.size());
+    words.insert(words.end(), shape.begin(), shape.end());
+  }
+  key.v2 = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+  return key;
 }
 
-giftResult_t save_state(const StateLayout& l, uint64_t fingerprint, uint64_t call,
+giftResult_t save_state(const StateLayout& l, const StateKey& key, uint64_t call,
                         const PlanCoords& c, void* state, uint64_t bytes) {
   if (!state) return fail(GIFT_ERROR_INVALID_ARGUMENT, "state is NULL");
   if (bytes < l.bytes()) {
     return fail(GIFT_ERROR_BUFFER_TOO_SMALL, "the state takes %" PRIu64 " bytes, not %" PRIu64,
                 l.bytes(), bytes);
   }
-  const StateHeader h{kStateMagic,      kStateVersion,          fingerprint,        call,
-                      l.residual_count, l.shard_residual_count, c.calls_with_basis, c.basis_id.lo,
+  const StateHeader h{kStateMagic,
+                      kStateVersion,
+                      key.v2,
+                      call,
+                      l.residual_count,
+                      l.shard_residual_count,
+                      c.calls_with_basis,
+                      c.basis_id.lo,
                       c.basis_id.hi};
   uint8_t* out = static_cast<uint8_t*>(state);
   memcpy(out, &h, sizeof h);
@@ -194,14 +207,15 @@ giftResult_t save_state(const StateLayout& l, uint64_t fingerprint, uint64_t cal
   return GIFT_OK;
 }
 
-giftResult_t check_state(const StateLayout& l, uint64_t fingerprint, const PlanCoords& c,
+giftResult_t check_state(const StateLayout& l, const StateKey& key, const PlanCoords& c,
                          const void* state, uint64_t bytes, uint64_t* call) {
   if (!state) return fail(GIFT_ERROR_INVALID_ARGUMENT, "state is NULL");
   StateHeader h{};
   if (bytes >= sizeof h) memcpy(&h, state, sizeof h);
-  if (bytes != l.bytes() || h.magic != kStateMagic || h.version != kStateVersion ||
-      h.fingerprint != fingerprint || h.residual_count != l.residual_count ||
-      h.shard_residual_count != l.shard_residual_count) {
+  const bool ours = (h.version == kStateVersion && h.fingerprint == key.v2) ||
+                    (h.version == 1 && h.fingerprint == key.v1);
+  if (bytes != l.bytes() || h.magic != kStateMagic || !ours ||
+      h.residual_count != l.residual_count || h.shard_residual_count != l.shard_residual_count) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
                 "the state (%" PRIu64
                 " bytes) was not saved from a plan of this config, world, "

@@ -99,17 +99,24 @@ struct StateLayout {
   uint64_t bytes() const { return coords_at() + tensors; }
 };
 
-uint64_t state_fingerprint(int world, int rank, const giftAllReduceConfig& config,
-                           const BucketShape& bucket);
+// What a saved state must have been saved from, as its header's fingerprint: version 2 (the
+// one written) covers the config, world, rank and the tensors' offsets, dtypes and shapes;
+// version 1 (states saved before it, still loaded) did not cover the shapes, so that a state
+// loaded into a plan of other shapes with the same element counts.
+struct StateKey {
+  uint64_t v1, v2;
+};
+StateKey state_key(int world, int rank, const giftAllReduceConfig& config,
+                   const BucketShape& bucket);
 
 // Checks the buffer and writes the header and the coordinates; the caller copies the
 // residuals to their places.
-giftResult_t save_state(const StateLayout& l, uint64_t fingerprint, uint64_t call,
+giftResult_t save_state(const StateLayout& l, const StateKey& key, uint64_t call,
                         const PlanCoords& c, void* state, uint64_t bytes);
 
 // Checks that `state` fits the plan (INVALID_ARGUMENT) and its basis (BASIS_MISSING); on
 // success *call receives the saved call counter. Nothing of the plan changes.
-giftResult_t check_state(const StateLayout& l, uint64_t fingerprint, const PlanCoords& c,
+giftResult_t check_state(const StateLayout& l, const StateKey& key, const PlanCoords& c,
                          const void* state, uint64_t bytes, uint64_t* call);
 // Takes the saved coordinates (after check_state; the caller copies the residuals).
 void load_state_coords(const StateLayout& l, const void* state, PlanCoords* c);

@@ -360,8 +360,8 @@ gift::transport::StateLayout state_layout(const giftReducePlan& p) {
   return {p.residual.size(), p.shard_residual.size(), p.coords.in_gift.size()};
 }
 
-uint64_t state_fingerprint(const giftReducePlan& p) {
-  return gift::transport::state_fingerprint(p.world, p.rank, p.config, p.bucket);
+gift::transport::StateKey state_key(const giftReducePlan& p) {
+  return gift::transport::state_key(p.world, p.rank, p.config, p.bucket);
 }
 
 }  // namespace
@@ -452,7 +452,7 @@ giftResult_t giftReducePlanSaveState(const giftReducePlan* plan, void* state, ui
   const giftReducePlan& p = *plan;
   const gift::transport::StateLayout l = state_layout(p);
   if (const giftResult_t rc =
-          gift::transport::save_state(l, state_fingerprint(p), p.call, p.coords, state, bytes)) {
+          gift::transport::save_state(l, state_key(p), p.call, p.coords, state, bytes)) {
     return rc;
   }
   uint8_t* out = static_cast<uint8_t*>(state);
@@ -472,7 +472,7 @@ giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* state, ui
   const gift::transport::StateLayout l = state_layout(p);
   uint64_t call = 0;
   if (const giftResult_t rc =
-          gift::transport::check_state(l, state_fingerprint(p), p.coords, state, bytes, &call)) {
+          gift::transport::check_state(l, state_key(p), p.coords, state, bytes, &call)) {
     return rc;
   }
   const uint8_t* in = static_cast<const uint8_t*>(state);

@@ -18,6 +18,7 @@
 #include "gift/gift_transport.h"
 #include "transport/config.h"
 #include "transport/message.h"
+#include "transport/plan_coords.h"
 
 namespace {
 
@@ -446,6 +447,34 @@ TEST(LocalSteps, SavedStateResumesTheSameRun) {
             GIFT_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(giftReducePlanSaveState(run.plan(0), state.data(), state.size() - 1),
             GIFT_ERROR_BUFFER_TOO_SMALL);
+}
+
+TEST(LocalSteps, SavedStateLoadsOnlyIntoTheSameShapesAndFromVersionOne) {
+  const std::vector<TensorSpec> wide = {{"w", GIFT_DTYPE_F32, {4, 64}}};
+  const std::vector<TensorSpec> tall = {{"w", GIFT_DTYPE_F32, {64, 4}}};  // same count
+  giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  c.rounding = GIFT_ROUND_STOCHASTIC;
+  SimulatedWorld run(c, 1, wide), other(c, 1, tall), resumed(c, 1, wide);
+  run.allreduce(inputs_for(wide, 1, 1));
+  std::vector<uint8_t> state(giftReducePlanStateBytes(run.plan(0)));
+  ASSERT_EQ(giftReducePlanSaveState(run.plan(0), state.data(), state.size()), GIFT_OK);
+  ASSERT_EQ(giftReducePlanStateBytes(other.plan(0)), state.size());
+  EXPECT_EQ(giftReducePlanLoadState(other.plan(0), state.data(), state.size()),
+            GIFT_ERROR_INVALID_ARGUMENT);
+  // A state of version 1 (its fingerprint without the shapes; as libgift wrote them before)
+  // still loads, and resumes the same run.
+  gift::transport::StateHeader h;
+  memcpy(&h, state.data(), sizeof h);
+  ASSERT_EQ(h.version, 2u);
+  gift::transport::BucketShape shape;
+  const std::vector<giftBucketTensor> d = gift::test::describe(wide);
+  ASSERT_EQ(gift::transport::read_bucket(d.data(), d.size(), &shape), GIFT_OK);
+  h.version = 1;
+  h.fingerprint = gift::transport::state_key(1, 0, c, shape).v1;
+  memcpy(state.data(), &h, sizeof h);
+  ASSERT_EQ(giftReducePlanLoadState(resumed.plan(0), state.data(), state.size()), GIFT_OK)
+      << giftGetLastErrorMessage();
+  EXPECT_EQ(run.allreduce(inputs_for(wide, 1, 2)), resumed.allreduce(inputs_for(wide, 1, 2)));
 }
 
 // The codec threads of each rank are a local choice: ranks configured differently must still

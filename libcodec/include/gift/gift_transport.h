@@ -153,8 +153,9 @@ GIFT_API giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msg
 /* The plan's state between calls (its call counter, error-feedback residuals and choice of
  * coordinates) as bytes, so that a training run can be checkpointed and resumed with the
  * same results. The state loads only into a plan of the same config, world, rank and tensors
- * (GIFT_ERROR_INVALID_ARGUMENT otherwise) that holds the same basis (set it first;
- * GIFT_ERROR_BASIS_MISSING otherwise). */
+ * (dtypes and shapes; GIFT_ERROR_INVALID_ARGUMENT otherwise) that holds the same basis (set
+ * it first; GIFT_ERROR_BASIS_MISSING otherwise). States of the first state version, whose
+ * check did not cover the shapes, still load where the dtypes and element counts match. */
 GIFT_API uint64_t giftReducePlanStateBytes(const giftReducePlan* plan);
 GIFT_API giftResult_t giftReducePlanSaveState(const giftReducePlan* plan, void* state,
                                               uint64_t bytes);
