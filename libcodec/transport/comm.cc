@@ -31,6 +31,7 @@ using PlanPtr = std::unique_ptr<giftReducePlan, decltype(&giftReducePlanDestroy)
 struct Bucket {
   PlanPtr plan{nullptr, giftReducePlanDestroy};
   uint64_t message_bytes = 0;
+  uint64_t layout = 0;           // hash of the tensors' dtypes and shapes (CallSignature)
   std::vector<uint8_t> send;     // world messages out; later the gathered result
   std::vector<uint8_t> recv;     // world messages in
   std::vector<uint8_t> reduced;  // this rank's reduced shard
@@ -105,6 +106,13 @@ giftResult_t bucket_for(giftComm& c, const gift::transport::BucketShape& shape,
   b.plan.reset(plan);
   if (const giftResult_t rc = giftReducePlanSetBasis(plan, c.basis.get())) return rc;
   b.message_bytes = giftReducePlanMessageBytes(plan);
+  std::vector<uint64_t> words;
+  for (size_t i = 0; i < shape.dtypes.size(); ++i) {
+    words.push_back(uint64_t(shape.dtypes[i]));
+    words.push_back(shape.shapes[i].size());
+    words.insert(words.end(), shape.shapes[i].begin(), shape.shapes[i].end());
+  }
+  b.layout = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
   const uint64_t all = b.message_bytes * uint64_t(c.backend.world);
   b.send.resize(all);
   b.recv.resize(all);
@@ -122,7 +130,7 @@ struct CallSignature {
   uint64_t code;  // of the local checks
   uint64_t kind, block, scale_dtype, op, integrity, coords, reselect_every, nonfinite;
   uint64_t tensors, elements;
-  uint64_t layout;  // hash of the tensors' dtypes and shapes
+  uint64_t layout;  // Bucket::layout
   uint64_t calls;   // the plan's call counter
 };
 
@@ -167,14 +175,11 @@ CallSignature signature(const giftComm& c, giftResult_t local,
                        shape.offset.empty() ? 0 : shape.offset.back(),
                        0,
                        0};
-  std::vector<uint64_t> words;
-  for (size_t i = 0; i < shape.dtypes.size(); ++i) {
-    words.push_back(uint64_t(shape.dtypes[i]));
-    words.push_back(shape.shapes[i].size());
-    words.insert(words.end(), shape.shapes[i].begin(), shape.shapes[i].end());
+  // Without a plan the local checks failed, and the comparison stops at their outcome.
+  if (b) {
+    sig.layout = b->layout;
+    sig.calls = gift::transport::plan_calls(b->plan.get());
   }
-  sig.layout = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
-  if (b) sig.calls = gift::transport::plan_calls(b->plan.get());
   return sig;
 }
 
