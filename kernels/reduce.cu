@@ -64,6 +64,14 @@ __global__ void __launch_bounds__(kThreads) sum_shard_kernel(SumShardArgs a) {
     if (a.average) {
 #pragma unroll
       for (int k = 0; k < kRun; ++k) sum[k] /= world;
+      for (int k = 0; k < n; ++k) {
+        if (transport::is_finite(sum[k])) continue;
+        sum[k] = transport::average_dividing_first(a.world, [&](int r) {
+          const uint8_t* msg = a.in.msgs + uint64_t(r) * a.in.message_bytes;
+          return num::decode_element<K>(msg[a.in.codes_at + e + k],
+                                        scale_at(msg + a.in.scales_at, a.e8m0, g));
+        });
+      }
     }
     float* out = a.sum + e;
     if (a.residual) {

@@ -57,6 +57,23 @@ GIFT_HD bool any_holds_nonfinite(const uint8_t* msgs, uint64_t message_bytes, in
   return false;
 }
 
+// GIFT_REDUCE_AVG takes an element's sum in rank order divided by world, except where that
+// quotient is not finite: there the average is each rank's value divided by world, summed in
+// rank order (this function; value(r) is rank r's decoded value). Values near FLT_MAX overflow
+// a sum whose average is finite, and an Inf beside such values is what dividing first gives
+// (their sum is Inf + -Inf: NaN); NaN stays NaN. Elsewhere the sum divided once rounds once
+// fewer, and gives the bytes earlier versions gave. The same rule on hosts and devices.
+template <class Value>
+GIFT_HD float average_dividing_first(int world, const Value& value) {
+  const float w = float(world);
+  float a = value(0) / w;
+  for (int r = 1; r < world; ++r) a += value(r) / w;
+  return a;
+}
+
+// Whether x is neither Inf nor NaN (for both of them, x - x is NaN).
+GIFT_HD bool is_finite(float x) { return x - x == 0.0f; }
+
 inline uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // Where a bucket of `total` elements puts its shards and a message its parts.

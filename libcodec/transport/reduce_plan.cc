@@ -593,6 +593,16 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
     }
     if (average) {
       for (uint64_t i = 0; i < n; ++i) sum[i] /= w;
+      if (gift::simd::abs_max_bits(sum, GIFT_DTYPE_F32, n) >= 0x7F800000u) {
+        for (uint64_t i = 0; i < n; ++i) {
+          if (gift::transport::is_finite(sum[i])) continue;
+          sum[i] = gift::transport::average_dividing_first(p.world, [&](int s) {
+            float v;
+            decode_range(p, recv + uint64_t(s) * p.layout.message_bytes, b + i, 1, &v);
+            return v;
+          });
+        }
+      }
     }
     if (feedback) {
       for (uint64_t i = 0; i < n; ++i) sum[i] += p.shard_residual[b + i];

@@ -30,14 +30,17 @@ bool same_float(float a, float b) {
 class SumShardKernel : public WithCudaDevice<::testing::Test> {};
 
 // Random codes (NaN and Inf codes included) and scales in `world` messages; the kernel's sum
-// against decode_element summed left to right on the host.
+// against decode_element summed left to right on the host, and for GIFT_REDUCE_AVG divided by
+// world, or where that is not finite each value divided first (fp32 scales up to 2^119 in the
+// third variant, and random E8M0 scales, make sums of finite values overflow).
 TEST_F(SumShardKernel, MatchesTheHostSumInRankOrder) {
   std::mt19937 gen(7);
   for (int world : {1, 2, 3, 8}) {
     for (uint32_t block : {16u, 128u, 4096u}) {
       for (bool e8m0 : {false, true}) {
         for (giftFp8Kind_t kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
-          for (int variant = 0; variant < 2; ++variant) {  // sum; avg with a residual
+          // sum; avg with a residual; avg of values near FLT_MAX
+          for (int variant = 0; variant < 3; ++variant) {
             const uint64_t count = 3 * block + 7;
             const uint64_t groups = (count + block - 1) / block;
             const uint64_t scales_at = 64;
@@ -48,15 +51,15 @@ TEST_F(SumShardKernel, MatchesTheHostSumInRankOrder) {
             if (!e8m0) {  // finite positive fp32 scales over many binades
               for (int r = 0; r < world; ++r) {
                 for (uint64_t g = 0; g < groups; ++g) {
-                  const float s =
-                      std::ldexp(1.0f + float(gen() % 1000) / 1000.0f, int(gen() % 60) - 40);
+                  const int binade = variant == 2 ? 100 + int(gen() % 19) : int(gen() % 60) - 40;
+                  const float s = std::ldexp(1.0f + float(gen() % 1000) / 1000.0f, binade);
                   memcpy(&msgs[r * m + scales_at + 4 * g], &s, 4);
                 }
               }
             }
             std::vector<float> residual(count);
             for (auto& x : residual) x = float(int(gen() % 2001) - 1000) * 1e-3f;
-            const bool avg = variant == 1;
+            const bool avg = variant >= 1;
 
             DeviceBuffer<uint8_t> d_msgs;
             DeviceBuffer<float> d_res, d_sum;
@@ -85,8 +88,7 @@ TEST_F(SumShardKernel, MatchesTheHostSumInRankOrder) {
             what << "world " << world << " block " << block << " e8m0 " << e8m0 << " kind " << kind
                  << " avg " << avg;
             for (uint64_t i = 0; i < count; ++i) {
-              float sum = 0.0f;
-              for (int r = 0; r < world; ++r) {
+              const auto value = [&](int r) {
                 const uint8_t* msg = &msgs[r * m];
                 const uint64_t g = i / block;
                 float s;
@@ -96,11 +98,19 @@ TEST_F(SumShardKernel, MatchesTheHostSumInRankOrder) {
                   memcpy(&s, msg + scales_at + 4 * g, 4);
                 }
                 const uint8_t c = msg[codes_at + i];
-                const float v = kind == GIFT_FP8_E4M3 ? num::decode_element<num::Fp8::kE4M3>(c, s)
-                                                      : num::decode_element<num::Fp8::kE5M2>(c, s);
-                sum = r == 0 ? v : sum + v;
+                return kind == GIFT_FP8_E4M3 ? num::decode_element<num::Fp8::kE4M3>(c, s)
+                                             : num::decode_element<num::Fp8::kE5M2>(c, s);
+              };
+              float sum = value(0);
+              for (int r = 1; r < world; ++r) sum += value(r);
+              if (avg) {
+                sum /= float(world);
+                if (!std::isfinite(sum)) {
+                  sum = value(0) / float(world);
+                  for (int r = 1; r < world; ++r) sum += value(r) / float(world);
+                }
+                sum += residual[i];
               }
-              if (avg) sum = sum / float(world) + residual[i];
               ASSERT_TRUE(same_float(got[i], sum))
                   << what.str() << " element " << i << ": " << got[i] << " vs " << sum;
             }

@@ -677,6 +677,52 @@ TEST(LocalSteps, KeptNonFiniteReachesEveryRankAndLeavesNoTrace) {
   }
 }
 
+// Values near FLT_MAX whose fp32 sum overflows while their average does not: the average is
+// still within the two-rounding bound of the exact one, not Inf or NaN (the sum divided by
+// world), on every rank. And an Inf beside them is the average's value, as dividing first
+// gives it (their sum is NaN: Inf + -Inf).
+TEST(LocalSteps, AverageOfValuesWhoseSumOverflowsStaysFinite) {
+  const std::vector<TensorSpec> specs = {{"w", GIFT_DTYPE_F32, {300}},
+                                         {"b", GIFT_DTYPE_BF16, {2, 70}}};
+  for (const giftFp8Kind_t kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2}) {
+    for (const giftScaleDType_t scales : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+      for (const int world : {2, 3, 4}) {
+        SCOPED_TRACE(std::string(kind == GIFT_FP8_E4M3 ? "e4m3" : "e5m2") +
+                     (scales == GIFT_SCALE_DTYPE_F32 ? ", f32 scales" : ", e8m0 scales") +
+                     ", world " + std::to_string(world));
+        giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+        c.op = GIFT_REDUCE_AVG;
+        c.kind = kind;
+        c.scale_dtype = scales;
+        c.threads = 1;
+        std::vector<Bucket> in = inputs_for(specs, world, 5);
+        std::mt19937 gen{uint32_t(world)};
+        for (int r = 0; r < world; ++r) {
+          for (size_t t = 0; t < specs.size(); ++t) {
+            for (uint64_t e = 0; e < specs[t].elements(); ++e) {
+              // Mostly large and positive on every rank (exact in bf16): sums of two overflow.
+              const float v = std::ldexp(1.0f + float(gen() % 128) / 128.0f, 127 - int(gen() % 2));
+              put(specs, in[size_t(r)], t, e, gen() % 8 == 0 ? -v : v);
+            }
+          }
+        }
+        SimulatedWorld sim(c, world, specs);
+        const std::vector<Bucket> out = sim.allreduce(in);
+        for (int r = 1; r < world; ++r) EXPECT_EQ(out[size_t(r)], out[0]) << "rank " << r;
+        expect_within_bound(specs, in, out[0], c);
+
+        if (kind != GIFT_FP8_E5M2) continue;  // E4M3 has no Inf
+        c.nonfinite = GIFT_NONFINITE_KEEP;
+        SimulatedWorld keep(c, world, specs);
+        for (int r = 0; r + 1 < world; ++r) put(specs, in[size_t(r)], 0, 7, 3e38f);
+        put(specs, in[size_t(world - 1)], 0, 7, -INFINITY);
+        const std::vector<double> got = gift::test::flat(specs, keep.allreduce(in)[0]);
+        EXPECT_EQ(got[7], -INFINITY);
+      }
+    }
+  }
+}
+
 // GIFT_NONFINITE_ERROR: the ranks whose step 1 succeeded keep their error feedback as it was
 // when another rank's step 1 fails and the call is abandoned, as a communicator does.
 TEST(LocalSteps, CallAbandonedAfterStepOneLeavesEveryRanksErrorFeedback) {

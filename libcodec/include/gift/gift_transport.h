@@ -7,7 +7,9 @@
  *      shards on block boundaries, and encodes shard r into message r (FP8 codes + scales);
  *   2. the backend sends message r to rank r (all-to-all of fixed-size messages);
  *   3. giftReduceSumShard: rank r decodes the `world` messages of its shard, sums them in fp32
- *      in rank order (divides by world for GIFT_REDUCE_AVG), encodes the sum once;
+ *      in rank order (divides by world for GIFT_REDUCE_AVG; where that is Inf or NaN, as
+ *      when values near FLT_MAX overflow the sum, divides each value first), encodes the sum
+ *      once;
  *   4. the backend all-gathers the reduced messages;
  *   5. giftReduceDecodeResult: decodes them and writes each tensor in its own dtype.
  * So every value is rounded to FP8 twice whatever the world size, and every rank decodes the
