@@ -17,4 +17,8 @@ void add_fit(CLI::App& app, Verbosity& v);
 // --fsync, of the commands that write files (open_output's `sync`).
 void add_fsync_flag(CLI::App* command, bool* fsync);
 
+// --threads N, of the commands that code (0 or none: all the processors), refused when
+// negative.
+void add_threads_option(CLI::App* command, int* threads);
+
 }  // namespace giftc

@@ -267,6 +267,20 @@ uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget) {
   return align * std::max<uint64_t>(1, budget / std::max<uint64_t>(1, align * row_size));
 }
 
+Pieces::Pieces(uint64_t rows_, uint64_t cols_, uint64_t align_rows, uint64_t align_cols,
+               uint64_t budget)
+    : rows(rows_), cols(cols_) {
+  if (align_rows * cols <= budget) {
+    band = std::min(band_rows(align_rows, cols, budget), std::max<uint64_t>(rows, 1));
+  } else if (cols <= budget || align_cols == 0) {
+    // Within a tile's rows: bands of a divisor of its height never cross its edge.
+    band = std::max<uint64_t>(1, budget / std::max<uint64_t>(cols, 1));
+    while (align_rows % band) --band;
+  } else {
+    part = std::max(align_cols, budget / align_cols * align_cols);
+  }
+}
+
 std::string scratch_dir(const std::string& output) {
   if (output.empty()) {
     const char* env = std::getenv("TMPDIR");
@@ -284,6 +298,15 @@ OutputPtr open_output(const std::string& path, bool to_stdout, bool sync, bool r
   check(giftOutputSetSync(out, sync));
   check(giftOutputSetReplace(out, replace));
   return owned;
+}
+
+void add_threads_option(CLI::App* command, int* threads) {
+  command->add_option("--threads", *threads, "Threads (default: all)")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return !v.empty() && v[0] == '-' ? "must not be negative" : "";
+          },
+          "", "non-negative"));
 }
 
 void add_fsync_flag(CLI::App* command, bool* fsync) {

@@ -2,6 +2,7 @@
 // progress on a terminal.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -82,6 +83,30 @@ void check_output(const std::string& path, bool force, const std::vector<std::st
 // must start where giftFrameDecodeRows allows) holding about `budget` units of `row_size`
 // each (bytes or elements of a row), at least `align` rows.
 uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget);
+
+// The pieces a rows x cols tensor is worked through within `budget` elements: bands of whole
+// rows, `align_rows` (a tile's height) at a time where those fit, else one at a time; a row
+// longer than the budget in parts of whole groups of `align_cols` columns (0: rows whole,
+// as a tensor in GIFT coordinates decodes). f(row, rows, col, cols) for each piece in order;
+// the largest piece's elements, for the buffer, from piece_elements.
+struct Pieces {
+  uint64_t rows, cols;          // the tensor
+  uint64_t band = 1, part = 0;  // rows per band; columns per part of a row (0: whole rows)
+
+  Pieces(uint64_t rows, uint64_t cols, uint64_t align_rows, uint64_t align_cols, uint64_t budget);
+  uint64_t piece_elements() const { return part ? part : band * cols; }
+  template <typename F>
+  void each(F&& f) const {
+    for (uint64_t r0 = 0; r0 < rows; r0 += band) {
+      if (!part) {
+        f(r0, std::min(band, rows - r0), uint64_t(0), cols);
+        continue;
+      }
+      for (uint64_t c0 = 0; c0 < cols; c0 += part)
+        f(r0, uint64_t(1), c0, std::min(part, cols - c0));
+    }
+  }
+};
 
 // Where scratch data for `output` goes: its folder (so copying it in stays in one file
 // system); for "" (standard output), $TMPDIR or /tmp.

@@ -18,6 +18,7 @@ namespace {
 struct CompareOptions {
   std::string reference, decoded, basis, activations;
   bool json = false;
+  int threads = 0;
 };
 
 // Bands of about this many elements of each file are read and compared at a time.
@@ -27,17 +28,18 @@ constexpr uint64_t kBandElems = uint64_t(1) << 21;
 // tensors in GIFT coordinates), tensor files widened exactly from their mapping.
 class Source {
  public:
-  Source(const std::string& path, const giftBasis* basis)
+  Source(const std::string& path, const giftBasis* basis, int threads)
       : frame_(nullptr, giftFrameClose), basis_(basis) {
     // Standard input holds either kind, told apart by its first bytes as encode does.
     const bool tensors_from_stdin =
         path == "-" && !gift::io::is_frame(stdin_bytes().data, stdin_bytes().size);
     if (!tensors_from_stdin && gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
       frame_ = open_frame(path);
+      check(giftFrameSetThreads(frame_.get(), threads));
       for (uint64_t i = 0; i < giftFrameTensorCount(frame_.get()); ++i) {
         const giftTensorInfo e = tensor_info(frame_.get(), i);
         entries_.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), e.rows,
-                            e.cols, e.row_align});
+                            e.cols, e.row_align, e.col_align});
       }
       return;
     }
@@ -50,26 +52,29 @@ class Source {
     }
     for (const gift::io::TensorRef& r : file_.tensors) {
       const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
-      entries_.push_back({r.name, r.shape, cols ? r.elements() / cols : 0, cols, 1});
+      entries_.push_back({r.name, r.shape, cols ? r.elements() / cols : 0, cols, 1, 1});
     }
   }
 
   struct Entry {
     std::string name;
     std::vector<uint64_t> shape;
-    uint64_t rows, cols, row_align;
+    uint64_t rows, cols, row_align, col_align;
   };
   const std::vector<Entry>& entries() const { return entries_; }
 
-  void read_rows(size_t i, uint64_t r0, uint64_t n, float* out) {
-    const uint64_t count = n * entries_[i].cols;
+  // Rows [r0, r0 + n), or with n = 1 columns [c0, c0 + cols) of row r0.
+  void read(size_t i, uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols, float* out) {
+    const uint64_t count = n * cols;
     if (frame_) {
-      check(giftFrameDecodeRowsWithBasis(frame_.get(), i, r0, n, basis_, out, count * 4,
-                                         GIFT_DTYPE_F32));
+      check(cols == entries_[i].cols ? giftFrameDecodeRowsWithBasis(frame_.get(), i, r0, n, basis_,
+                                                                    out, count * 4, GIFT_DTYPE_F32)
+                                     : giftFrameDecodeRowPart(frame_.get(), i, r0, c0, cols, out,
+                                                              count * 4, GIFT_DTYPE_F32));
       return;
     }
     const gift::io::TensorRef& t = file_.tensors[i];
-    check(giftConvert(t.data + r0 * entries_[i].cols * giftDTypeSize(t.dtype), t.dtype, out,
+    check(giftConvert(t.data + (r0 * entries_[i].cols + c0) * giftDTypeSize(t.dtype), t.dtype, out,
                       GIFT_DTYPE_F32, count));
   }
 
@@ -90,7 +95,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   if (o.reference == "-" && o.decoded == "-")
     throw Failure(kUsage, "standard input (-) can be one of the two files, not both");
   const BasisPtr basis = read_basis(o.basis);
-  Source ref(o.reference, basis.get()), dec(o.decoded, basis.get());
+  Source ref(o.reference, basis.get(), o.threads), dec(o.decoded, basis.get(), o.threads);
   std::map<std::string, size_t> by_name;
   for (size_t i = 0; i < dec.entries().size(); ++i) by_name[dec.entries()[i].name] = i;
   // Activation statistics: the d_in x d_in A of each gradient, by name, for the A-norm error;
@@ -157,18 +162,20 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
       }
     }
     giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
-    const uint64_t band = band_rows(lcm(r.row_align, d.row_align), r.cols, kBandElems);
-    for (uint64_t r0 = 0; r0 < r.rows; r0 += band) {
-      const uint64_t n = std::min(band, r.rows - r0);
-      ref_band.resize(n * r.cols);
-      dec_band.resize(n * r.cols);
-      ref.read_rows(i, r0, n, ref_band.data());
-      dec.read_rows(it->second, r0, n, dec_band.data());
+    // The A-norm takes whole rows (of A's width), as tensors in GIFT coordinates do.
+    const uint64_t col_align =
+        a_values.empty() && r.col_align && d.col_align ? lcm(r.col_align, d.col_align) : 0;
+    const Pieces pieces(r.rows, r.cols, lcm(r.row_align, d.row_align), col_align, kBandElems);
+    ref_band.resize(pieces.piece_elements());
+    dec_band.resize(pieces.piece_elements());
+    pieces.each([&](uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols) {
+      ref.read(i, r0, n, c0, cols, ref_band.data());
+      dec.read(it->second, r0, n, c0, cols, dec_band.data());
       giftErrorMetrics part = GIFT_ERROR_METRICS_INIT;
-      check(giftComputeErrorMetrics(ref_band.data(), dec_band.data(), n, r.cols,
+      check(giftComputeErrorMetrics(ref_band.data(), dec_band.data(), n, cols,
                                     a_values.empty() ? nullptr : a_values.data(), &part));
       check(giftErrorMetricsMerge(&m, &part));
-    }
+    });
     check(giftErrorMetricsMerge(&total, &m));
     nlohmann::ordered_json j{{"name", r.name}, {"elements", r.rows * r.cols}};
     j.update(row(m));
@@ -219,6 +226,7 @@ void add_compare(CLI::App& app, Verbosity& v) {
                 "Activation statistics (the d_in x d_in A of each gradient, by name): adds the "
                 "A-norm error");
   c->add_flag("--json", o->json, "Print a JSON document instead of a table");
+  add_threads_option(c, &o->threads);
   c->callback([o, &v] { run_compare(*o, v); });
 }
 

@@ -86,7 +86,6 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   } else {
     check_output(target.path, o.force, {o.input, o.basis});
   }
-  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
   const Device device = parse_device(o.device);
   const BasisPtr basis = read_basis(o.basis);
   const FramePtr f = open_frame(o.input);
@@ -126,30 +125,34 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   for (const gift::io::TensorHeader& h : headers) total += h.elements() * giftDTypeSize(h.dtype);
   check(giftOutputReserve(out.get(), total));
   check(giftOutputWrite(out.get(), head.data(), head.size()));
-  // One buffer for every band of every tensor, sized for the largest band needed (at least
-  // a tile's height of rows). Threads as asked (the library runs at most one per processor;
-  // the budget's cap covers the difference).
+  // One buffer for every piece of every tensor, sized for the largest piece: bands of rows,
+  // or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole rows,
+  // of its basis' width). Threads as asked (the library runs at most one per processor; the
+  // budget's cap covers the difference).
   const uint64_t threads = uint64_t(o.threads > 0 ? o.threads : omp_get_max_threads());
   uint64_t buffer_bytes = 0;
-  std::vector<uint64_t> bands(n);
+  std::vector<Pieces> pieces;
   for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t row_bytes = infos[i].cols * giftDTypeSize(headers[i].dtype);
+    const uint64_t size = giftDTypeSize(headers[i].dtype);
     const uint64_t budget = infos[i].coords == GIFT_COORDS_GIFT
                                 ? kMostBandBytes
                                 : std::min(kBandBytesPerThread * threads, kMostBandBytes);
-    bands[i] = std::min(band_rows(infos[i].row_align, row_bytes, budget), infos[i].rows);
-    buffer_bytes = std::max(buffer_bytes, bands[i] * row_bytes);
+    pieces.emplace_back(infos[i].rows, infos[i].cols, infos[i].row_align, infos[i].col_align,
+                        budget / size);
+    buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
   }
   const std::unique_ptr<uint8_t[]> buffer(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
   Progress progress("decode", n, v);
   for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t row_bytes = infos[i].cols * giftDTypeSize(headers[i].dtype);
-    for (uint64_t r0 = 0; r0 < infos[i].rows; r0 += bands[i]) {
-      const uint64_t rows = std::min(bands[i], infos[i].rows - r0);
-      check(giftFrameDecodeRowsWithBasis(f.get(), i, r0, rows, basis.get(), buffer.get(),
-                                         rows * row_bytes, headers[i].dtype));
-      check(giftOutputWrite(out.get(), buffer.get(), rows * row_bytes));
-    }
+    const giftDType_t dt = headers[i].dtype;
+    pieces[i].each([&](uint64_t r0, uint64_t rows, uint64_t c0, uint64_t cols) {
+      const uint64_t bytes = rows * cols * giftDTypeSize(dt);
+      check(cols == infos[i].cols
+                ? giftFrameDecodeRowsWithBasis(f.get(), i, r0, rows, basis.get(), buffer.get(),
+                                               bytes, dt)
+                : giftFrameDecodeRowPart(f.get(), i, r0, c0, cols, buffer.get(), bytes, dt));
+      check(giftOutputWrite(out.get(), buffer.get(), bytes));
+    });
     progress.step(i + 1);
   }
   check(giftOutputCommit(out.get()));
@@ -180,7 +183,7 @@ void add_decode(CLI::App& app, Verbosity& v) {
                 "Where to decode: cpu or cuda (the same values; the inverse whitening of "
                 "tensors in GIFT coordinates stays on the CPU)")
       ->capture_default_str();
-  c->add_option("--threads", o->threads, "Threads (default: all)");
+  add_threads_option(c, &o->threads);
   c->add_flag("-f,--force", o->force,
               "Overwrite an existing output; write binary data to a terminal");
   add_fsync_flag(c, &o->fsync);

@@ -59,7 +59,6 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   p.scale_dtype = parse_scale_dtype(o.scale_dtype);
   p.rounding = parse_rounding(o.rounding);
   p.seed = parse_uint(o.seed, "--seed", 0, UINT64_MAX);
-  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
   const Device device = parse_device(o.device);
   p.nonfinite = o.keep_nonfinite ? GIFT_NONFINITE_KEEP : GIFT_NONFINITE_ERROR;
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
@@ -216,7 +215,7 @@ void add_encode(CLI::App& app, Verbosity& v) {
               "Compress data sections with zstd (--zstd=LEVEL, 1..22; bare: 3)");
   c->add_option("--include", o->include, "Quantize only tensors whose name matches this regex");
   c->add_option("--exclude", o->exclude, "Store tensors whose name matches this regex losslessly");
-  c->add_option("--threads", o->threads, "Threads (default: all)");
+  add_threads_option(c, &o->threads);
   c->add_option("--device", o->device,
                 "Where to encode: cpu or cuda (the same bytes; the choice of coordinates and the "
                 "whitening stay on the CPU)")

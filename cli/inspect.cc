@@ -11,6 +11,7 @@ namespace {
 struct InspectOptions {
   std::string input;
   bool json = false, verify = false;
+  int threads = 0;
 };
 
 // A selection estimate: null when the encoder did not make it, "inf" when the trial encode
@@ -33,6 +34,7 @@ const char* coords_name(giftCoords_t c) { return c == GIFT_COORDS_GIFT ? "gift" 
 
 void run_inspect(const InspectOptions& o, const Verbosity& v) {
   const FramePtr f = open_frame(o.input);
+  check(giftFrameSetThreads(f.get(), o.threads));
   // The library's verdict, the same call every embedder makes.
   if (o.verify) check(giftFrameVerify(f.get()));
   giftFrameInfo info = GIFT_FRAME_INFO_INIT;
@@ -147,6 +149,7 @@ void add_inspect(CLI::App& app, Verbosity& v) {
   c->add_option("IN", o->input, "Frame (.gift or .giftb)")->required();
   c->add_flag("--json", o->json, "Print a JSON document instead of a table");
   c->add_flag("--verify", o->verify, "Check every checksum and decode every tensor");
+  add_threads_option(c, &o->threads);
   c->callback([o, &v] { run_inspect(*o, v); });
 }
 

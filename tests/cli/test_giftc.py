@@ -145,6 +145,59 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn(b"not both", r.stderr)
 
+    def test_memory_does_not_grow_with_a_row(self):
+        # A vector is one row, and a tile's rows one band: decode, compare and inspect
+        # --verify read them in parts, under 8 MiB of private memory (RLIMIT_DATA; compare
+        # 40), where a row of 256 MiB (a frame of a few KiB, zeros compressed) or a band of
+        # 64 MiB would not fit. The tensors hold zeros but one value per 1 MiB, written into a sparse file.
+        import resource
+
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+
+        def run_capped(*args, mib=8):
+            def capped():
+                resource.setrlimit(resource.RLIMIT_DATA, (mib << 20, mib << 20))
+
+            return subprocess.run([GIFTC, *map(str, args)], capture_output=True, text=True,
+                                  preexec_fn=capped, env=env, timeout=600)
+
+        if run_capped("--version").returncode != 0:
+            self.skipTest("giftc cannot start under RLIMIT_DATA (a sanitizer build)")
+        shapes = {"vector": [1 << 26], "wide": [2, 1 << 25], "tall": [4096, 4096]}
+        header, at = {}, 0
+        for name, shape in shapes.items():
+            n = math.prod(shape) * 4
+            header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [at, at + n]}
+            at += n
+        js = json.dumps(header).encode()
+        js += b" " * (-len(js) % 8)
+        src = self.path("rows.safetensors")
+        with open(src, "wb") as f:
+            f.write(struct.pack("<Q", len(js)) + js)
+            f.truncate(8 + len(js) + at)
+            for k in range(0, at, 1 << 20):
+                f.seek(8 + len(js) + k)
+                f.write(struct.pack("<f", 1.0 + k / at))
+        want = load_file(src)
+        for args in ([], ["--zstd"], ["--zstd", "--scale", "tile:4096x128"]):
+            frame, out = self.path("rows.gift"), self.path("rows.out.safetensors")
+            r = run("encode", src, "-o", frame, "-f", "-q", "--threads", "1", *args)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = run_capped("decode", frame, "-o", out, "-f", "-q", "--threads", "1")
+            self.assertEqual(r.returncode, 0, (args, r.stderr))
+            got = load_file(out)
+            for name in shapes:  # zeros stay zeros; the ones in [1, 2) within E4M3's step
+                np.testing.assert_allclose(got[name], want[name], rtol=2 ** -4, err_msg=name)
+            r = run_capped("inspect", frame, "--verify", "--threads", "1")
+            self.assertEqual(r.returncode, 0, (args, r.stderr))
+            # compare holds two bands of 2M fp32 values (16 MiB) and a window of compressed
+            # codes, not a row of 64M values.
+            r = run_capped("compare", src, frame, "--json", "--threads", "1", mib=40)
+            self.assertEqual(r.returncode, 0, (args, r.stderr))
+            m = {t["name"]: t for t in json.loads(r.stdout)["tensors"]}
+            self.assertLess(m["wide"]["rel_l2"], 2 ** -4, args)
+            os.unlink(out)
+
     def test_memory_does_not_grow_with_the_file(self):
         # RLIMIT_DATA caps the process's private writable memory (not the page cache of the
         # files it maps): a 256 MiB dump must encode and decode under 96 MiB of it, so

@@ -675,8 +675,88 @@ TEST(Streaming, BandsDecodeAsTheWholeTensor) {
                 GIFT_ERROR_INVALID_ARGUMENT);
       EXPECT_NE(std::string(giftGetLastErrorMessage()).find("has 4099 rows"), std::string::npos);
       EXPECT_EQ(
-          giftFrameDecodeRows(f, 0, 1, 1, one, 4, GIFT_DTYPE_F32),
+          giftFrameDecodeRows(f, 0, 1, 3, one, 4, GIFT_DTYPE_F32),
           c.layout == GIFT_SCALE_TILE ? GIFT_ERROR_INVALID_ARGUMENT : GIFT_ERROR_BUFFER_TOO_SMALL);
+      if (c.layout == GIFT_SCALE_TILE) {
+        EXPECT_NE(std::string(giftGetLastErrorMessage()).find("rows 1 to 3 cross a tile's edge"),
+                  std::string::npos)
+            << giftGetLastErrorMessage();
+      }
+      giftFrameClose(f);
+    }
+  }
+}
+
+// Rows decoded one at a time (within a tile's rows too) and in parts of a row, in order and
+// with late checksums or not, give the bytes of the whole decode: the parts that bound a
+// decode's memory where a tile's rows, or a single row, are longer than its buffer.
+TEST(Streaming, SingleRowsAndPartsOfRowsDecodeAsTheWholeTensor) {
+  for (const Case& c : {Case{"tile", GIFT_SCALE_TILE, GIFT_ROUND_NEAREST, 0},
+                        Case{"block", GIFT_SCALE_BLOCK, GIFT_ROUND_STOCHASTIC, 0},
+                        Case{"row", GIFT_SCALE_ROW, GIFT_ROUND_NEAREST, 0},
+                        Case{"tensor", GIFT_SCALE_TENSOR, GIFT_ROUND_NEAREST, 0},
+                        Case{"zstd", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 3}}) {
+    SCOPED_TRACE(c.name);
+    const std::vector<uint8_t> bytes = frame_of(c, "", "");
+    for (const int late : {0, 1}) {
+      SCOPED_TRACE(late ? "late checksums" : "checksums first");
+      giftFrame* f = nullptr;
+      ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
+      ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
+      for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
+        giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+        ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
+        const uint64_t group = info.raw                       ? 1
+                               : c.layout == GIFT_SCALE_TILE  ? 5
+                               : c.layout == GIFT_SCALE_BLOCK ? info.params.block
+                                                              : 1;
+        EXPECT_EQ(info.col_align, group) << info.name;
+        const giftDType_t dt = i % 2 ? GIFT_DTYPE_BF16 : GIFT_DTYPE_F32;
+        const size_t w = giftDTypeSize(dt);
+        std::vector<uint8_t> whole(info.elements * w), rows(whole.size()), parts(whole.size());
+        ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
+        // Parts of whole groups, about 300 columns, and a shorter one at the row's end (its
+        // last group cut short, that group's scale kept).
+        const uint64_t part = (300 + info.col_align - 1) / info.col_align * info.col_align;
+        for (uint64_t r = 0; r < info.rows; ++r) {
+          uint8_t* row = rows.data() + r * info.cols * w;
+          ASSERT_EQ(giftFrameDecodeRows(f, i, r, 1, row, info.cols * w, dt), GIFT_OK)
+              << giftGetLastErrorMessage();
+        }
+        EXPECT_EQ(rows, whole) << info.name << ": single rows";
+        for (uint64_t r = 0; r < info.rows; ++r) {
+          for (uint64_t c0 = 0; c0 < info.cols; c0 += part) {
+            const uint64_t n = std::min(part, info.cols - c0);
+            ASSERT_EQ(giftFrameDecodeRowPart(f, i, r, c0, n,
+                                             parts.data() + (r * info.cols + c0) * w, n * w, dt),
+                      GIFT_OK)
+                << giftGetLastErrorMessage() << " (row " << r << ", column " << c0 << ")";
+          }
+        }
+        EXPECT_EQ(parts, whole) << info.name << ": parts of rows";
+      }
+      float one[64];
+      const uint64_t big = 0;  // 4099 x 1100 fp32, FP8
+      giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+      ASSERT_EQ(giftFrameTensorInfo(f, big, &info), GIFT_OK);
+      if (info.col_align > 1) {
+        EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 1, 3, one, sizeof one, GIFT_DTYPE_F32),
+                  GIFT_ERROR_INVALID_ARGUMENT);
+        EXPECT_NE(std::string(giftGetLastErrorMessage()).find("column 1 does not start"),
+                  std::string::npos)
+            << giftGetLastErrorMessage();
+      }
+      EXPECT_EQ(giftFrameDecodeRowPart(f, big, 4099, 0, 1, one, sizeof one, GIFT_DTYPE_F32),
+                GIFT_ERROR_INVALID_ARGUMENT);
+      EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 1095, 10, one, sizeof one, GIFT_DTYPE_F32),
+                GIFT_ERROR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("10 columns from column 1095"),
+                std::string::npos)
+          << giftGetLastErrorMessage();
+      EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 0, 64, one, 4, GIFT_DTYPE_F32),
+                GIFT_ERROR_BUFFER_TOO_SMALL);
+      EXPECT_EQ(giftFrameDecodeRowPart(nullptr, big, 0, 0, 1, one, 4, GIFT_DTYPE_F32),
+                GIFT_ERROR_INVALID_ARGUMENT);
       giftFrameClose(f);
     }
   }

@@ -313,13 +313,15 @@ typedef struct {
   uint64_t nonfinite_count;
   uint64_t rows, cols; /* the rows x cols view decoding works on (giftFrameDecodeRows) */
   uint64_t row_align;  /* where a band of rows may start: a multiple of this */
+  uint64_t col_align;  /* where a part of a row may start (giftFrameDecodeRowPart): a multiple
+                          of this; 0 in GIFT coordinates, which decode whole rows only */
 } giftTensorInfo;
 
 #define GIFT_TENSOR_INFO_INIT                                                                      \
   {                                                                                                \
     sizeof(giftTensorInfo), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 0, 0, 0, 0, GIFT_DTYPE_F32, 0, \
         GIFT_COORDS_EUCLIDEAN, {0, 0}, GIFT_QUANT_PARAMS_INIT, 0, 0, 0, GIFT_SELECTION_INIT, 0,    \
-        0.0f, 0.0f, 0, 0, 0, 1                                                                     \
+        0.0f, 0.0f, 0, 0, 0, 1, 1                                                                  \
   }
 
 GIFT_API giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index,
@@ -337,7 +339,8 @@ GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, vo
  * last dimension, rows: the product of the others; giftTensorInfo.rows and .cols), decoded
  * into dst (rows * cols * size of dst_dtype bytes): the values giftFrameDecodeTensor gives
  * for them, so a large tensor decodes in bands through a small buffer. first_row must be a
- * multiple of giftTensorInfo.row_align (the tile height; 1 for other layouts). The first
+ * multiple of giftTensorInfo.row_align (the tile height; 1 for other layouts), or the rows lie
+ * within one tile's rows. The first
  * call for a tensor checks its sections (but see giftFrameSetLateChecksums), which the frame
  * keeps while later calls read the same tensor; compressed codes are decompressed forward, keeping
  * only the rows asked for (bands in order decompress them once; an earlier band starts again from
@@ -345,6 +348,18 @@ GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, vo
 GIFT_API giftResult_t giftFrameDecodeRows(giftFrame* frame, uint64_t index, uint64_t first_row,
                                           uint64_t rows, void* dst, uint64_t dst_bytes,
                                           giftDType_t dst_dtype);
+
+/* Columns [first_col, first_col + cols) of row `row` of tensor `index` decoded into dst (cols
+ * * size of dst_dtype bytes): the values giftFrameDecodeTensor gives for them, for rows too
+ * long for one buffer (a vector is one row). first_col must be a multiple of
+ * giftTensorInfo.col_align (a block's or a tile's width; 1 for other layouts and raw tensors).
+ * A tensor in GIFT coordinates (col_align 0) is refused: its inverse transform takes whole
+ * rows, giftFrameDecodeRowsWithBasis. Sections are checked and read as by
+ * giftFrameDecodeRows, with which calls may alternate: the parts of one row in order, then
+ * the next rows, are a run in order. */
+GIFT_API giftResult_t giftFrameDecodeRowPart(giftFrame* frame, uint64_t index, uint64_t row,
+                                             uint64_t first_col, uint64_t cols, void* dst,
+                                             uint64_t dst_bytes, giftDType_t dst_dtype);
 
 /* With late = 1, giftFrameDecodeRows (and giftFrameDecodeRowsWithBasis) checks a tensor's
  * uncompressed codes (or raw data) as it decodes its bands in order, from row 0 to the last: each

@@ -224,6 +224,7 @@ giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTen
   i.rows = e.rows;
   i.cols = e.cols;
   i.row_align = gift::container::FrameReader::row_unit(e);
+  i.col_align = gift::container::FrameReader::col_unit(e);
   return gift::write_sized(i, info, "giftTensorInfo");
 }
 
@@ -253,6 +254,19 @@ giftResult_t giftFrameDecodeRows(giftFrame* frame, uint64_t index, uint64_t firs
   gift::clear_error();
   return gift::decode_rows_with_basis(frame, index, first_row, rows, nullptr, dst, dst_bytes,
                                       dst_dtype);
+}
+
+giftResult_t giftFrameDecodeRowPart(giftFrame* frame, uint64_t index, uint64_t row,
+                                    uint64_t first_col, uint64_t cols, void* dst,
+                                    uint64_t dst_bytes, giftDType_t dst_dtype) {
+  gift::clear_error();
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeRowPart: null frame");
+  try {
+    return frame->reader->decode_row_part(size_t(index), row, first_col, cols, dst, dst_bytes,
+                                          dst_dtype, &frame->rows_cache);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while decoding");
+  }
 }
 
 giftResult_t giftFrameTensorData(giftFrame* frame, uint64_t index, const uint8_t** codes,

@@ -456,6 +456,22 @@ uint64_t FrameReader::row_unit(const TensorEntry& e) {
   return !e.raw && e.params.layout == GIFT_SCALE_TILE ? e.params.tile_rows : 1;
 }
 
+namespace {
+
+// The columns a scale group spans where a row may be cut: a block's or a tile's width.
+uint64_t group_cols(const TensorEntry& e) {
+  if (e.raw) return 1;
+  return e.params.layout == GIFT_SCALE_BLOCK  ? e.params.block
+         : e.params.layout == GIFT_SCALE_TILE ? e.params.tile_cols
+                                              : 1;
+}
+
+}  // namespace
+
+uint64_t FrameReader::col_unit(const TensorEntry& e) {
+  return e.fb->coords() == fb::Coords::Gift ? 0 : group_cols(e);
+}
+
 giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
   if (cache->index == index) return GIFT_OK;
   const TensorEntry& e = tensors_[index];
@@ -498,30 +514,33 @@ std::string FrameReader::codes_name(const TensorEntry& e) {
   return section_name(e.name, e.raw ? "raw data" : "codes");
 }
 
-giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, uint64_t r0,
-                                       uint64_t n, void* dst, giftDType_t dst_dtype,
+giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, const Band& b,
+                                       void* dst, giftDType_t dst_dtype,
                                        decltype(&giftDecode) decoder) const {
-  const uint64_t width = e.raw ? dtype_size(e.dtype) : 1;
+  const uint64_t width = e.raw ? dtype_size(e.dtype) : 1, n = b.rows * b.cols;
   const uint8_t* codes = nullptr;
-  if (const giftResult_t r = c.codes_at(r0 * e.cols * width, n * e.cols * width, &codes)) return r;
+  if (const giftResult_t r = c.codes_at((b.row * e.cols + b.col) * width, n * width, &codes))
+    return r;
   if (e.raw) {
     const uint8_t* src = codes;
     if (dst_dtype == e.dtype) {
-      std::memcpy(dst, src, n * e.cols * dtype_size(e.dtype));
+      std::memcpy(dst, src, n * dtype_size(e.dtype));
     } else {
-      convert_raw(src, e.dtype, n * e.cols, dst, dst_dtype);
+      convert_raw(src, e.dtype, n, dst, dst_dtype);
     }
     return GIFT_OK;
   }
-  // The band as a tensor of its own: its groups are the tensor's (r0 starts a row of groups),
-  // a last tile cut short by the band keeps its scale.
+  // The band as a tensor of its own: its groups are the tensor's (it starts a row and a
+  // column of groups, or lies within one row of groups), a last group cut short by the band
+  // keeps its scale.
   const GroupGrid grid = group_grid(e.params, e.rows, e.cols);
-  const uint64_t first_group =
-      e.params.layout == GIFT_SCALE_TENSOR ? 0 : (r0 / grid.height) * grid.grid_cols;
+  const uint64_t first_group = e.params.layout == GIFT_SCALE_TENSOR
+                                   ? 0
+                                   : (b.row / grid.height) * grid.grid_cols + b.col / grid.width;
   uint64_t band_scale_bytes = 0;
-  giftScaleBytes(&e.params, n, e.cols, &band_scale_bytes);
+  giftScaleBytes(&e.params, b.rows, b.cols, &band_scale_bytes);
   return decoder(&ctx_, &e.params, codes, c.scales + first_group * scale_size(e.params.scale_dtype),
-                 band_scale_bytes, n, e.cols, dst, dst_dtype);
+                 band_scale_bytes, b.rows, b.cols, dst, dst_dtype);
 }
 
 // With late checksums pending, a band that continues the bands hashed so far is decoded,
@@ -530,22 +549,22 @@ giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, ui
 // the whole section first. A tensor found damaged is remembered, so that no later run of it
 // decodes a band unchecked. Pages are mapped ahead for bands up to kMapAheadBytes; larger
 // ones fault theirs in, so that a file larger than memory is not read twice.
-giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0,
-                                      uint64_t n, void* dst, giftDType_t dst_dtype,
+giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, const Band& b,
+                                      void* dst, giftDType_t dst_dtype,
                                       decltype(&giftDecode) decoder) const {
-  if (n == 0 || e.cols == 0) return GIFT_OK;
-  if (!c.hash) return decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
+  if (b.rows == 0 || b.cols == 0) return GIFT_OK;
+  if (!c.hash) return decode_codes(e, c, b, dst, dst_dtype, decoder);
   const fb::Section* s = e.fb->codes();
   const uint64_t width = e.raw ? dtype_size(e.dtype) : 1;
-  const uint64_t at = r0 * e.cols * width, bytes = n * e.cols * width;
+  const uint64_t at = (b.row * e.cols + b.col) * width, bytes = b.rows * b.cols * width;
   giftResult_t r = GIFT_OK;
   if (at != c.hashed) {
     c.hash.reset();
     r = checksum_ok(s, codes_name(e));
-    if (!r) r = decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
+    if (!r) r = decode_codes(e, c, b, dst, dst_dtype, decoder);
   } else {
     if (bytes <= kMapAheadBytes) map_ahead(c.codes + at, bytes);
-    r = decode_codes(e, c, r0, n, dst, dst_dtype, decoder);
+    r = decode_codes(e, c, b, dst, dst_dtype, decoder);
     if (r) return r;
     c.hash->update(c.codes + at, bytes);
     c.hashed += bytes;
@@ -571,11 +590,13 @@ giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t
                 "%s: tensor '%s' has %" PRIu64 " rows; %" PRIu64 " rows from row %" PRIu64 " asked",
                 name_.c_str(), e.name.c_str(), e.rows, rows, first_row);
   }
-  if (first_row % row_unit(e)) {
+  const uint64_t unit = row_unit(e);
+  if (first_row % unit && rows && first_row / unit != (first_row + rows - 1) / unit) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "%s: tensor '%s': row %" PRIu64 " does not start a tile of %" PRIu64
-                " rows (a band must)",
-                name_.c_str(), e.name.c_str(), first_row, row_unit(e));
+                "%s: tensor '%s': rows %" PRIu64 " to %" PRIu64
+                " cross a tile's edge without "
+                "starting at one (tiles of %" PRIu64 " rows)",
+                name_.c_str(), e.name.c_str(), first_row, first_row + rows - 1, unit);
   }
   if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype, rows * e.cols))
     return r;
@@ -585,7 +606,36 @@ giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t
                 name_.c_str(), e.name.c_str());
   }
   if (const giftResult_t r = fetch(index, cache)) return r;
-  return decode_band(e, *cache, first_row, rows, dst, dst_dtype, decoder_);
+  return decode_band(e, *cache, Band{first_row, rows, 0, e.cols}, dst, dst_dtype, decoder_);
+}
+
+giftResult_t FrameReader::decode_row_part(size_t index, uint64_t row, uint64_t first_col,
+                                          uint64_t cols, void* dst, uint64_t dst_bytes,
+                                          giftDType_t dst_dtype, SectionCache* cache) const {
+  if (index >= tensors_.size()) return check_output(index, dst, dst_bytes, dst_dtype);
+  const TensorEntry& e = tensors_[index];
+  if (row >= e.rows || first_col > e.cols || cols > e.cols - first_col) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s: tensor '%s' has %" PRIu64 " rows of %" PRIu64 " columns; %" PRIu64
+                " columns from column %" PRIu64 " of row %" PRIu64 " asked",
+                name_.c_str(), e.name.c_str(), e.rows, e.cols, cols, first_col, row);
+  }
+  const uint64_t unit = col_unit(e);
+  if (unit == 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s: tensor '%s' is encoded in GIFT coordinates: it decodes in whole rows "
+                "(giftFrameDecodeRowsWithBasis)",
+                name_.c_str(), e.name.c_str());
+  }
+  if (first_col % unit) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s: tensor '%s': column %" PRIu64 " does not start a scale group of %" PRIu64
+                " columns (a part of a row must)",
+                name_.c_str(), e.name.c_str(), first_col, unit);
+  }
+  if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype, cols)) return r;
+  if (const giftResult_t r = fetch(index, cache)) return r;
+  return decode_band(e, *cache, Band{row, 1, first_col, cols}, dst, dst_dtype, decoder_);
 }
 
 giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
@@ -599,7 +649,7 @@ giftResult_t FrameReader::decode(size_t index, void* dst, uint64_t dst_bytes, gi
 giftResult_t FrameReader::verify_all() const {
   // Every section is read (checksum, decompression) and every code decoded, in bands of rows
   // whose output stays small however many elements a frame claims.
-  constexpr uint64_t kBandElems = uint64_t(1) << 22;
+  constexpr uint64_t kBandElems = uint64_t(1) << 18;
   std::vector<float> out;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorEntry& e = tensors_[i];
@@ -617,14 +667,22 @@ giftResult_t FrameReader::verify_all() const {
       }
       continue;
     }
-    const uint64_t unit = e.params.layout == GIFT_SCALE_TENSOR ? e.rows : row_unit(e);
+    // Bands of whole rows; where a tile's rows exceed the budget, single rows; where a row
+    // does, parts of it (tensors in GIFT coordinates too: their codes are decoded as coded).
+    const uint64_t unit = row_unit(e) * e.cols <= kBandElems ? row_unit(e) : 1;
     const uint64_t band = band_rows(unit, e.cols, kBandElems);
+    const uint64_t g = group_cols(e);
+    const uint64_t part = e.cols <= kBandElems ? e.cols : std::max(g, kBandElems / g * g);
+    out.resize(e.cols <= kBandElems ? band * e.cols : part);
     for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {
       const uint64_t rows = std::min(band, e.rows - r0);
-      out.resize(rows * e.cols);
-      if (const giftResult_t r =
-              decode_band(e, c, r0, rows, out.data(), GIFT_DTYPE_F32, &giftDecode))
-        return r;
+      for (uint64_t c0 = 0; c0 < e.cols; c0 += part) {
+        const Band b =
+            rows > 1 ? Band{r0, rows, 0, e.cols} : Band{r0, 1, c0, std::min(part, e.cols - c0)};
+        if (const giftResult_t r = decode_band(e, c, b, out.data(), GIFT_DTYPE_F32, &giftDecode))
+          return r;
+        if (rows > 1) break;
+      }
     }
   }
   if (const fb::Section* s = header_->basis()) {

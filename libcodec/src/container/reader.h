@@ -93,14 +93,29 @@ class FrameReader {
       return codes_window.get(at, n, bytes);
     }
   };
+  // A part of a tensor's rows x cols view: whole rows [row, row + rows), or with rows = 1,
+  // columns [col, col + cols) of one row.
+  struct Band {
+    uint64_t row, rows, col, cols;
+  };
   // Rows [first_row, first_row + rows) of the rows x cols view, as decode() gives them.
-  // first_row must be a multiple of row_unit(). The tensor's sections are checked when
-  // `cache` does not hold them yet (a compressed one expanded into it).
+  // first_row must be a multiple of row_unit(), or the rows lie within one such unit (a tile's
+  // rows). The tensor's sections are checked when `cache` does not hold them yet (a
+  // compressed one expanded into it).
   giftResult_t decode_rows(size_t index, uint64_t first_row, uint64_t rows, void* dst,
                            uint64_t dst_bytes, giftDType_t dst_dtype, bool coded_values,
                            SectionCache* cache) const;
+  // Columns [first_col, first_col + cols) of one row, as decode() gives them: rows too long
+  // for one buffer. first_col must be a multiple of col_unit(), which a tensor in GIFT
+  // coordinates does not have (its inverse transform takes whole rows).
+  giftResult_t decode_row_part(size_t index, uint64_t row, uint64_t first_col, uint64_t cols,
+                               void* dst, uint64_t dst_bytes, giftDType_t dst_dtype,
+                               SectionCache* cache) const;
   // Where a band of rows may start: a tile's height, or any row.
   static uint64_t row_unit(const TensorEntry& e);
+  // Where a part of a row may start: a block's or a tile's width, or any column; 0 for a
+  // tensor in GIFT coordinates (whole rows only).
+  static uint64_t col_unit(const TensorEntry& e);
 
   // The embedded basis frame's bytes, or size 0 when there is none.
   giftResult_t embedded_basis(std::vector<uint8_t>* scratch, const uint8_t** bytes,
@@ -118,10 +133,10 @@ class FrameReader {
   giftResult_t fetch(size_t index, SectionCache* cache) const;
   giftResult_t checksum_ok(const fb::Section* s, const std::string& what) const;
   giftResult_t checksum_is(uint64_t sum, const fb::Section* s, const std::string& what) const;
-  giftResult_t decode_band(const TensorEntry& e, SectionCache& c, uint64_t r0, uint64_t n,
-                           void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
-  giftResult_t decode_codes(const TensorEntry& e, SectionCache& c, uint64_t r0, uint64_t n,
-                            void* dst, giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
+  giftResult_t decode_band(const TensorEntry& e, SectionCache& c, const Band& b, void* dst,
+                           giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
+  giftResult_t decode_codes(const TensorEntry& e, SectionCache& c, const Band& b, void* dst,
+                            giftDType_t dst_dtype, decltype(&giftDecode) decoder) const;
   static std::string codes_name(const TensorEntry& e);
   static const uint8_t* aligned_scales(const TensorEntry& e, const uint8_t* scales,
                                        std::vector<uint8_t>* scratch);

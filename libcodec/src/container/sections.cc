@@ -245,7 +245,8 @@ giftResult_t SectionWindow::get(uint64_t at, uint64_t n, const uint8_t** bytes) 
       return fail(GIFT_ERROR_DECOMPRESSION, "%s: zstd: short output", s.what.c_str());
     }
   }
-  s.window.resize(n);
+  // The window keeps what it holds past at + n: the stream is past it, and a later call for
+  // those bytes (a part of what an earlier call asked) finds them there.
   *bytes = s.window.data();
   // The last bytes: the stream must end there, as zstd's one-shot decoder checks.
   while (at + n == s.raw_length && !s.ended) {
