@@ -31,7 +31,7 @@ const LowRankPlusDiagonal& model() {
     FitOptions o;
     o.exact_max_dim = 0;  // randomized: the exact path at 3456 would dominate set-up
     LowRankPlusDiagonal f;
-    fit_low_rank(gradient_second_moment(w.data(), kOut, kIn), kIn, o, &f);
+    fit_low_rank(gradient_second_moment(w.data(), GIFT_DTYPE_F32, kOut, kIn), kIn, o, &f);
     return f;
   }();
   return m;
@@ -76,7 +76,7 @@ void fit_at(benchmark::State& state, uint32_t exact_max_dim) {
   std::normal_distribution<double> nd;
   std::vector<float> w(uint64_t(1024) * d);
   for (float& x : w) x = float(nd(gen));
-  const std::vector<double> a = gradient_second_moment(w.data(), 1024, d);
+  const std::vector<double> a = gradient_second_moment(w.data(), GIFT_DTYPE_F32, 1024, d);
   FitOptions o;
   o.exact_max_dim = exact_max_dim;
   for (auto _ : state) {

@@ -152,8 +152,8 @@ void write_gift_coords(const std::string& dir) {
   fo.rank = 8;
   gift::coords::LowRankPlusDiagonal fit;
   check(gift::coords::fit_low_rank(
-      gift::coords::gradient_second_moment(w.data(), rows, uint32_t(cols)), uint32_t(cols), fo,
-      &fit));
+      gift::coords::gradient_second_moment(w.data(), GIFT_DTYPE_F32, rows, uint32_t(cols)),
+      uint32_t(cols), fo, &fit));
   gift::coords::Basis basis;
   gift::coords::BasisEntry e;
   e.name = "mlp.down_proj.weight";

@@ -434,7 +434,8 @@ TEST_F(CudaCodec, SecondMomentMatchesTheCpu) {
   std::normal_distribution<float> n;
   std::vector<float> w(rows * dim);
   for (float& x : w) x = n(gen);
-  const std::vector<double> cpu = gift::coords::gradient_second_moment(w.data(), rows, dim);
+  const std::vector<double> cpu =
+      gift::coords::gradient_second_moment(w.data(), GIFT_DTYPE_F32, rows, dim);
   DeviceBuffer<float> dw, da;
   CUDA_CHECK(dw.Alloc(w.size()));
   CUDA_CHECK(dw.Upload(w));

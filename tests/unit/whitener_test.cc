@@ -23,6 +23,7 @@
 #include "coords/low_rank_element.h"
 #include "coords/select.h"
 #include "gift/gift.h"
+#include "gift/gift_basis.h"
 #include "unit/edited.h"
 
 namespace gift::coords {
@@ -62,6 +63,43 @@ std::vector<double> dense(const Model& m, uint32_t dim) {
       a[uint64_t(i) * dim + j] = s;
     }
   return a;
+}
+
+// A gradient's second moment W^T W / rows, taken in bands of rows from bf16 input, against
+// the sums written out in long double: within a few ulps of double, the bands' seams
+// included (2000 rows of 600 are two bands of 1747 and 253 rows).
+TEST(SecondMoment, BandsOfBf16RowsGiveTheExactSumsToDoublePrecision) {
+  const uint64_t rows = 2000;
+  const uint32_t dim = 600;
+  std::mt19937 gen(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> w(rows * dim);
+  std::vector<double> wd(w.size());
+  for (size_t k = 0; k < w.size(); ++k) {
+    const float x = nd(gen) * std::ldexp(1.0f, int(k % 7) - 3);
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    w[k] = uint16_t(b >> 16);  // truncated to bf16: the value is then exact
+    const uint32_t back = uint32_t(w[k]) << 16;
+    float v;
+    std::memcpy(&v, &back, 4);
+    wd[k] = v;
+  }
+  std::vector<double> a(uint64_t(dim) * dim);
+  ASSERT_EQ(giftGradientSecondMoment(w.data(), GIFT_DTYPE_BF16, rows, dim, a.data()), GIFT_OK)
+      << giftGetLastErrorMessage();
+  for (uint32_t i = 0; i < dim; i += 7) {
+    for (uint32_t j = 0; j < dim; j += 5) {
+      long double sum = 0, mag = 0;
+      for (uint64_t r = 0; r < rows; ++r) {
+        sum += (long double)wd[r * dim + i] * wd[r * dim + j];
+        mag += std::fabs((long double)wd[r * dim + i] * wd[r * dim + j]);
+      }
+      const double want = double(sum / rows), tol = double(mag / rows) * 1e-13;
+      ASSERT_NEAR(a[uint64_t(i) * dim + j], want, tol) << i << ", " << j;
+      ASSERT_EQ(a[uint64_t(i) * dim + j], a[uint64_t(j) * dim + i]) << i << ", " << j;
+    }
+  }
 }
 
 TEST(Whitener, WhitensAHatAndInvertsExactly) {
@@ -255,7 +293,9 @@ TEST(Whitener, SyntheticGradientsWhereTheFrameMustWin) {
   const std::vector<float> w = synthetic(rows, dim, 0.01, 11);
   FitOptions fo;  // r = 32, relative damping 1e-3
   LowRankPlusDiagonal fit;
-  ASSERT_EQ(fit_low_rank(gradient_second_moment(w.data(), rows, dim), dim, fo, &fit), GIFT_OK);
+  ASSERT_EQ(
+      fit_low_rank(gradient_second_moment(w.data(), GIFT_DTYPE_F32, rows, dim), dim, fo, &fit),
+      GIFT_OK);
   Whitener t;
   ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
   DenseWhitener ref;
@@ -368,7 +408,8 @@ TEST(Select, ChosenFrameIsNeverWorseBeyondTheSamplingError) {
       LowRankPlusDiagonal fit;
       FitOptions fo;
       fo.damping = 1.0;
-      ASSERT_EQ(fit_low_rank(gradient_second_moment(other.data(), rows, dim), dim, fo, &fit),
+      ASSERT_EQ(fit_low_rank(gradient_second_moment(other.data(), GIFT_DTYPE_F32, rows, dim), dim,
+                             fo, &fit),
                 GIFT_OK);
       Whitener t;
       ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);

@@ -212,10 +212,8 @@ giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t
     if (rows == 0 || cols == 0 || cols > UINT32_MAX || rows > UINT64_MAX / cols)
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape %llux%llu has no second moment",
                   (unsigned long long)rows, (unsigned long long)cols);
-    std::vector<float> v(rows * cols);
-    gift::convert_elements(w, dtype, v.data(), GIFT_DTYPE_F32, v.size());
     const std::vector<double> m =
-        gift::coords::gradient_second_moment(v.data(), rows, uint32_t(cols));
+        gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols));
     std::memcpy(a, m.data(), m.size() * sizeof(double));
     return GIFT_OK;
   });

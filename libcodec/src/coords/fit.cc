@@ -8,6 +8,8 @@
 #include <random>
 
 #include "common/error.h"
+#include "numerics/convert.h"
+#include "numerics/shapes.h"
 
 namespace gift::coords {
 namespace {
@@ -102,10 +104,22 @@ giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
   return GIFT_OK;
 }
 
-std::vector<double> gradient_second_moment(const float* w, uint64_t rows, uint32_t dim) {
-  std::vector<double> wd(w, w + rows * dim), a(uint64_t(dim) * dim, 0.0);
-  cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(rows), 1.0 / double(rows),
-              wd.data(), int(dim), 0.0, a.data(), int(dim));
+std::vector<double> gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows,
+                                           uint32_t dim) {
+  // Bands of rows of about kBandElems elements, widened (exactly) and added in turn: memory
+  // for one band, not a double copy of the gradient.
+  constexpr uint64_t kBandElems = uint64_t(1) << 20;
+  const uint64_t band = std::max<uint64_t>(1, kBandElems / dim);
+  std::vector<float> wf(std::min(band, rows) * dim);
+  std::vector<double> wd(wf.size()), a(uint64_t(dim) * dim, 0.0);
+  const uint8_t* src = static_cast<const uint8_t*>(w);
+  for (uint64_t r0 = 0; r0 < rows; r0 += band) {
+    const uint64_t n = std::min(band, rows - r0);
+    convert_elements(src + r0 * dim * dtype_size(dtype), dtype, wf.data(), GIFT_DTYPE_F32, n * dim);
+    std::copy(wf.begin(), wf.begin() + ptrdiff_t(n * dim), wd.begin());
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(n), 1.0 / double(rows),
+                wd.data(), int(dim), r0 ? 1.0 : 0.0, a.data(), int(dim));
+  }
   for (uint32_t i = 0; i < dim; ++i)
     for (uint32_t j = 0; j < i; ++j) a[uint64_t(i) * dim + j] = a[uint64_t(j) * dim + i];
   return a;

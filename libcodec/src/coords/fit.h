@@ -37,7 +37,9 @@ giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitO
 giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
                     LowRankPlusDiagonal* fit);
 
-// A_g = W^T W / rows for a rows x dim gradient (the case without activation statistics).
-std::vector<double> gradient_second_moment(const float* w, uint64_t rows, uint32_t dim);
+// A_g = W^T W / rows for a rows x dim gradient of any input dtype (the case without
+// activation statistics), in double.
+std::vector<double> gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows,
+                                           uint32_t dim);
 
 }  // namespace gift::coords
