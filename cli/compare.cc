@@ -74,8 +74,8 @@ class Source {
       return;
     }
     const gift::io::TensorRef& t = file_.tensors[i];
-    check(giftConvert(t.data + (r0 * entries_[i].cols + c0) * giftDTypeSize(t.dtype), t.dtype, out,
-                      GIFT_DTYPE_F32, count));
+    check(giftConvert(t.data() + (r0 * entries_[i].cols + c0) * giftDTypeSize(t.dtype), t.dtype,
+                      out, GIFT_DTYPE_F32, count));
   }
 
  private:

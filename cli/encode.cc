@@ -34,11 +34,12 @@ struct EncodeOptions {
 void refuse_nonfinite(const gift::io::TensorRef& t, const std::string& file) {
   const uint64_t n = t.elements();
   const size_t width = giftDTypeSize(t.dtype);
+  const uint8_t* data = t.data();
   std::vector<float> chunk(4096);
   uint64_t count = 0, first = 0;
   for (uint64_t i0 = 0; i0 < n; i0 += chunk.size()) {
     const uint64_t m = std::min<uint64_t>(chunk.size(), n - i0);
-    check(giftConvert(t.data + i0 * width, t.dtype, chunk.data(), GIFT_DTYPE_F32, m), file);
+    check(giftConvert(data + i0 * width, t.dtype, chunk.data(), GIFT_DTYPE_F32, m), file);
     for (uint64_t k = 0; k < m; ++k) {
       if (!std::isfinite(chunk[k]) && count++ == 0) first = i0 + k;
     }
@@ -158,9 +159,9 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     if (!fp8 && !o.keep_nonfinite) refuse_nonfinite(t, o.input);
     const giftResult_t r =
         fp8 ? giftFrameWriterAddTensorInBasis(w.get(), t.name.c_str(), t.shape.data(), ndim,
-                                              t.dtype, t.data, &tp, basis.get(), &select, &chosen)
+                                              t.dtype, t.data(), &tp, basis.get(), &select, &chosen)
             : giftFrameWriterAddTensor(w.get(), t.name.c_str(), t.shape.data(), ndim, t.dtype,
-                                       t.data, nullptr);
+                                       t.data(), nullptr);
     check(r, o.input);
     in_bytes += t.bytes;
     quantized += fp8;

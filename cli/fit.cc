@@ -65,7 +65,7 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
     const gift::io::TensorRef* t = find(dumps[k], name);
     if (!t || !eligible(*t)) continue;
     std::vector<double> ak(t->shape[1] * t->shape[1]);
-    check(giftGradientSecondMoment(t->data, t->dtype, t->shape[0], t->shape[1], ak.data()),
+    check(giftGradientSecondMoment(t->data(), t->dtype, t->shape[0], t->shape[1], ak.data()),
           o.inputs[k] + ": tensor '" + name + "'");
     if (a.empty()) {
       a = std::move(ak);

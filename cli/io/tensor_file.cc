@@ -124,12 +124,35 @@ std::string stem_of(const std::string& path) {
 
 void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
              const std::string& tensor_name, TensorFile* out) {
-  TensorRef t{tensor_name, {}, GIFT_DTYPE_F32, nullptr, 0};
+  TensorRef t{tensor_name, {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}};
   uint64_t offset = 0;
   parse_npy_header(b, size, where, &t.shape, &t.dtype, &offset);
-  t.data = b + offset;
+  t.mapped = b + offset;
   t.bytes = size - offset;
   out->tensors.push_back(std::move(t));
+}
+
+// Inflates a deflated member's raw bytes [skip, skip + n) into dst (the bytes before skip
+// thrown away); false on bad deflate data.
+bool inflate_member(const uint8_t* deflated, uint64_t csize, uint64_t skip, uint8_t* dst,
+                    uint64_t n) {
+  z_stream z{};
+  if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
+    throw giftc::Failure(giftc::kIoError, "zlib init failed");
+  z.next_in = const_cast<Bytef*>(deflated);
+  z.avail_in = uInt(csize);
+  std::vector<uint8_t> head(std::max<uint64_t>(1, skip));
+  z.next_out = head.data();
+  z.avail_out = uInt(skip);
+  int rc = skip ? inflate(&z, Z_SYNC_FLUSH) : Z_OK;
+  if (rc == Z_OK && z.total_out == skip) {
+    z.next_out = dst;
+    z.avail_out = uInt(n);
+    rc = inflate(&z, Z_FINISH);
+  }
+  const bool ok = rc == Z_STREAM_END && z.total_out == skip + n;
+  inflateEnd(&z);
+  return ok;
 }
 
 // One member of a ZIP archive as its central directory and local header describe it.
@@ -221,23 +244,21 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
       // hostile archive could ask for up to 4 GiB here; deflate cannot expand more than
       // about 1032:1, so cap it by that.
       if (m.usize / 1032 > m.csize + 1) bad(path, "member '" + m.name + "': impossible size");
-      auto buf = std::shared_ptr<uint8_t>(new uint8_t[m.usize ? m.usize : 1],
-                                          std::default_delete<uint8_t[]>());
-      z_stream z{};
-      if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
-        throw giftc::Failure(giftc::kIoError, "zlib init failed");
-      z.next_in = const_cast<Bytef*>(b + m.data);
-      z.avail_in = uInt(m.csize);
-      z.next_out = buf.get();
-      z.avail_out = uInt(m.usize);
-      const int rc = inflate(&z, Z_FINISH);
-      const uint64_t produced = z.total_out;
-      inflateEnd(&z);
-      if (rc != Z_STREAM_END || produced != m.usize)
+      // Inflated once here to check it (one member held at a time), and again when the
+      // tensor is asked for (TensorRef::data), so that the file's members are not all held.
+      std::vector<uint8_t> buf(m.usize ? m.usize : 1);
+      if (!inflate_member(b + m.data, m.csize, 0, buf.data(), m.usize))
         bad(path, "member '" + m.name + "': bad deflate data");
-      check_crc(buf.get(), m.usize);
-      out->storage.push_back(buf);
-      add_npy(buf.get(), m.usize, where, tensor, out);
+      check_crc(buf.data(), m.usize);
+      add_npy(buf.data(), m.usize, where, tensor, out);
+      TensorRef& t = out->tensors.back();
+      const uint8_t* deflated = b + m.data;
+      const uint64_t csize = m.csize, skip = m.usize - t.bytes, n = t.bytes;
+      t.mapped = nullptr;
+      t.fetch = [deflated, csize, skip, n](uint8_t* dst) {
+        if (!inflate_member(deflated, csize, skip, dst, n))
+          throw giftc::Failure(giftc::kIoError, "a deflated member changed while read");
+      };
     } else {
       bad(path, "member '" + m.name + "': unsupported ZIP compression method " +
                     std::to_string(m.method));
@@ -320,11 +341,25 @@ uint64_t product(const std::vector<uint64_t>& shape) {
 }  // namespace
 
 uint64_t TensorRef::elements() const { return product(shape); }
+
+const uint8_t* TensorRef::data() const {
+  // An empty tensor's address is a word of its own: aligned, and not null.
+  static const uint64_t kEmpty = 0;
+  if (mapped) return mapped;
+  if (!fetch || bytes == 0) return reinterpret_cast<const uint8_t*>(&kEmpty);
+  if (fetched->tensor != index) {
+    fetched->tensor = SIZE_MAX;
+    fetched->words.assign((bytes + 7) / 8, 0);
+    fetch(reinterpret_cast<uint8_t*>(fetched->words.data()));
+    fetched->tensor = index;
+  }
+  return reinterpret_cast<const uint8_t*>(fetched->words.data());
+}
 uint64_t TensorHeader::elements() const { return product(shape); }
 
 std::vector<float> widen_to_float(const TensorRef& t) {
   std::vector<float> out(t.elements());
-  if (giftConvert(t.data, t.dtype, out.data(), GIFT_DTYPE_F32, out.size()) != GIFT_OK)
+  if (giftConvert(t.data(), t.dtype, out.data(), GIFT_DTYPE_F32, out.size()) != GIFT_OK)
     throw giftc::Failure(giftc::kBadInput, "tensor '" + t.name + "': " + giftGetLastErrorMessage());
   return out;
 }
@@ -388,7 +423,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
         !t.contains("data_offsets")) {
       bad(name, tn + "needs dtype, shape and data_offsets");
     }
-    TensorRef ref{it.key(), {}, GIFT_DTYPE_F32, nullptr, 0};
+    TensorRef ref{it.key(), {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}};
     if (!t["dtype"].is_string() || !dtype_of_name(t["dtype"].get<std::string>(), &ref.dtype)) {
       bad(name, tn + "unsupported dtype " + t["dtype"].dump() + " (supported: F32, BF16, F16)");
     }
@@ -416,7 +451,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
       bad(name, tn + "data_offsets hold " + std::to_string(end - begin) +
                     " bytes, shape and dtype need " + std::to_string(n * giftDTypeSize(ref.dtype)));
     }
-    ref.data = base + begin;
+    ref.mapped = base + begin;
     ref.bytes = end - begin;
     extents.push_back({begin, end});
     out->tensors.push_back(std::move(ref));
@@ -445,16 +480,20 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
 }
 
 // libgift reads elements of their own size at aligned addresses; a tensor that lies at an
-// odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside. An
-// empty one gets a word of its own: an aligned address that is not null.
+// odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside
+// when it is asked for, into the file's one buffer for such tensors.
 void align_data(TensorFile* f) {
-  for (TensorRef& t : f->tensors) {
+  const auto fetched = std::make_shared<FetchedTensor>();
+  for (size_t i = 0; i < f->tensors.size(); ++i) {
+    TensorRef& t = f->tensors[i];
+    t.index = i;
+    t.fetched = fetched;
     const uint64_t width = giftDTypeSize(t.dtype);
-    if (reinterpret_cast<uintptr_t>(t.data) % width == 0) continue;
-    auto copy = std::make_shared<std::vector<uint64_t>>(std::max<uint64_t>(1, (t.bytes + 7) / 8));
-    std::memcpy(copy->data(), t.data, t.bytes);
-    t.data = reinterpret_cast<const uint8_t*>(copy->data());
-    f->storage.push_back(copy);
+    if (!t.mapped || reinterpret_cast<uintptr_t>(t.mapped) % width == 0) continue;
+    const uint8_t* src = t.mapped;
+    const uint64_t n = t.bytes;
+    t.mapped = nullptr;
+    t.fetch = [src, n](uint8_t* dst) { std::memcpy(dst, src, n); };
   }
 }
 

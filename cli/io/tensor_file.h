@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,14 +14,29 @@
 
 namespace gift::io {
 
+// The one buffer of a file in which those of its tensors that cannot be read in place are
+// made, one at a time: memory for its largest such tensor, not for the file.
+struct FetchedTensor {
+  size_t tensor = SIZE_MAX;     // whose bytes it holds
+  std::vector<uint64_t> words;  // 8-byte aligned
+};
+
 struct TensorRef {
   std::string name;
   std::vector<uint64_t> shape;
   giftDType_t dtype;
-  const uint8_t* data;  // little-endian, C order; owned by the TensorFile
+  const uint8_t* mapped;  // the bytes in place (aligned), or null where `fetch` makes them
   uint64_t bytes;
+  size_t index = 0;  // in its file
+  // Where mapped is null (a deflated .npz member, a tensor at an odd offset of its file):
+  // writes the `bytes` bytes at dst, into the file's one buffer.
+  std::function<void(uint8_t* dst)> fetch;
+  std::shared_ptr<FetchedTensor> fetched;
 
   uint64_t elements() const;
+  // Its little-endian elements in C order at an aligned address, valid while the file is
+  // held and, for a fetched tensor, until another tensor of the file is asked for.
+  const uint8_t* data() const;
 };
 
 // A set of named tensors and free key/value metadata, with the storage they point into.

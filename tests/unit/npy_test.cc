@@ -204,11 +204,11 @@ TEST(Npy, TensorsAtOddAddressesAreAligned) {
         << shape;
     ASSERT_EQ(f.tensors.size(), 1u);
     const gift::io::TensorRef& t = f.tensors[0];
-    EXPECT_NE(t.data, nullptr) << shape;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 4, 0u) << shape;
+    EXPECT_NE(t.data(), nullptr) << shape;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 4, 0u) << shape;
     ASSERT_EQ(t.bytes, data.size());
     if (!data.empty()) {
-      EXPECT_EQ(std::memcmp(t.data, data.data(), data.size()), 0) << shape;
+      EXPECT_EQ(std::memcmp(t.data(), data.data(), data.size()), 0) << shape;
     }
   }
 }
