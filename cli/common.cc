@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "io/tensor_file.h"
@@ -290,14 +292,30 @@ std::string scratch_dir(const std::string& output) {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : output.substr(0, slash);
 }
 
-OutputPtr open_output(const std::string& path, bool to_stdout, bool sync, bool replace) {
+OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace) {
   giftOutput* out = nullptr;
-  check(to_stdout ? giftOutputOpenFd(STDOUT_FILENO, path.c_str(), &out)
-                  : giftOutputOpenFile(path.c_str(), &out));
+  check(fd >= 0 ? giftOutputOpenFd(fd, path.c_str(), &out)
+                : giftOutputOpenFile(path.c_str(), &out));
   OutputPtr owned(out, giftOutputFree);
   check(giftOutputSetSync(out, sync));
   check(giftOutputSetReplace(out, replace));
   return owned;
+}
+
+bool is_device(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+}
+
+int open_device(const std::string& path, bool force) {
+  if (!is_device(path)) return -1;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) throw Failure(kIoError, path + ": cannot open: " + std::strerror(errno));
+  if (::isatty(fd) && !force) {
+    ::close(fd);
+    throw Failure(kUsage, path + ": not writing binary data to a terminal (or -f)");
+  }
+  return fd;
 }
 
 void add_threads_option(CLI::App* command, int* threads) {
@@ -317,7 +335,7 @@ void add_fsync_flag(CLI::App* command, bool* fsync) {
 
 void write_output(const std::string& path, const void* data, uint64_t size, bool sync,
                   bool replace) {
-  const OutputPtr out = open_output(path, false, sync, replace);
+  const OutputPtr out = open_output(path, -1, sync, replace);
   check(giftOutputReserve(out.get(), size));
   check(giftOutputWrite(out.get(), data, size));
   check(giftOutputCommit(out.get()));

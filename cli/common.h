@@ -119,7 +119,13 @@ using OutputPtr = std::unique_ptr<giftOutput, decltype(&giftOutputFree)>;
 // as cp, gzip and zstd leave their outputs to the kernel's writeback. Without -f (`replace`
 // false) it takes the name only if the name is still free then: check_output looked before
 // the work, and a file made there meanwhile is kept (the command fails).
-OutputPtr open_output(const std::string& path, bool to_stdout, bool sync, bool replace);
+OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace);
+
+// A character device or a FIFO named as the output (/dev/null, a named pipe), which a rename
+// cannot replace: opened for writing, to be written as standard output is (fd for
+// open_output); -1 where `path` is no such thing. A terminal is refused unless forced.
+int open_device(const std::string& path, bool force);
+bool is_device(const std::string& path);
 
 // `size` bytes as the file `path`, through open_output.
 void write_output(const std::string& path, const void* data, uint64_t size, bool sync,

@@ -69,7 +69,8 @@ Target target_of(const DecodeOptions& o) {
   } else if (!o.format.empty()) {
     throw Failure(kUsage, "--format: '" + o.format + "' is not safetensors or npy");
   } else {
-    t.kind = t.to_stdout ? gift::io::FileKind::kSafetensors : gift::io::kind_of_path(t.path);
+    t.kind = t.to_stdout || is_device(t.path) ? gift::io::FileKind::kSafetensors
+                                              : gift::io::kind_of_path(t.path);
   }
   if (t.kind != gift::io::FileKind::kSafetensors && t.kind != gift::io::FileKind::kNpy) {
     throw Failure(kUsage, t.path + ": output must be .safetensors or .npy (or give --format)");
@@ -78,14 +79,17 @@ Target target_of(const DecodeOptions& o) {
 }
 
 void run_decode(const DecodeOptions& o, const Verbosity& v) {
-  const Target target = target_of(o);
+  Target target = target_of(o);
+  // Standard output, or a device or FIFO named by -o: written as the bytes come.
+  const int fd = target.to_stdout ? STDOUT_FILENO : open_device(target.path, o.force);
   if (target.to_stdout) {
     if (::isatty(STDOUT_FILENO) && !o.force) {
       throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
     }
-  } else {
+  } else if (fd < 0) {
     check_output(target.path, o.force, {o.input, o.basis});
   }
+  target.to_stdout = fd >= 0;
   const Device device = parse_device(o.device);
   const BasisPtr basis = read_basis(o.basis);
   const FramePtr f = open_frame(o.input);
@@ -117,7 +121,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     headers.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt});
   }
 
-  const OutputPtr out = open_output(target.path, target.to_stdout, o.fsync, o.force);
+  const OutputPtr out = open_output(target.path, fd, o.fsync, o.force);
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()));

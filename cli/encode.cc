@@ -72,14 +72,17 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   }
   // Standard output with -c or -o -, and by default for standard input, as zstd does.
   if (o.to_stdout && !o.output.empty()) throw Failure(kUsage, "-c and -o: give one");
-  const bool to_stdout = o.to_stdout || o.output == "-" || (o.input == "-" && o.output.empty());
-  const std::string out = to_stdout          ? "standard output"
+  const bool std_out = o.to_stdout || o.output == "-" || (o.input == "-" && o.output.empty());
+  const std::string out = std_out            ? "standard output"
                           : o.output.empty() ? o.input + ".gift"
                                              : o.output;
-  if (to_stdout) {
+  // Standard output, or a device or FIFO named by -o: written as the bytes come.
+  const int fd = std_out ? STDOUT_FILENO : open_device(out, o.force);
+  const bool to_stdout = fd >= 0;
+  if (std_out) {
     if (::isatty(STDOUT_FILENO) && !o.force)
       throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
-  } else {
+  } else if (!to_stdout) {
     check_output(out, o.force, {o.input, o.basis});
   }
 
@@ -136,7 +139,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     names[i] = t.name.c_str();
     ndims[i] = uint32_t(t.shape.size());
   }
-  const OutputPtr output = open_output(out, to_stdout, o.fsync, o.force);
+  const OutputPtr output = open_output(out, fd, o.fsync, o.force);
   giftOutput* sink = output.get();
   // A file gets the sections as they are made, its header written in front at the end. The
   // sections wait in the scratch file for a pipe, and where the header's length is known

@@ -69,8 +69,9 @@ class Giftc(unittest.TestCase):
         return dict(os.environ, LD_PRELOAD=built, **env,  # (ASan's runtime then comes second)
                     ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
 
-    def test_outputs_that_are_not_plain_new_files_are_refused(self):
-        # -f replaces an existing regular output only: never a device, a FIFO, a link, an input.
+    def test_outputs_that_are_not_plain_new_files_are_refused_or_written_into(self):
+        # -f replaces an existing regular output only: never a link or an input. A device or
+        # a FIFO is written into as standard output is (as zstd -o /dev/null does).
         src = self.path("in.npy")
         np.save(src, np.ones((4, 64), np.float32))
         fifo, link, target = self.path("fifo"), self.path("link.gift"), self.path("target.gift")
@@ -80,13 +81,24 @@ class Giftc(unittest.TestCase):
         os.symlink(target, link)
         hard = self.path("hard.npy")
         os.link(src, hard)
-        for out, why in (("/dev/null", "not a regular file"), (fifo, "not a regular file"),
-                         (link, "not a regular file"), (src, "is the input"),
+        for out, why in ((link, "not a regular file"), (src, "is the input"),
                          (hard, "is the input")):
             r = run("encode", src, "-o", out, "-f")
             self.assertEqual(r.returncode, 1, out)
             self.assertIn(why, r.stderr)
+        self.assertEqual(run("encode", src, "-o", "/dev/null", "-q").returncode, 0)
         self.assertTrue(os.path.exists("/dev/null") and not os.path.isfile("/dev/null"))
+        import threading
+
+        want = subprocess.run([GIFTC, "encode", src, "-c", "-q"], capture_output=True).stdout
+        got = []
+        reader = threading.Thread(target=lambda: got.append(pathlib.Path(fifo).read_bytes()))
+        reader.start()
+        r = run("encode", src, "-o", fifo, "-q")
+        reader.join(timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(got, [want])
+        self.assertFalse(os.path.isfile(fifo))
         with open(target, "rb") as f:
             self.assertEqual(f.read(), b"keep")
         self.assertTrue(os.path.islink(link))
