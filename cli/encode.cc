@@ -165,6 +165,10 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
                                               t.dtype, t.data(), &tp, basis.get(), &select, &chosen)
             : giftFrameWriterAddTensor(w.get(), t.name.c_str(), t.shape.data(), ndim, t.dtype,
                                        t.data(), nullptr);
+    if (r == GIFT_ERROR_NONFINITE_INPUT) {  // as refuse_nonfinite says it of lossless ones
+      throw Failure(kBadInput,
+                    o.input + ": " + giftGetLastErrorMessage() + " (--keep-nonfinite stores them)");
+    }
     check(r, o.input);
     in_bytes += t.bytes;
     quantized += fp8;

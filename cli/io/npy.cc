@@ -104,6 +104,7 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
       i += fortran ? 4 : 5;
     } else {
       if (!take('(')) bad(name, "'shape' is not a tuple");
+      bool comma = false;  // after the last dimension: (N) is a number, (N,) a 1-tuple
       while (!take(')')) {
         if (at('-')) bad(name, "negative dimension in 'shape'");
         if (i >= h.size() || h[i] < '0' || h[i] > '9')
@@ -118,8 +119,11 @@ void parse_npy_header(const uint8_t* b, uint64_t size, const std::string& name,
         overflow = overflow || (d && count > UINT64_MAX / d);
         count = overflow ? 0 : count * d;
         out->shape.push_back(d);
-        if (!take(',') && !at(')')) bad(name, "unreadable 'shape'");
+        comma = take(',');
+        if (!comma && !at(')')) bad(name, "unreadable 'shape'");
       }
+      if (out->shape.size() == 1 && !comma)
+        bad(name, "'shape' is a number in parentheses, not a tuple (one dimension is (N,))");
     }
     if (!take(',') && !at('}')) bad(name, "header dict not closed with '}'");
   }

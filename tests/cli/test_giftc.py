@@ -1156,7 +1156,8 @@ class Giftc(unittest.TestCase):
         np.save(nan, x)
         r = run("encode", nan)
         self.assertEqual(r.returncode, 2)
-        self.assertIn("1 non-finite value in the input, the first at index 69 (row 2, column 5)", r.stderr)
+        self.assertIn("1 non-finite value in the input, the first at index 69 (row 2, column 5)"
+                      " (--keep-nonfinite stores them)", r.stderr)
         self.assertFalse(any(f.startswith("nan.npy.gift") for f in os.listdir(self.dir)), os.listdir(self.dir))
         self.assertEqual(run("encode", nan, "--keep-nonfinite").returncode, 0)
         with open(a + ".gift", "rb") as f:

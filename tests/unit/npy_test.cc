@@ -144,6 +144,11 @@ TEST(Npy, RejectsBadInputWithAPreciseMessage) {
        "t.npy: not a supported .npy file: negative dimension in 'shape'"},
       {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, x), }", {}),
        "t.npy: not a supported .npy file: non-integer dimension in 'shape'"},
+      // Python reads (2) as the number 2, which numpy refuses as a shape; (2,) and (2, 1)
+      // are tuples.
+      {npy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2), }", floats({1, 2})),
+       "t.npy: not a supported .npy file: 'shape' is a number in parentheses, not a tuple "
+       "(one dimension is (N,))"},
       // Python reads a key given twice as its last value ('<f2' here), a search its first.
       {npy(1, "{'descr': '<f4', 'descr': '<f2', 'fortran_order': False, 'shape': (2,), }",
            floats({1, 2})),

@@ -34,7 +34,8 @@ double a_quadratic(const float* x, uint64_t rows, uint64_t cols, const float* a)
 void finish_ratios(giftErrorMetrics* m) {
   const double rr = m->sum_ref_sq, aa = m->sum_approx_sq, ee = m->sum_err_sq;
   m->rel_l2 = rr > 0 ? std::sqrt(ee / rr) : (ee > 0 ? INFINITY : 0.0);
-  m->cosine = (rr > 0 && aa > 0) ? m->sum_dot / std::sqrt(rr * aa) : (rr == aa ? 1.0 : 0.0);
+  m->cosine = (rr > 0 && aa > 0) ? std::clamp(m->sum_dot / std::sqrt(rr * aa), -1.0, 1.0)
+                                 : (rr == aa ? 1.0 : 0.0);
   m->bias = m->count ? m->sum_err / double(m->count) : 0.0;
 }
 
