@@ -762,6 +762,55 @@ TEST(Streaming, SingleRowsAndPartsOfRowsDecodeAsTheWholeTensor) {
   }
 }
 
+// A row longer than the writer's band (2^20 elements) goes through the encoder in parts; its
+// codes and scales are the in-memory encoder's for the whole tensor, blocks cut short at
+// the row's end, one scale for the tensor, and stochastic rounding (counted by element)
+// included; and the frame decodes to giftDecode's values.
+TEST(Streaming, RowsLongerThanABandEncodeAsTheWholeTensor) {
+  const uint64_t rows = 2, cols = (uint64_t(1) << 20) + 1000;
+  const std::vector<float> x = values(rows * cols, 8);
+  const std::string dir = temp_dir();  // a scratch folder: the writer then encodes in bands
+  for (const giftScaleLayout_t layout : {GIFT_SCALE_BLOCK, GIFT_SCALE_TENSOR}) {
+    for (const giftRounding_t rounding : {GIFT_ROUND_NEAREST, GIFT_ROUND_STOCHASTIC}) {
+      SCOPED_TRACE(std::string(layout == GIFT_SCALE_BLOCK ? "blocks" : "tensor") +
+                   (rounding == GIFT_ROUND_NEAREST ? ", nearest" : ", stochastic"));
+      giftQuantParams p;
+      giftQuantParamsInit(&p);
+      p.layout = layout;
+      p.rounding = rounding;
+      p.block = 32;
+      uint64_t scale_bytes = 0;
+      ASSERT_EQ(giftScaleBytes(&p, rows, cols, &scale_bytes), GIFT_OK);
+      std::vector<uint8_t> codes(rows * cols), scales(scale_bytes);
+      ASSERT_EQ(giftEncode(nullptr, &p, x.data(), GIFT_DTYPE_F32, rows, cols, codes.data(),
+                           scales.data(), scale_bytes, nullptr),
+                GIFT_OK);
+      giftFrameWriter* w = nullptr;
+      ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+      ASSERT_EQ(giftFrameWriterSetScratchDir(w, dir.c_str()), GIFT_OK);
+      const uint64_t shape[] = {rows, cols};
+      ASSERT_EQ(giftFrameWriterAddTensor(w, "w", shape, 2, GIFT_DTYPE_F32, x.data(), &p), GIFT_OK)
+          << giftGetLastErrorMessage();
+      void* bytes = nullptr;
+      uint64_t size = 0;
+      ASSERT_EQ(giftFrameWriterFinish(w, &bytes, &size), GIFT_OK) << giftGetLastErrorMessage();
+      giftFrameWriterFree(w);
+      giftFrame* f = nullptr;
+      ASSERT_EQ(giftFrameOpen(bytes, size, &f), GIFT_OK);
+      const uint8_t* fc = nullptr;
+      const void* fs = nullptr;
+      uint64_t fs_bytes = 0;
+      ASSERT_EQ(giftFrameTensorData(f, 0, &fc, &fs, &fs_bytes), GIFT_OK);
+      ASSERT_EQ(fs_bytes, scale_bytes);
+      EXPECT_EQ(std::memcmp(fc, codes.data(), codes.size()), 0);
+      EXPECT_EQ(std::memcmp(fs, scales.data(), scale_bytes), 0);
+      giftFrameClose(f);
+      giftFree(bytes);
+    }
+  }
+  ::rmdir(dir.c_str());
+}
+
 // Decodes rows [r0, r0 + n) of tensor i of f into a scratch buffer.
 giftResult_t decode_band(giftFrame* f, uint64_t i, uint64_t r0, uint64_t n, uint64_t cols) {
   std::vector<float> band(n * cols);

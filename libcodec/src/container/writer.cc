@@ -256,9 +256,17 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const uint64_t rows = t->shape.rows, cols = t->shape.cols;
   const uint64_t unit = p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1;
   const uint64_t band = band_rows(unit, cols, kBandElems);
+  // A row longer than a band, of blocks or under the tensor's one scale, goes to the CPU
+  // encoder in parts of whole blocks: memory for a part of it, not the row (a vector stored
+  // as one row of 2^30 elements, say). Rows of a scale each, tiles and another encoder take
+  // whole rows.
+  const bool parts = cols > kBandElems && encoder_ == &giftEncode &&
+                     (p.layout == GIFT_SCALE_BLOCK || p.layout == GIFT_SCALE_TENSOR);
+  const uint64_t group = p.layout == GIFT_SCALE_BLOCK ? p.block : 1;
+  const uint64_t part = parts ? std::max(group, kBandElems / group * group) : cols;
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
-  std::vector<uint8_t> codes(std::min(rows, band) * cols), scales(scale_bytes);
+  std::vector<uint8_t> codes(parts ? part : std::min(rows, band) * cols), scales(scale_bytes);
   // Non-finite input fails after the census of every band, so the message counts them all.
   giftQuantParams kept = p;
   kept.nonfinite = GIFT_NONFINITE_KEEP;
@@ -298,27 +306,45 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     const uint64_t piece = encoder_ == &giftEncode && p.layout == GIFT_SCALE_BLOCK
                                ? band_rows(unit, cols, kPieceElems * uint64_t(thread_count(&ctx_)))
                                : band;
+    // m rows of w columns from element `first` of the tensor, at `at`, into piece_codes.
+    const auto encode_piece = [&](uint64_t first, const void* at, uint64_t m, uint64_t w,
+                                  uint8_t* piece_codes) {
+      uint64_t piece_scales = 0;
+      giftScaleBytes(&kept, m, w, &piece_scales);
+      giftEncodeStats st;
+      origin.first_element = first;
+      uint8_t* piece_scale = scales.data() + scales_at;
+      const giftResult_t r = encoder_ == &giftEncode
+                                 ? encode_tensor(&ctx_, kept, at, data_dtype, m, w, piece_codes,
+                                                 piece_scale, &st, origin)
+                                 : encoder_(&ctx_, &kept, at, data_dtype, m, w, piece_codes,
+                                            piece_scale, piece_scales, &st);
+      if (r) return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
+      // The CPU encoder's statistics are of these same elements.
+      const bool seen = encoder_ == &giftEncode && st.nonfinite_count == 0;
+      census.add(at, data_dtype, first, m * w, seen ? &st.amax : nullptr);
+      merge_stats(&t->stats, st, first);
+      if (p.layout != GIFT_SCALE_TENSOR) scales_at += piece_scales;  // else the same again
+      return GIFT_OK;
+    };
+    const uint64_t size = dtype_size(data_dtype);
     return for_each_band([&](uint64_t r0, uint64_t n, const void* src) {
+      const uint8_t* bytes = static_cast<const uint8_t*>(src);
+      if (parts) {  // n is 1: the row's parts in turn, each put as it is made
+        for (uint64_t c0 = 0; c0 < cols; c0 += part) {
+          const uint64_t w = std::min(part, cols - c0);
+          if (const giftResult_t r =
+                  encode_piece(r0 * cols + c0, bytes + c0 * size, 1, w, codes.data()))
+            return r;
+          if (const giftResult_t r = put(codes.data(), w)) return r;
+        }
+        return GIFT_OK;
+      }
       for (uint64_t k0 = 0; k0 < n; k0 += piece) {
         const uint64_t m = std::min(piece, n - k0);
-        const void* at = static_cast<const uint8_t*>(src) + k0 * cols * dtype_size(data_dtype);
-        uint64_t piece_scales = 0;
-        giftScaleBytes(&kept, m, cols, &piece_scales);
-        giftEncodeStats st;
-        origin.first_element = (r0 + k0) * cols;
-        uint8_t* piece_scale = scales.data() + scales_at;
-        uint8_t* piece_codes = codes.data() + k0 * cols;
-        const giftResult_t r = encoder_ == &giftEncode
-                                   ? encode_tensor(&ctx_, kept, at, data_dtype, m, cols,
-                                                   piece_codes, piece_scale, &st, origin)
-                                   : encoder_(&ctx_, &kept, at, data_dtype, m, cols, piece_codes,
-                                              piece_scale, piece_scales, &st);
-        if (r) return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
-        // The CPU encoder's statistics are of these same elements.
-        const bool seen = encoder_ == &giftEncode && st.nonfinite_count == 0;
-        census.add(at, data_dtype, (r0 + k0) * cols, m * cols, seen ? &st.amax : nullptr);
-        merge_stats(&t->stats, st, (r0 + k0) * cols);
-        if (p.layout != GIFT_SCALE_TENSOR) scales_at += piece_scales;  // else the same again
+        if (const giftResult_t r = encode_piece((r0 + k0) * cols, bytes + k0 * cols * size, m, cols,
+                                                codes.data() + k0 * cols))
+          return r;
       }
       return put(codes.data(), n * cols);
     });
