@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -17,6 +18,11 @@ namespace {
 // SIGBUS on the vanished pages. That is an I/O error like any other, reported as one; the
 // output, still unnamed, disappears with the process (or its temporary name is removed).
 extern "C" void input_vanished(int) {
+  // Every thread reading the vanished pages faults: one reports, the others wait for its exit.
+  static std::atomic_flag reported = ATOMIC_FLAG_INIT;
+  if (reported.test_and_set()) {
+    for (;;) ::pause();
+  }
   static const char msg[] =
       "giftc: an input file shrank while it was being read (it is memory-mapped); nothing "
       "was written\n";
