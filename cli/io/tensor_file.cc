@@ -401,6 +401,17 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
                   " levels");
   }
   if (!duplicate.empty()) bad(name, "the header names '" + ascii_escaped(duplicate) + "' twice");
+  if (h.is_discarded()) {
+    // Parsed again for the reason, without the callback (a header this deep was refused).
+    try {
+      const nlohmann::json again = nlohmann::json::parse(b + 8, b + 8 + hlen);
+      (void)again;
+    } catch (const nlohmann::json::parse_error& e) {
+      const bool utf8 = std::strstr(e.what(), "UTF-8") != nullptr;
+      bad(name, std::string("safetensors header is not ") + (utf8 ? "UTF-8" : "valid JSON") +
+                    " (at byte " + std::to_string(e.byte) + " of the header)");
+    }
+  }
   if (h.is_discarded() || !h.is_object()) bad(name, "safetensors header is not a JSON object");
   const uint8_t* base = b + 8 + hlen;
   const uint64_t data_size = size - 8 - hlen;

@@ -1179,7 +1179,8 @@ class Giftc(unittest.TestCase):
             f.write(struct.pack("<Q", 10) + b"not json!!")
         r = run("encode", bad)
         self.assertEqual(r.returncode, 2)
-        self.assertIn("bad.safetensors: safetensors header is not a JSON object", r.stderr)
+        self.assertIn("bad.safetensors: safetensors header is not valid JSON (at byte 2 of the "
+                      "header)", r.stderr)
         junk = self.path("junk.giftb")
         with open(junk, "wb") as f:
             f.write(b"\x89GFT\r\n\x1a\n" + bytes(40))

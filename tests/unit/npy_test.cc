@@ -218,6 +218,27 @@ TEST(Npy, TensorsAtOddAddressesAreAligned) {
   }
 }
 
+// A header that does not parse says why: not UTF-8 (a name in another encoding), or not JSON,
+// and where.
+TEST(Safetensors, HeaderThatDoesNotParseSaysWhyAndWhere) {
+  auto parse_header = [](const std::string& h) {
+    std::vector<uint8_t> b(8);
+    for (size_t i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
+    b.insert(b.end(), h.begin(), h.end());
+    gift::io::TensorFile f;
+    return outcome([&] {
+      gift::io::parse_tensor_file(gift::io::FileKind::kSafetensors, b.data(), b.size(),
+                                  "t.safetensors", "t", &f);
+    });
+  };
+  EXPECT_EQ(parse_header("{\"a\xff\": {}}").message,
+            "t.safetensors: safetensors header is not UTF-8 (at byte 4 of the header)");
+  EXPECT_EQ(parse_header("{\"a\": [}").message,
+            "t.safetensors: safetensors header is not valid JSON (at byte 8 of the header)");
+  EXPECT_EQ(parse_header("[1, 2]").message,
+            "t.safetensors: safetensors header is not a JSON object");
+}
+
 // A header whose JSON nests deeper than any real one (three levels) is refused: printing such a
 // value into a message recursed once per level and overflowed the stack.
 TEST(Safetensors, DeeplyNestedHeaderIsRefused) {
