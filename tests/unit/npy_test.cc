@@ -218,19 +218,21 @@ TEST(Npy, TensorsAtOddAddressesAreAligned) {
   }
 }
 
+// A safetensors file of header h and no data, parsed.
+Outcome parse_header(const std::string& h) {
+  std::vector<uint8_t> b(8);
+  for (size_t i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
+  b.insert(b.end(), h.begin(), h.end());
+  gift::io::TensorFile f;
+  return outcome([&] {
+    gift::io::parse_tensor_file(gift::io::FileKind::kSafetensors, b.data(), b.size(),
+                                "t.safetensors", "t", &f);
+  });
+}
+
 // A header that does not parse says why: not UTF-8 (a name in another encoding), or not JSON,
 // and where.
 TEST(Safetensors, HeaderThatDoesNotParseSaysWhyAndWhere) {
-  auto parse_header = [](const std::string& h) {
-    std::vector<uint8_t> b(8);
-    for (size_t i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
-    b.insert(b.end(), h.begin(), h.end());
-    gift::io::TensorFile f;
-    return outcome([&] {
-      gift::io::parse_tensor_file(gift::io::FileKind::kSafetensors, b.data(), b.size(),
-                                  "t.safetensors", "t", &f);
-    });
-  };
   EXPECT_EQ(parse_header("{\"a\xff\": {}}").message,
             "t.safetensors: safetensors header is not UTF-8 (at byte 4 of the header)");
   EXPECT_EQ(parse_header("{\"a\": [}").message,
@@ -243,16 +245,8 @@ TEST(Safetensors, HeaderThatDoesNotParseSaysWhyAndWhere) {
 // value into a message recursed once per level and overflowed the stack.
 TEST(Safetensors, DeeplyNestedHeaderIsRefused) {
   auto parse_with_dtype_depth = [](size_t depth) {
-    const std::string h = R"({"a":{"dtype":)" + std::string(depth, '[') + std::string(depth, ']') +
-                          R"(,"shape":[],"data_offsets":[0,0]}})";
-    std::vector<uint8_t> b(8);
-    for (size_t i = 0; i < 8; ++i) b[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
-    b.insert(b.end(), h.begin(), h.end());
-    gift::io::TensorFile f;
-    return outcome([&] {
-      gift::io::parse_tensor_file(gift::io::FileKind::kSafetensors, b.data(), b.size(),
-                                  "t.safetensors", "t", &f);
-    });
+    return parse_header(R"({"a":{"dtype":)" + std::string(depth, '[') + std::string(depth, ']') +
+                        R"(,"shape":[],"data_offsets":[0,0]}})");
   };
   const Outcome deep = parse_with_dtype_depth(100000);
   EXPECT_EQ(deep.code, giftc::kBadInput);
