@@ -266,20 +266,24 @@ void check_output(const std::string& path, bool force, const std::vector<std::st
 }
 
 uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget) {
-  return align * std::max<uint64_t>(1, budget / std::max<uint64_t>(1, align * row_size));
+  // budget / row_size / align: without the product, which may wrap.
+  return align * std::max<uint64_t>(1, budget / std::max<uint64_t>(1, row_size) / align);
 }
 
 Pieces::Pieces(uint64_t rows_, uint64_t cols_, uint64_t align_rows, uint64_t align_cols,
                uint64_t budget)
     : rows(rows_), cols(cols_) {
-  if (align_rows * cols <= budget) {
+  const uint64_t c = std::max<uint64_t>(cols, 1);
+  if (align_rows <= budget / c) {
     band = std::min(band_rows(align_rows, cols, budget), std::max<uint64_t>(rows, 1));
   } else if (cols <= budget || align_cols == 0) {
     // Within a tile's rows: bands of a divisor of its height never cross its edge.
-    band = std::max<uint64_t>(1, budget / std::max<uint64_t>(cols, 1));
+    band = std::max<uint64_t>(1, budget / c);
     while (align_rows % band) --band;
   } else {
-    part = std::max(align_cols, budget / align_cols * align_cols);
+    // Whole groups where they fit the budget; else parts of a group, never across its edge.
+    group = align_cols;
+    part = align_cols <= budget ? std::min(cols, budget / align_cols * align_cols) : budget;
   }
 }
 

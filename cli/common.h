@@ -92,6 +92,7 @@ uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget);
 struct Pieces {
   uint64_t rows, cols;          // the tensor
   uint64_t band = 1, part = 0;  // rows per band; columns per part of a row (0: whole rows)
+  uint64_t group = 0;           // parts start at its multiples, or lie within one such group
 
   Pieces(uint64_t rows, uint64_t cols, uint64_t align_rows, uint64_t align_cols, uint64_t budget);
   uint64_t piece_elements() const { return part ? part : band * cols; }
@@ -102,8 +103,13 @@ struct Pieces {
         f(r0, std::min(band, rows - r0), uint64_t(0), cols);
         continue;
       }
-      for (uint64_t c0 = 0; c0 < cols; c0 += part)
-        f(r0, uint64_t(1), c0, std::min(part, cols - c0));
+      // Runs that no part crosses: a group wider than a part, else the whole row.
+      const uint64_t run = group > part ? group : cols;
+      for (uint64_t s0 = 0; s0 < cols; s0 += run) {
+        const uint64_t end = cols - s0 > run ? s0 + run : cols;
+        for (uint64_t c0 = s0; c0 < end; c0 += part)
+          f(r0, uint64_t(1), c0, std::min(part, end - c0));
+      }
     }
   }
 };

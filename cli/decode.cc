@@ -69,8 +69,11 @@ Target target_of(const DecodeOptions& o) {
   } else if (!o.format.empty()) {
     throw Failure(kUsage, "--format: '" + o.format + "' is not safetensors or npy");
   } else {
-    t.kind = t.to_stdout || is_device(t.path) ? gift::io::FileKind::kSafetensors
-                                              : gift::io::kind_of_path(t.path);
+    // A device or a FIFO without an extension (/dev/null) takes safetensors as standard
+    // output does; one named .npy, .npy.
+    t.kind = t.to_stdout ? gift::io::FileKind::kSafetensors : gift::io::kind_of_path(t.path);
+    if (t.kind == gift::io::FileKind::kUnknown && is_device(t.path))
+      t.kind = gift::io::FileKind::kSafetensors;
   }
   if (t.kind != gift::io::FileKind::kSafetensors && t.kind != gift::io::FileKind::kNpy) {
     throw Failure(kUsage, t.path + ": output must be .safetensors or .npy (or give --format)");
@@ -80,16 +83,17 @@ Target target_of(const DecodeOptions& o) {
 
 void run_decode(const DecodeOptions& o, const Verbosity& v) {
   Target target = target_of(o);
-  // Standard output, or a device or FIFO named by -o: written as the bytes come.
-  const int fd = target.to_stdout ? STDOUT_FILENO : open_device(target.path, o.force);
-  if (target.to_stdout) {
+  // Standard output, or a device or FIFO named by -o (opened once the input has been read:
+  // a FIFO blocks until its reader comes): written as the bytes come.
+  const bool std_out = target.to_stdout, to_device = !std_out && is_device(target.path);
+  if (std_out) {
     if (::isatty(STDOUT_FILENO) && !o.force) {
       throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
     }
-  } else if (fd < 0) {
+  } else if (!to_device) {
     check_output(target.path, o.force, {o.input, o.basis});
   }
-  target.to_stdout = fd >= 0;
+  target.to_stdout = std_out || to_device;
   const Device device = parse_device(o.device);
   const BasisPtr basis = read_basis(o.basis);
   const FramePtr f = open_frame(o.input);
@@ -121,6 +125,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     headers.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt});
   }
 
+  const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(target.path, o.force) : -1;
   const OutputPtr out = open_output(target.path, fd, o.fsync, o.force);
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])

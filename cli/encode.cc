@@ -76,9 +76,9 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   const std::string out = std_out            ? "standard output"
                           : o.output.empty() ? o.input + ".gift"
                                              : o.output;
-  // Standard output, or a device or FIFO named by -o: written as the bytes come.
-  const int fd = std_out ? STDOUT_FILENO : open_device(out, o.force);
-  const bool to_stdout = fd >= 0;
+  // Standard output, or a device or FIFO named by -o (opened once the input has been read:
+  // a FIFO blocks until its reader comes): written as the bytes come.
+  const bool to_device = !std_out && is_device(out), to_stdout = std_out || to_device;
   if (std_out) {
     if (::isatty(STDOUT_FILENO) && !o.force)
       throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
@@ -139,6 +139,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     names[i] = t.name.c_str();
     ndims[i] = uint32_t(t.shape.size());
   }
+  const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(out, o.force) : -1;
   const OutputPtr output = open_output(out, fd, o.fsync, o.force);
   giftOutput* sink = output.get();
   // A file gets the sections as they are made, its header written in front at the end. The

@@ -99,6 +99,22 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(got, [want])
         self.assertFalse(os.path.isfile(fifo))
+        # Opened once the input is read: a missing input fails at once, though no reader
+        # comes; and a FIFO named .npy gets .npy, as a file of that name does.
+        r = subprocess.run([GIFTC, "encode", self.path("missing.npy"), "-o", fifo],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        frame, npy_fifo, npy_file = self.path("in.gift"), self.path("f.npy"), self.path("d.npy")
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        self.assertEqual(run("decode", frame, "-o", npy_file, "-q").returncode, 0)
+        os.mkfifo(npy_fifo)
+        got = []
+        reader = threading.Thread(target=lambda: got.append(pathlib.Path(npy_fifo).read_bytes()))
+        reader.start()
+        r = run("decode", frame, "-o", npy_fifo, "-q")
+        reader.join(timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(got, [pathlib.Path(npy_file).read_bytes()])
         with open(target, "rb") as f:
             self.assertEqual(f.read(), b"keep")
         self.assertTrue(os.path.islink(link))
@@ -191,7 +207,8 @@ class Giftc(unittest.TestCase):
                 f.seek(8 + len(js) + k)
                 f.write(struct.pack("<f", 1.0 + k / at))
         want = load_file(src)
-        for args in ([], ["--zstd"], ["--zstd", "--scale", "tile:4096x128"]):
+        for args in ([], ["--zstd"], ["--zstd", "--scale", "tile:4096x128"],
+                     ["--zstd", "--scale", "tile:1x4294967295"]):  # a part within a tile
             frame, out = self.path("rows.gift"), self.path("rows.out.safetensors")
             # encode too takes a row of blocks in parts (24 MiB: a part's codes, the scales,
             # zstd's state; a row's codes are 32 MiB); a tile's rows it takes whole.

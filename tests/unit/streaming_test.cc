@@ -734,15 +734,38 @@ TEST(Streaming, SingleRowsAndPartsOfRowsDecodeAsTheWholeTensor) {
           }
         }
         EXPECT_EQ(parts, whole) << info.name << ": parts of rows";
+        // Parts that start inside a group and end at its edge (a group wider than a buffer),
+        // on the first rows.
+        if (info.col_align > 1) {
+          std::fill(parts.begin(), parts.end(), 0);
+          const uint64_t first = info.col_align / 2 + 1, rows = std::min<uint64_t>(info.rows, 40);
+          for (uint64_t r = 0; r < rows; ++r) {
+            for (uint64_t g0 = 0; g0 < info.cols; g0 += info.col_align) {
+              const uint64_t end = std::min(g0 + info.col_align, info.cols);
+              for (uint64_t c0 = g0; c0 < end; c0 = std::min(c0 == g0 ? g0 + first : end, end)) {
+                const uint64_t n = std::min(c0 == g0 ? first : end - c0, end - c0);
+                ASSERT_EQ(giftFrameDecodeRowPart(
+                              f, i, r, c0, n, parts.data() + (r * info.cols + c0) * w, n * w, dt),
+                          GIFT_OK)
+                    << giftGetLastErrorMessage() << " (row " << r << ", column " << c0 << ")";
+              }
+            }
+          }
+          EXPECT_EQ(std::memcmp(parts.data(), whole.data(), rows * info.cols * w), 0)
+              << info.name << ": parts within groups";
+        }
       }
       float one[64];
       const uint64_t big = 0;  // 4099 x 1100 fp32, FP8
       giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
       ASSERT_EQ(giftFrameTensorInfo(f, big, &info), GIFT_OK);
-      if (info.col_align > 1) {
-        EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 1, 3, one, sizeof one, GIFT_DTYPE_F32),
+      if (info.col_align > 1) {  // across a group's edge, not starting at one
+        const uint64_t c0 = info.col_align - 1;
+        EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, c0, 2, one, sizeof one, GIFT_DTYPE_F32),
                   GIFT_ERROR_INVALID_ARGUMENT);
-        EXPECT_NE(std::string(giftGetLastErrorMessage()).find("column 1 does not start"),
+        EXPECT_NE(std::string(giftGetLastErrorMessage())
+                      .find("columns " + std::to_string(c0) + " to " + std::to_string(c0 + 1) +
+                            " cross the edge of a scale group"),
                   std::string::npos)
             << giftGetLastErrorMessage();
       }

@@ -627,11 +627,12 @@ giftResult_t FrameReader::decode_row_part(size_t index, uint64_t row, uint64_t f
                 "(giftFrameDecodeRowsWithBasis)",
                 name_.c_str(), e.name.c_str());
   }
-  if (first_col % unit) {
+  if (first_col % unit && cols && first_col / unit != (first_col + cols - 1) / unit) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "%s: tensor '%s': column %" PRIu64 " does not start a scale group of %" PRIu64
-                " columns (a part of a row must)",
-                name_.c_str(), e.name.c_str(), first_col, unit);
+                "%s: tensor '%s': columns %" PRIu64 " to %" PRIu64
+                " cross the edge of a "
+                "scale group of %" PRIu64 " columns without starting at one",
+                name_.c_str(), e.name.c_str(), first_col, first_col + cols - 1, unit);
   }
   if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype, cols)) return r;
   if (const giftResult_t r = fetch(index, cache)) return r;
@@ -667,21 +668,33 @@ giftResult_t FrameReader::verify_all() const {
       }
       continue;
     }
-    // Bands of whole rows; where a tile's rows exceed the budget, single rows; where a row
-    // does, parts of it (tensors in GIFT coordinates too: their codes are decoded as coded).
-    const uint64_t unit = row_unit(e) * e.cols <= kBandElems ? row_unit(e) : 1;
-    const uint64_t band = band_rows(unit, e.cols, kBandElems);
-    const uint64_t g = group_cols(e);
-    const uint64_t part = e.cols <= kBandElems ? e.cols : std::max(g, kBandElems / g * g);
-    out.resize(e.cols <= kBandElems ? band * e.cols : part);
+    // Bands of whole rows (within a tile's rows where those exceed the budget: a divisor
+    // of its height); a row longer than the budget in parts, which start at a group's edge
+    // or lie within one group (tensors in GIFT coordinates too: their codes are decoded as
+    // coded). As giftc's decode cuts them (cli/common.h, Pieces).
+    const uint64_t width = std::max<uint64_t>(e.cols, 1), unit = row_unit(e), g = group_cols(e);
+    uint64_t band = 1, part = 0;
+    if (unit <= kBandElems / width) {
+      band = band_rows(unit, e.cols, kBandElems);
+    } else if (e.cols <= kBandElems) {
+      band = kBandElems / width;
+      while (unit % band) --band;
+    } else {
+      part = g <= kBandElems ? std::min(e.cols, kBandElems / g * g) : kBandElems;
+    }
+    out.resize(part ? part : band * e.cols);
+    const uint64_t run = part && g > part ? g : e.cols;
     for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {
-      const uint64_t rows = std::min(band, e.rows - r0);
-      for (uint64_t c0 = 0; c0 < e.cols; c0 += part) {
-        const Band b =
-            rows > 1 ? Band{r0, rows, 0, e.cols} : Band{r0, 1, c0, std::min(part, e.cols - c0)};
+      std::vector<Band> pieces;
+      if (!part) pieces.push_back(Band{r0, std::min(band, e.rows - r0), 0, e.cols});
+      for (uint64_t s0 = 0; part && s0 < e.cols; s0 += run) {
+        const uint64_t end = e.cols - s0 > run ? s0 + run : e.cols;
+        for (uint64_t c0 = s0; c0 < end; c0 += part)
+          pieces.push_back(Band{r0, 1, c0, std::min(part, end - c0)});
+      }
+      for (const Band& b : pieces) {
         if (const giftResult_t r = decode_band(e, c, b, out.data(), GIFT_DTYPE_F32, &giftDecode))
           return r;
-        if (rows > 1) break;
       }
     }
   }

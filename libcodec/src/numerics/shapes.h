@@ -15,8 +15,9 @@ namespace gift {
 // Rows per band when a rows x cols tensor is worked through in pieces: a multiple of `unit`
 // (the rows that share their scales) holding about `budget` elements, at least one unit.
 inline uint64_t band_rows(uint64_t unit, uint64_t cols, uint64_t budget) {
-  const uint64_t per_unit = unit * (cols ? cols : 1);
-  return unit * (budget / per_unit ? budget / per_unit : 1);
+  // budget / cols / unit: budget / (unit * cols) without the product, which may wrap.
+  const uint64_t units = budget / (cols ? cols : 1) / unit;
+  return unit * (units ? units : 1);
 }
 
 // A C caller can pass any integer as an enum, and reading a value outside the enumerators'
