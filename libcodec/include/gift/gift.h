@@ -314,7 +314,8 @@ typedef struct {
   uint64_t rows, cols; /* the rows x cols view decoding works on (giftFrameDecodeRows) */
   uint64_t row_align;  /* where a band of rows may start: a multiple of this */
   uint64_t col_align;  /* where a part of a row may start (giftFrameDecodeRowPart): a multiple
-                          of this; 0 in GIFT coordinates, which decode whole rows only */
+                          of this, or lie inside one such group; 0 in GIFT
+                          coordinates, which decode whole rows only */
 } giftTensorInfo;
 
 #define GIFT_TENSOR_INFO_INIT                                                                      \
@@ -352,7 +353,8 @@ GIFT_API giftResult_t giftFrameDecodeRows(giftFrame* frame, uint64_t index, uint
 /* Columns [first_col, first_col + cols) of row `row` of tensor `index` decoded into dst (cols
  * * size of dst_dtype bytes): the values giftFrameDecodeTensor gives for them, for rows too
  * long for one buffer (a vector is one row). first_col must be a multiple of
- * giftTensorInfo.col_align (a block's or a tile's width; 1 for other layouts and raw tensors).
+ * giftTensorInfo.col_align (a block's or a tile's width; 1 for other layouts and raw tensors),
+ * or the part lie within one such block or tile (for groups wider than a buffer).
  * A tensor in GIFT coordinates (col_align 0) is refused: its inverse transform takes whole
  * rows, giftFrameDecodeRowsWithBasis. Sections are checked and read as by
  * giftFrameDecodeRows, with which calls may alternate: the parts of one row in order, then
