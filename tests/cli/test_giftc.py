@@ -90,14 +90,17 @@ class Giftc(unittest.TestCase):
         self.assertTrue(os.path.exists("/dev/null") and not os.path.isfile("/dev/null"))
         import threading
 
+        def through_fifo(path, *args):  # what giftc writes into the FIFO at path
+            got = []
+            reader = threading.Thread(target=lambda: got.append(pathlib.Path(path).read_bytes()))
+            reader.start()
+            r = run(*args, "-o", path, "-q")
+            reader.join(timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return got
+
         want = subprocess.run([GIFTC, "encode", src, "-c", "-q"], capture_output=True).stdout
-        got = []
-        reader = threading.Thread(target=lambda: got.append(pathlib.Path(fifo).read_bytes()))
-        reader.start()
-        r = run("encode", src, "-o", fifo, "-q")
-        reader.join(timeout=60)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(got, [want])
+        self.assertEqual(through_fifo(fifo, "encode", src), [want])
         self.assertFalse(os.path.isfile(fifo))
         # Opened once the input is read: a missing input fails at once, though no reader
         # comes; and a FIFO named .npy gets .npy, as a file of that name does.
@@ -108,13 +111,8 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
         self.assertEqual(run("decode", frame, "-o", npy_file, "-q").returncode, 0)
         os.mkfifo(npy_fifo)
-        got = []
-        reader = threading.Thread(target=lambda: got.append(pathlib.Path(npy_fifo).read_bytes()))
-        reader.start()
-        r = run("decode", frame, "-o", npy_fifo, "-q")
-        reader.join(timeout=60)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(got, [pathlib.Path(npy_file).read_bytes()])
+        self.assertEqual(through_fifo(npy_fifo, "decode", frame),
+                         [pathlib.Path(npy_file).read_bytes()])
         with open(target, "rb") as f:
             self.assertEqual(f.read(), b"keep")
         self.assertTrue(os.path.islink(link))

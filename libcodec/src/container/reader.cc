@@ -468,6 +468,16 @@ uint64_t group_cols(const TensorEntry& e) {
 
 }  // namespace
 
+namespace {
+
+// Where a band or a part may lie: from an edge of the groups (units) it cuts, or within one
+// group, whose scale it then has alone; n items from `first`.
+bool crosses_an_edge(uint64_t first, uint64_t n, uint64_t unit) {
+  return first % unit && n && first / unit != (first + n - 1) / unit;
+}
+
+}  // namespace
+
 uint64_t FrameReader::col_unit(const TensorEntry& e) {
   return e.fb->coords() == fb::Coords::Gift ? 0 : group_cols(e);
 }
@@ -591,11 +601,10 @@ giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t
                 name_.c_str(), e.name.c_str(), e.rows, rows, first_row);
   }
   const uint64_t unit = row_unit(e);
-  if (first_row % unit && rows && first_row / unit != (first_row + rows - 1) / unit) {
+  if (crosses_an_edge(first_row, rows, unit)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
                 "%s: tensor '%s': rows %" PRIu64 " to %" PRIu64
-                " cross a tile's edge without "
-                "starting at one (tiles of %" PRIu64 " rows)",
+                " cross a tile's edge without starting at one (tiles of %" PRIu64 " rows)",
                 name_.c_str(), e.name.c_str(), first_row, first_row + rows - 1, unit);
   }
   if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype, rows * e.cols))
@@ -627,11 +636,10 @@ giftResult_t FrameReader::decode_row_part(size_t index, uint64_t row, uint64_t f
                 "(giftFrameDecodeRowsWithBasis)",
                 name_.c_str(), e.name.c_str());
   }
-  if (first_col % unit && cols && first_col / unit != (first_col + cols - 1) / unit) {
+  if (crosses_an_edge(first_col, cols, unit)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
                 "%s: tensor '%s': columns %" PRIu64 " to %" PRIu64
-                " cross the edge of a "
-                "scale group of %" PRIu64 " columns without starting at one",
+                " cross the edge of a scale group of %" PRIu64 " columns without starting at one",
                 name_.c_str(), e.name.c_str(), first_col, first_col + cols - 1, unit);
   }
   if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype, cols)) return r;
