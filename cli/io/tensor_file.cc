@@ -410,6 +410,8 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
       const bool utf8 = std::strstr(e.what(), "UTF-8") != nullptr;
       bad(name, std::string("safetensors header is not ") + (utf8 ? "UTF-8" : "valid JSON") +
                     " (at byte " + std::to_string(e.byte) + " of the header)");
+    } catch (const nlohmann::json::exception&) {  // a number past double's range, say
+      bad(name, "safetensors header is not valid JSON (a number out of range)");
     }
   }
   if (h.is_discarded() || !h.is_object()) bad(name, "safetensors header is not a JSON object");

@@ -239,6 +239,9 @@ TEST(Safetensors, HeaderThatDoesNotParseSaysWhyAndWhere) {
             "t.safetensors: safetensors header is not valid JSON (at byte 8 of the header)");
   EXPECT_EQ(parse_header("[1, 2]").message,
             "t.safetensors: safetensors header is not a JSON object");
+  // Not a parse error but nlohmann's out_of_range, which the fuzzer found uncaught.
+  EXPECT_EQ(parse_header("{\"s\": 1e999}").message,
+            "t.safetensors: safetensors header is not valid JSON (a number out of range)");
 }
 
 // A header whose JSON nests deeper than any real one (three levels) is refused: printing such a
