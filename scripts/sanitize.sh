@@ -5,7 +5,8 @@
 #   build is GCC's, so Clang's warnings are checked here too);
 # - Clang under ThreadSanitizer with LLVM's OpenMP runtime, whose Archer tool tells TSan
 #   about OpenMP's barriers and tasks (GCC's libgomp is not instrumented): the tests that run
-#   the codec, the frame writer and reader and the all-reduce's local steps on several threads.
+#   the codec, the frame writer and reader, an output's writes behind, and the all-reduce's
+#   local steps on several threads.
 # SANITIZE_BUILD_DIR picks the folder that holds the two build trees.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -101,7 +102,7 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrument
 export OMP_TOOL_LIBRARIES=$archer
 export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
 run "clang tsan codec and frames on threads" "$clang_tsan/tests/unit_tests" --gtest_brief=1 \
-  --gtest_filter='Codec.*:Ctx.ThreadsDoNotChangeTheBytes:Frame.ThreadsChangeNeitherTheBytesNorTheDecodedValues'
+  --gtest_filter='Codec.*:Ctx.ThreadsDoNotChangeTheBytes:Frame.ThreadsChangeNeitherTheBytesNorTheDecodedValues:Streaming.WritesBehindKeepTheirBytesAndReportTheirFailures'
 run "clang tsan all-reduce local steps on threads" "$clang_tsan/tests/mpi/transport_tests" \
   --gtest_brief=1 \
   --gtest_filter='LocalSteps.CodecThreadsDoNotChangeTheResult:LocalSteps.MessagesAreTheCodecsEncodeOfTheirShards'

@@ -87,10 +87,13 @@ enum class Sink {
 // Tensors larger than the writer's bands (several million elements, rows not a multiple of
 // a band nor of the tile height), a raw vector and an empty tensor, as one frame. For the
 // streamed sinks, *in_place says whether the file streamed to became the frame.
+// `threads`: the writer's (0, its default: every processor, so none free to write behind).
 std::vector<uint8_t> frame_of(const Case& c, const std::string& scratch, const std::string& file,
-                              Sink sink = Sink::kFinish, bool* in_place = nullptr) {
+                              Sink sink = Sink::kFinish, bool* in_place = nullptr,
+                              int threads = 0) {
   giftFrameWriter* w = nullptr;
   EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterSetThreads(w, threads), GIFT_OK);
   EXPECT_EQ(giftFrameWriterSetCompression(w, c.zstd), GIFT_OK);
   if (!scratch.empty()) {
     EXPECT_EQ(giftFrameWriterSetScratchDir(w, scratch.c_str()), GIFT_OK);
@@ -186,6 +189,10 @@ TEST(Streaming, ScratchWriterWritesTheSameBytes) {
       EXPECT_EQ(frame_of(c, scratch, path, Sink::kMisdeclared, &in_place), in_memory);
       EXPECT_FALSE(in_place);
     }
+    // On one thread, with a processor free, the codes are written behind (OutputFile).
+    bool in_place = false;
+    EXPECT_EQ(frame_of(c, "", path, Sink::kStream, &in_place, 1), in_memory);
+    EXPECT_TRUE(in_place);
     giftFrame* f = nullptr;
     ASSERT_EQ(giftFrameOpenFile(path.c_str(), &f), GIFT_OK);
     EXPECT_EQ(giftFrameVerify(f), GIFT_OK);
@@ -1073,6 +1080,47 @@ TEST(Streaming, OutputToADescriptorWritesAsItComes) {
   EXPECT_EQ(::write(fds[1], "d", 1), 1) << "the caller's descriptor stays open";
   ::close(fds[0]);
   ::close(fds[1]);
+}
+
+// Buffers in turn, each refilled as soon as the write of the next one has started: the file
+// holds what each held when it was handed over only if every write_behind waited for the one
+// before, and each call reports the failure of a write behind it, every time.
+TEST(Streaming, WritesBehindKeepTheirBytesAndReportTheirFailures) {
+  const std::string dir = temp_dir(), path = dir + "/behind.bin";
+  std::vector<uint8_t> buffers[2], expected;
+  for (std::vector<uint8_t>& b : buffers) b.resize(3 << 20);
+  {
+    gift::OutputFile out;
+    ASSERT_EQ(out.open(path), GIFT_OK);
+    for (int k = 0; k < 24; ++k) {
+      std::vector<uint8_t>& b = buffers[k % 2];
+      std::fill(b.begin(), b.end(), uint8_t(k + 1));
+      const uint64_t size = b.size() - uint64_t(k) * 4099;
+      expected.insert(expected.end(), b.begin(), b.begin() + int64_t(size));
+      ASSERT_EQ(out.write_behind(b.data(), size), GIFT_OK) << giftGetLastErrorMessage();
+      EXPECT_EQ(out.size(), expected.size());
+    }
+    ASSERT_EQ(out.write("end", 3), GIFT_OK);
+    expected.insert(expected.end(), {'e', 'n', 'd'});
+    ASSERT_EQ(out.commit(), GIFT_OK) << giftGetLastErrorMessage();
+  }
+  EXPECT_TRUE(file_bytes(path) == expected);
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+
+  if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  const int fd = ::open("/dev/full", O_WRONLY);
+  ASSERT_GE(fd, 0);
+  gift::OutputFile full;
+  full.open_fd(fd, "/dev/full");
+  EXPECT_EQ(full.write_behind("x", 1), GIFT_OK);  // under way: its failure comes next
+  for (int call = 0; call < 2; ++call) {
+    EXPECT_EQ(call ? full.commit() : full.write_behind("y", 1), GIFT_ERROR_IO);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("/dev/full: write failed: No space"),
+              std::string::npos)
+        << giftGetLastErrorMessage();
+  }
+  ::close(fd);
 }
 
 TEST(Streaming, FullDiskFailsAndLeavesNothing) {

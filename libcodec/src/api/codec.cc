@@ -67,6 +67,8 @@ int gift::thread_count(const giftCtx* ctx) {
   return std::min(want, procs);
 }
 
+bool gift::spare_processor(const giftCtx* ctx) { return thread_count(ctx) < omp_get_num_procs(); }
+
 namespace {
 
 // Enums are compared as integers: a C caller can pass any value.

@@ -107,6 +107,7 @@ constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
 
 OutputFile::~OutputFile() {
   if (lost_) lost_();
+  (void)settle();
   discard();
 }
 
@@ -138,16 +139,32 @@ void OutputFile::discard() {
   reserved_ = 0;
 }
 
+giftResult_t OutputFile::io_error(const char* what, int err) const {
+  return fail(GIFT_ERROR_IO, "%s: %s: %s", name_.c_str(), what, std::strerror(err));
+}
+
 giftResult_t OutputFile::fail_io(const char* what, int err) {
-  const giftResult_t r = fail(GIFT_ERROR_IO, "%s: %s: %s", name_.c_str(), what, std::strerror(err));
+  const giftResult_t r = io_error(what, err);
   discard();
   return r;
+}
+
+giftResult_t OutputFile::settle() {
+  if (!failed_) {
+    failed_ = behind_.wait();
+    if (!failed_) return GIFT_OK;
+    failure_ = last_message();
+    discard();
+  }
+  return fail(failed_, "%s", failure_.c_str());
 }
 
 void set_unnamed_files_for_test(bool allowed) { unnamed_files_allowed.store(allowed); }
 
 giftResult_t OutputFile::open(const std::string& path) {
+  (void)settle();
   discard();
+  failed_ = GIFT_OK;
   path_ = name_ = path;
   written_ = reserved_ = flushed_ = 0;
   hold_ = UINT64_MAX;
@@ -176,7 +193,9 @@ giftResult_t OutputFile::open(const std::string& path) {
 }
 
 void OutputFile::open_fd(int fd, const std::string& name) {
+  (void)settle();
   discard();
+  failed_ = GIFT_OK;
   fd_ = fd;
   name_ = name;
   written_ = 0;
@@ -184,6 +203,7 @@ void OutputFile::open_fd(int fd, const std::string& name) {
 }
 
 giftResult_t OutputFile::reserve(uint64_t total) {
+  if (const giftResult_t r = settle()) return r;
   if (fd_ < 0 || !owned_ || total <= written_) return GIFT_OK;
   if (::fallocate(fd_, 0, off_t(written_), off_t(total - written_)) == 0) {
     reserved_ = total;
@@ -195,11 +215,28 @@ giftResult_t OutputFile::reserve(uint64_t total) {
 }
 
 giftResult_t OutputFile::write(const void* data, uint64_t size) {
+  if (const giftResult_t r = settle()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
+  written_ += size;
+  if (const giftResult_t r = put_bytes(data, size)) {
+    discard();
+    return r;
+  }
+  return GIFT_OK;
+}
+
+giftResult_t OutputFile::write_behind(const void* data, uint64_t size) {
+  if (const giftResult_t r = settle()) return r;
+  if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
+  written_ += size;
+  return behind_.start([this, data, size] { return put_bytes(data, size); });
+}
+
+// Touches only the descriptor and the writeback's own fields, so that it may run behind.
+giftResult_t OutputFile::put_bytes(const void* data, uint64_t size) {
   int err = 0;
   if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err) != GIFT_OK)
-    return fail_io("write failed", err);
-  written_ += size;
+    return io_error("write failed", err);
   start_writeback();
   return GIFT_OK;
 }
@@ -214,6 +251,7 @@ void OutputFile::start_writeback() {
 }
 
 giftResult_t OutputFile::truncate(uint64_t size) {
+  if (const giftResult_t r = settle()) return r;
   if (!is_file()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not a file", name_.c_str());
   if (!truncate_at(fd_, size)) return fail_io("cannot truncate", errno);
   written_ = size;
@@ -222,6 +260,7 @@ giftResult_t OutputFile::truncate(uint64_t size) {
 }
 
 giftResult_t OutputFile::write_at(uint64_t offset, const void* data, uint64_t size) {
+  if (const giftResult_t r = settle()) return r;
   if (!is_file() || offset + size > written_) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: cannot write there", name_.c_str());
   }
@@ -232,10 +271,12 @@ giftResult_t OutputFile::write_at(uint64_t offset, const void* data, uint64_t si
 }
 
 void OutputFile::allocate_ahead(uint64_t more) {
+  if (settle()) return;  // reported again by the next call that returns a result
   if (is_file()) allocate_past(fd_, written_, more);
 }
 
 giftResult_t OutputFile::restart(int* old_fd) {
+  if (const giftResult_t r = settle()) return r;
   if (!is_file()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not a file", name_.c_str());
   const int fd = fd_;
   if (!unnamed_) ::unlink(temp_.c_str());  // the descriptor keeps the bytes until closed
@@ -251,6 +292,7 @@ giftResult_t OutputFile::restart(int* old_fd) {
 }
 
 giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
+  if (const giftResult_t r = settle()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   loff_t off = loff_t(offset);
   uint64_t left = size;
@@ -285,6 +327,7 @@ giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
 }
 
 giftResult_t OutputFile::commit() {
+  if (const giftResult_t r = settle()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   if (const giftResult_t r = check_not_streaming()) return r;
   if (!owned_) {

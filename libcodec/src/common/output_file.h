@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/background.h"
 #include "gift/gift.h"
 
 namespace gift {
@@ -21,6 +22,11 @@ class SectionFile {
   virtual uint64_t size() const = 0;
   // Appends at the end.
   virtual giftResult_t write(const void* data, uint64_t size) = 0;
+  // The same, perhaps on a background thread: `data` must stay as it is until the next call
+  // on this file returns. Every other call waits for it first (and reports its failure).
+  virtual giftResult_t write_behind(const void* data, uint64_t size) { return write(data, size); }
+  // Waits for a write_behind: its result.
+  virtual giftResult_t settle() { return GIFT_OK; }
   // Drops the bytes from `size` on; the next write goes there.
   virtual giftResult_t truncate(uint64_t size) = 0;
   // Room for `more` bytes past the end, allocated ahead: only a speed-up, so a failure shows
@@ -52,6 +58,9 @@ class OutputFile : public SectionFile {
   // descriptor or a file system that cannot do it.
   giftResult_t reserve(uint64_t total);
   giftResult_t write(const void* data, uint64_t size) override;
+  // write(2) runs on a background thread while the caller makes the next bytes.
+  giftResult_t write_behind(const void* data, uint64_t size) override;
+  giftResult_t settle() override;
   // Appends `size` bytes of the file `fd` from `offset`, in the kernel where it can.
   giftResult_t append_from(int fd, uint64_t offset, uint64_t size);
   // A file only: drops the bytes from `size` on; the next write goes there.
@@ -59,7 +68,10 @@ class OutputFile : public SectionFile {
   // A file only: overwrites bytes already written.
   giftResult_t write_at(uint64_t offset, const void* data, uint64_t size);
   void allocate_ahead(uint64_t more) override;
-  void hold_writeback_from(uint64_t offset) override { hold_ = offset; }
+  void hold_writeback_from(uint64_t offset) override {
+    (void)settle();  // a failure is reported again by the next call that returns one
+    hold_ = offset;
+  }
   // A file only: hands over the descriptor of what was written (unnamed from now on, gone
   // when the caller closes it) in *old_fd and starts the output again, empty.
   giftResult_t restart(int* old_fd);
@@ -84,7 +96,10 @@ class OutputFile : public SectionFile {
   const std::string& name() const { return name_; }
 
  private:
+  giftResult_t io_error(const char* what, int err) const;
   giftResult_t fail_io(const char* what, int err);
+  // write(2) of the bytes after written_ - size, and writeback of what is then complete.
+  giftResult_t put_bytes(const void* data, uint64_t size);
   giftResult_t fail_exists();
   giftResult_t finish_named();
   void discard();
@@ -100,6 +115,9 @@ class OutputFile : public SectionFile {
   uint64_t flushed_ = 0;        // writeback started for [0, flushed_)
   uint64_t hold_ = UINT64_MAX;  // and not from here on
   std::function<void()> lost_;
+  BackgroundJob behind_;           // write_behind's write(2), while nothing else touches the file
+  giftResult_t failed_ = GIFT_OK;  // a write_behind's failure, and its message
+  std::string failure_;
 };
 
 // An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays

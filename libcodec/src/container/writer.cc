@@ -241,11 +241,19 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
   sink_->allocate_ahead(raw_length);
   s->zstd = false;
   s->stored_length = raw_length;
+  // Where a processor is free, each piece is written behind (the next one made meanwhile), as
+  // Put allows; all of them are written before the pieces' buffers go, whatever ends the walk.
+  const bool behind = spare_processor(&ctx_);
+  struct Settled {
+    SectionFile* file;
+    ~Settled() { (void)file->settle(); }
+  } settled{sink_};
   if (const giftResult_t r = pieces([&](const void* p, uint64_t n) {
         sum.update(p, n);
-        return sink_->write(p, n);
+        return behind ? sink_->write_behind(p, n) : sink_->write(p, n);
       }))
     return r;
+  if (const giftResult_t r = sink_->settle()) return r;
   s->checksum = sum.digest();
   return GIFT_OK;
 }
@@ -266,7 +274,11 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const uint64_t part = parts ? std::max(group, kBandElems / group * group) : cols;
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
-  std::vector<uint8_t> codes(parts ? part : std::min(rows, band) * cols), scales(scale_bytes);
+  // Two buffers for the codes, in turn: one is written behind while the next is made (Put).
+  std::vector<uint8_t> codes_in_turn[2], scales(scale_bytes);
+  for (std::vector<uint8_t>& c : codes_in_turn)
+    c.resize(parts ? part : std::min(rows, band) * cols);
+  size_t turn = 0;
   // Non-finite input fails after the census of every band, so the message counts them all.
   giftQuantParams kept = p;
   kept.nonfinite = GIFT_NONFINITE_KEEP;
@@ -333,20 +345,21 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       if (parts) {  // n is 1: the row's parts in turn, each put as it is made
         for (uint64_t c0 = 0; c0 < cols; c0 += part) {
           const uint64_t w = std::min(part, cols - c0);
-          if (const giftResult_t r =
-                  encode_piece(r0 * cols + c0, bytes + c0 * size, 1, w, codes.data()))
+          uint8_t* codes = codes_in_turn[turn ^= 1].data();
+          if (const giftResult_t r = encode_piece(r0 * cols + c0, bytes + c0 * size, 1, w, codes))
             return r;
-          if (const giftResult_t r = put(codes.data(), w)) return r;
+          if (const giftResult_t r = put(codes, w)) return r;
         }
         return GIFT_OK;
       }
+      uint8_t* codes = codes_in_turn[turn ^= 1].data();
       for (uint64_t k0 = 0; k0 < n; k0 += piece) {
         const uint64_t m = std::min(piece, n - k0);
         if (const giftResult_t r = encode_piece((r0 + k0) * cols, bytes + k0 * cols * size, m, cols,
-                                                codes.data() + k0 * cols))
+                                                codes + k0 * cols))
           return r;
       }
-      return put(codes.data(), n * cols);
+      return put(codes, n * cols);
     });
   };
   const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);

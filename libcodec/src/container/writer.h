@@ -131,7 +131,8 @@ class FrameWriter {
   giftResult_t encode_in_bands(Pending* t, const BandAt& band_at, giftDType_t data_dtype,
                                bool* refused);
   giftResult_t check_new_tensor(const std::string& name, giftDType_t dtype) const;
-  // A section's raw bytes, handed in order to `put`.
+  // A section's raw bytes, handed in order to `put`; a piece's bytes stay as they are until
+  // the next put returns (or the walk ends), since put may write them behind.
   using Put = std::function<giftResult_t(const void* data, uint64_t size)>;
   using Pieces = std::function<giftResult_t(const Put& put)>;
   // Stores a section of raw_length bytes in the sink as `pieces` produces them,
