@@ -349,11 +349,16 @@ const uint8_t* TensorRef::data() const {
   if (!fetch || bytes == 0) return reinterpret_cast<const uint8_t*>(&kEmpty);
   if (fetched->tensor != index) {
     fetched->tensor = SIZE_MAX;
-    fetched->words.assign((bytes + 7) / 8, 0);
-    fetch(reinterpret_cast<uint8_t*>(fetched->words.data()));
+    const uint64_t words = (bytes + 7) / 8;
+    if (fetched->capacity < words) {
+      fetched->words.reset();  // the old one goes first: memory for one tensor at a time
+      fetched->words.reset(new uint64_t[words]);
+      fetched->capacity = words;
+    }
+    fetch(reinterpret_cast<uint8_t*>(fetched->words.get()));
     fetched->tensor = index;
   }
-  return reinterpret_cast<const uint8_t*>(fetched->words.data());
+  return reinterpret_cast<const uint8_t*>(fetched->words.get());
 }
 uint64_t TensorHeader::elements() const { return product(shape); }
 

@@ -17,8 +17,11 @@ namespace gift::io {
 // The one buffer of a file in which those of its tensors that cannot be read in place are
 // made, one at a time: memory for its largest such tensor, not for the file.
 struct FetchedTensor {
-  size_t tensor = SIZE_MAX;     // whose bytes it holds
-  std::vector<uint64_t> words;  // 8-byte aligned
+  size_t tensor = SIZE_MAX;  // whose bytes it holds
+  // 8-byte aligned, grown to the largest tensor asked for and never cleared: each fetch
+  // writes all of its tensor's bytes.
+  std::unique_ptr<uint64_t[]> words;
+  uint64_t capacity = 0;  // in words
 };
 
 struct TensorRef {
