@@ -29,6 +29,7 @@
 #include "gift/gift_transport.h"
 #include "numerics/codec.h"
 #include "numerics/convert.h"
+#include "numerics/elementwise.h"
 #include "numerics/fp_env.h"
 #include "numerics/shapes.h"
 #include "numerics/simd.h"
@@ -592,8 +593,12 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
       for (uint64_t i = 0; i < n; ++i) sum[i] += piece[i];
     }
     if (average) {
-      for (uint64_t i = 0; i < n; ++i) sum[i] /= w;
-      if (gift::simd::abs_max_bits(sum, GIFT_DTYPE_F32, n) >= 0x7F800000u) {
+      uint32_t widest = 0;  // the largest sign-cleared quotient: Inf or NaN from 0x7F800000
+      for (uint64_t i = 0; i < n; ++i) {
+        sum[i] /= w;
+        widest = std::max(widest, gift::num::bits_of(sum[i]) & 0x7FFFFFFFu);
+      }
+      if (widest >= 0x7F800000u) {
         for (uint64_t i = 0; i < n; ++i) {
           if (gift::transport::is_finite(sum[i])) continue;
           sum[i] = gift::transport::average_dividing_first(p.world, [&](int s) {
