@@ -287,6 +287,13 @@ Pieces::Pieces(uint64_t rows_, uint64_t cols_, uint64_t align_rows, uint64_t ali
   }
 }
 
+void Pieces::decode(giftFrame* frame, uint64_t index, const giftBasis* basis, uint64_t r0,
+                    uint64_t n, uint64_t c0, uint64_t w, void* dst, giftDType_t dtype) const {
+  const uint64_t bytes = n * w * giftDTypeSize(dtype);
+  check(w == cols ? giftFrameDecodeRowsWithBasis(frame, index, r0, n, basis, dst, bytes, dtype)
+                  : giftFrameDecodeRowPart(frame, index, r0, c0, w, dst, bytes, dtype));
+}
+
 std::string scratch_dir(const std::string& output) {
   if (output.empty()) {
     const char* env = std::getenv("TMPDIR");

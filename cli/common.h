@@ -96,6 +96,11 @@ struct Pieces {
 
   Pieces(uint64_t rows, uint64_t cols, uint64_t align_rows, uint64_t align_cols, uint64_t budget);
   uint64_t piece_elements() const { return part ? part : band * cols; }
+  // The piece (r0, n rows, c0, w columns) that each() gave, of tensor `index` of `frame`,
+  // decoded into dst (room for the piece) as dtype: whole rows through `basis` (those of a
+  // tensor in GIFT coordinates are always whole), or a part of a row.
+  void decode(giftFrame* frame, uint64_t index, const giftBasis* basis, uint64_t r0, uint64_t n,
+              uint64_t c0, uint64_t w, void* dst, giftDType_t dtype) const;
   template <typename F>
   void each(F&& f) const {
     for (uint64_t r0 = 0; r0 < rows; r0 += band) {

@@ -63,14 +63,12 @@ class Source {
   };
   const std::vector<Entry>& entries() const { return entries_; }
 
-  // Rows [r0, r0 + n), or with n = 1 columns [c0, c0 + cols) of row r0.
-  void read(size_t i, uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols, float* out) {
+  // The piece of `pieces` rows [r0, r0 + n), or with n = 1 columns [c0, c0 + cols) of row r0.
+  void read(const Pieces& pieces, size_t i, uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols,
+            float* out) {
     const uint64_t count = n * cols;
     if (frame_) {
-      check(cols == entries_[i].cols ? giftFrameDecodeRowsWithBasis(frame_.get(), i, r0, n, basis_,
-                                                                    out, count * 4, GIFT_DTYPE_F32)
-                                     : giftFrameDecodeRowPart(frame_.get(), i, r0, c0, cols, out,
-                                                              count * 4, GIFT_DTYPE_F32));
+      pieces.decode(frame_.get(), i, basis_, r0, n, c0, cols, out, GIFT_DTYPE_F32);
       return;
     }
     const gift::io::TensorRef& t = file_.tensors[i];
@@ -169,8 +167,8 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     ref_band.resize(pieces.piece_elements());
     dec_band.resize(pieces.piece_elements());
     pieces.each([&](uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols) {
-      ref.read(i, r0, n, c0, cols, ref_band.data());
-      dec.read(it->second, r0, n, c0, cols, dec_band.data());
+      ref.read(pieces, i, r0, n, c0, cols, ref_band.data());
+      dec.read(pieces, it->second, r0, n, c0, cols, dec_band.data());
       giftErrorMetrics part = GIFT_ERROR_METRICS_INIT;
       check(giftComputeErrorMetrics(ref_band.data(), dec_band.data(), n, cols,
                                     a_values.empty() ? nullptr : a_values.data(), &part));

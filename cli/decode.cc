@@ -156,10 +156,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     const giftDType_t dt = headers[i].dtype;
     pieces[i].each([&](uint64_t r0, uint64_t rows, uint64_t c0, uint64_t cols) {
       const uint64_t bytes = rows * cols * giftDTypeSize(dt);
-      check(cols == infos[i].cols
-                ? giftFrameDecodeRowsWithBasis(f.get(), i, r0, rows, basis.get(), buffer.get(),
-                                               bytes, dt)
-                : giftFrameDecodeRowPart(f.get(), i, r0, c0, cols, buffer.get(), bytes, dt));
+      pieces[i].decode(f.get(), i, basis.get(), r0, rows, c0, cols, buffer.get(), dt);
       check(giftOutputWrite(out.get(), buffer.get(), bytes));
     });
     progress.step(i + 1);
