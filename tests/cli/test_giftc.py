@@ -205,12 +205,14 @@ class Giftc(unittest.TestCase):
                 f.seek(8 + len(js) + k)
                 f.write(struct.pack("<f", 1.0 + k / at))
         want = load_file(src)
-        for args in ([], ["--zstd"], ["--zstd", "--scale", "tile:4096x128"],
+        for args in ([], ["--zstd"], ["--zstd", "--scale", "row"],
+                     ["--zstd", "--scale", "tile:4096x128"],
                      ["--zstd", "--scale", "tile:1x4294967295"]):  # a part within a tile
             frame, out = self.path("rows.gift"), self.path("rows.out.safetensors")
-            # encode too takes a row of blocks in parts (24 MiB: a part's codes, the scales,
-            # zstd's state; a row's codes are 32 MiB); a tile's rows it takes whole.
-            tiles = "--scale" in args
+            # encode too takes a row of blocks or of its own scale in parts (24 MiB: a part's
+            # codes, the scales, zstd's state; a row's codes are 32 MiB); a tile's rows it
+            # takes whole.
+            tiles = any(a.startswith("tile:") for a in args)
             r = (run if tiles else run_capped)("encode", src, "-o", frame, "-f", "-q",
                                                "--threads", "1", *args,
                                                **({} if tiles else {"mib": 24}))

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -799,17 +800,22 @@ TEST(Streaming, SingleRowsAndPartsOfRowsDecodeAsTheWholeTensor) {
 // included; and the frame decodes to giftDecode's values.
 TEST(Streaming, RowsLongerThanABandEncodeAsTheWholeTensor) {
   const uint64_t rows = 2, cols = (uint64_t(1) << 20) + 1000;
-  const std::vector<float> x = values(rows * cols, 8);
+  std::vector<float> x = values(rows * cols, 8);
+  x[rows * cols - 5] = 0.5f;                        // the second row's amax, in its last part
+  x[100] = std::numeric_limits<float>::infinity();  // left out of the first row's amax
   const std::string dir = temp_dir();  // a scratch folder: the writer then encodes in bands
-  for (const giftScaleLayout_t layout : {GIFT_SCALE_BLOCK, GIFT_SCALE_TENSOR}) {
+  for (const giftScaleLayout_t layout : {GIFT_SCALE_BLOCK, GIFT_SCALE_ROW, GIFT_SCALE_TENSOR}) {
     for (const giftRounding_t rounding : {GIFT_ROUND_NEAREST, GIFT_ROUND_STOCHASTIC}) {
-      SCOPED_TRACE(std::string(layout == GIFT_SCALE_BLOCK ? "blocks" : "tensor") +
+      SCOPED_TRACE(std::string(layout == GIFT_SCALE_BLOCK ? "blocks"
+                               : layout == GIFT_SCALE_ROW ? "rows"
+                                                          : "tensor") +
                    (rounding == GIFT_ROUND_NEAREST ? ", nearest" : ", stochastic"));
       giftQuantParams p;
       giftQuantParamsInit(&p);
       p.layout = layout;
       p.rounding = rounding;
       p.block = 32;
+      p.nonfinite = GIFT_NONFINITE_KEEP;
       uint64_t scale_bytes = 0;
       ASSERT_EQ(giftScaleBytes(&p, rows, cols, &scale_bytes), GIFT_OK);
       std::vector<uint8_t> codes(rows * cols), scales(scale_bytes);

@@ -264,12 +264,16 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const uint64_t rows = t->shape.rows, cols = t->shape.cols;
   const uint64_t unit = p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1;
   const uint64_t band = band_rows(unit, cols, kBandElems);
-  // A row longer than a band, of blocks or under the tensor's one scale, goes to the CPU
-  // encoder in parts of whole blocks: memory for a part of it, not the row (a vector stored
-  // as one row of 2^30 elements, say). Rows of a scale each, tiles and another encoder take
+  // A row longer than a band, of blocks, under a scale of its own or the tensor's one scale,
+  // goes to the CPU encoder in parts of whole blocks: memory for a part of it, not the row (a
+  // vector stored as one row of 2^30 elements, say). A row's own scale takes a first pass over
+  // the row for its amax, as the tensor's does over the tensor. Tiles and another encoder take
   // whole rows.
-  const bool parts = cols > kBandElems && encoder_ == &giftEncode &&
-                     (p.layout == GIFT_SCALE_BLOCK || p.layout == GIFT_SCALE_TENSOR);
+  const bool parts =
+      cols > kBandElems && encoder_ == &giftEncode &&
+      (p.layout == GIFT_SCALE_BLOCK || p.layout == GIFT_SCALE_ROW || p.layout == GIFT_SCALE_TENSOR);
+  // Every piece writes the group's one scale again: the tensor's, or a row's in parts.
+  const bool shared_scale = p.layout == GIFT_SCALE_TENSOR || (parts && p.layout == GIFT_SCALE_ROW);
   const uint64_t group = p.layout == GIFT_SCALE_BLOCK ? p.block : 1;
   const uint64_t part = parts ? std::max(group, kBandElems / group * group) : cols;
   uint64_t scale_bytes = 0;
@@ -336,13 +340,19 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       const bool seen = encoder_ == &giftEncode && st.nonfinite_count == 0;
       census.add(at, data_dtype, first, m * w, seen ? &st.amax : nullptr);
       merge_stats(&t->stats, st, first);
-      if (p.layout != GIFT_SCALE_TENSOR) scales_at += piece_scales;  // else the same again
+      if (!shared_scale) scales_at += piece_scales;
       return GIFT_OK;
     };
     const uint64_t size = dtype_size(data_dtype);
     return for_each_band([&](uint64_t r0, uint64_t n, const void* src) {
       const uint8_t* bytes = static_cast<const uint8_t*>(src);
       if (parts) {  // n is 1: the row's parts in turn, each put as it is made
+        const bool own_scale = p.layout == GIFT_SCALE_ROW;
+        if (own_scale) {  // the row's amax, over its finite values
+          Census row;
+          row.add(src, data_dtype, r0 * cols, cols);
+          origin.tensor_amax = row.stats.amax;
+        }
         for (uint64_t c0 = 0; c0 < cols; c0 += part) {
           const uint64_t w = std::min(part, cols - c0);
           uint8_t* codes = codes_in_turn[turn ^= 1].data();
@@ -350,6 +360,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
             return r;
           if (const giftResult_t r = put(codes, w)) return r;
         }
+        if (own_scale) scales_at += scale_size(p.scale_dtype);
         return GIFT_OK;
       }
       uint8_t* codes = codes_in_turn[turn ^= 1].data();

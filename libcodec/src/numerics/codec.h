@@ -13,8 +13,9 @@ giftResult_t load_params(const giftQuantParams* in, giftQuantParams* out);
 
 // Where the rows given to encode_tensor lie in a larger tensor they are part of, so that a
 // tensor encoded in bands of rows gets the codes of its encode whole: stochastic rounding's
-// random words count elements from first_element, and under GIFT_SCALE_TENSOR the one scale
-// comes from tensor_amax (the whole tensor's finite amax; negative: the rows' own).
+// random words count elements from first_element, and the scale of a group that reaches past
+// the rows given comes from tensor_amax: under GIFT_SCALE_TENSOR the whole tensor's finite
+// amax, under GIFT_SCALE_ROW for a part of one row the row's (negative: the groups' own).
 struct BandOrigin {
   uint64_t first_element = 0;
   float tensor_amax = -1.0f;
