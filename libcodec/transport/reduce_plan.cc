@@ -233,7 +233,7 @@ giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint
       // counts elements from b.
       (void)gift::encode_tensor(&kOneThread, q, in, GIFT_DTYPE_F32, 1, n,
                                 msg + p.layout.codes_at + b, msg + scales_of(p, b),
-                                &seen[b / kChunk], gift::BandOrigin{b, -1.0f});
+                                &seen[b / kChunk], gift::BandOrigin{b, nullptr});
     } catch (const std::bad_alloc&) {
       out_of_memory = true;
       return;

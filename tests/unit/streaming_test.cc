@@ -798,12 +798,45 @@ TEST(Streaming, SingleRowsAndPartsOfRowsDecodeAsTheWholeTensor) {
 // codes and scales are the in-memory encoder's for the whole tensor, blocks cut short at
 // the row's end, one scale for the tensor, and stochastic rounding (counted by element)
 // included; and the frame decodes to giftDecode's values.
+// A frame writer with a scratch folder, which encodes in bands, gives a tensor the codes and
+// scales of giftEncode of the whole tensor.
+void expect_banded_as_whole(const std::vector<float>& x, uint64_t rows, uint64_t cols,
+                            const giftQuantParams& p, const std::string& dir) {
+  uint64_t scale_bytes = 0;
+  ASSERT_EQ(giftScaleBytes(&p, rows, cols, &scale_bytes), GIFT_OK);
+  std::vector<uint8_t> codes(rows * cols), scales(scale_bytes);
+  ASSERT_EQ(giftEncode(nullptr, &p, x.data(), GIFT_DTYPE_F32, rows, cols, codes.data(),
+                       scales.data(), scale_bytes, nullptr),
+            GIFT_OK);
+  giftFrameWriter* w = nullptr;
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  ASSERT_EQ(giftFrameWriterSetScratchDir(w, dir.c_str()), GIFT_OK);
+  const uint64_t shape[] = {rows, cols};
+  ASSERT_EQ(giftFrameWriterAddTensor(w, "w", shape, 2, GIFT_DTYPE_F32, x.data(), &p), GIFT_OK)
+      << giftGetLastErrorMessage();
+  void* bytes = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(giftFrameWriterFinish(w, &bytes, &size), GIFT_OK) << giftGetLastErrorMessage();
+  giftFrameWriterFree(w);
+  giftFrame* f = nullptr;
+  ASSERT_EQ(giftFrameOpen(bytes, size, &f), GIFT_OK);
+  const uint8_t* fc = nullptr;
+  const void* fs = nullptr;
+  uint64_t fs_bytes = 0;
+  ASSERT_EQ(giftFrameTensorData(f, 0, &fc, &fs, &fs_bytes), GIFT_OK);
+  ASSERT_EQ(fs_bytes, scale_bytes);
+  EXPECT_EQ(std::memcmp(fc, codes.data(), codes.size()), 0);
+  EXPECT_EQ(std::memcmp(fs, scales.data(), scale_bytes), 0);
+  giftFrameClose(f);
+  giftFree(bytes);
+}
+
 TEST(Streaming, RowsLongerThanABandEncodeAsTheWholeTensor) {
   const uint64_t rows = 2, cols = (uint64_t(1) << 20) + 1000;
   std::vector<float> x = values(rows * cols, 8);
   x[rows * cols - 5] = 0.5f;                        // the second row's amax, in its last part
   x[100] = std::numeric_limits<float>::infinity();  // left out of the first row's amax
-  const std::string dir = temp_dir();  // a scratch folder: the writer then encodes in bands
+  const std::string dir = temp_dir();
   for (const giftScaleLayout_t layout : {GIFT_SCALE_BLOCK, GIFT_SCALE_ROW, GIFT_SCALE_TENSOR}) {
     for (const giftRounding_t rounding : {GIFT_ROUND_NEAREST, GIFT_ROUND_STOCHASTIC}) {
       SCOPED_TRACE(std::string(layout == GIFT_SCALE_BLOCK ? "blocks"
@@ -816,33 +849,34 @@ TEST(Streaming, RowsLongerThanABandEncodeAsTheWholeTensor) {
       p.rounding = rounding;
       p.block = 32;
       p.nonfinite = GIFT_NONFINITE_KEEP;
-      uint64_t scale_bytes = 0;
-      ASSERT_EQ(giftScaleBytes(&p, rows, cols, &scale_bytes), GIFT_OK);
-      std::vector<uint8_t> codes(rows * cols), scales(scale_bytes);
-      ASSERT_EQ(giftEncode(nullptr, &p, x.data(), GIFT_DTYPE_F32, rows, cols, codes.data(),
-                           scales.data(), scale_bytes, nullptr),
-                GIFT_OK);
-      giftFrameWriter* w = nullptr;
-      ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
-      ASSERT_EQ(giftFrameWriterSetScratchDir(w, dir.c_str()), GIFT_OK);
-      const uint64_t shape[] = {rows, cols};
-      ASSERT_EQ(giftFrameWriterAddTensor(w, "w", shape, 2, GIFT_DTYPE_F32, x.data(), &p), GIFT_OK)
-          << giftGetLastErrorMessage();
-      void* bytes = nullptr;
-      uint64_t size = 0;
-      ASSERT_EQ(giftFrameWriterFinish(w, &bytes, &size), GIFT_OK) << giftGetLastErrorMessage();
-      giftFrameWriterFree(w);
-      giftFrame* f = nullptr;
-      ASSERT_EQ(giftFrameOpen(bytes, size, &f), GIFT_OK);
-      const uint8_t* fc = nullptr;
-      const void* fs = nullptr;
-      uint64_t fs_bytes = 0;
-      ASSERT_EQ(giftFrameTensorData(f, 0, &fc, &fs, &fs_bytes), GIFT_OK);
-      ASSERT_EQ(fs_bytes, scale_bytes);
-      EXPECT_EQ(std::memcmp(fc, codes.data(), codes.size()), 0);
-      EXPECT_EQ(std::memcmp(fs, scales.data(), scale_bytes), 0);
-      giftFrameClose(f);
-      giftFree(bytes);
+      expect_banded_as_whole(x, rows, cols, p, dir);
+    }
+  }
+  ::rmdir(dir.c_str());
+}
+
+// Tiles whose rows hold more than a band are encoded in bands inside a tile row (the first
+// tile row in two, cut at row 349), their scales from a first pass over the tile row.
+TEST(Streaming, TilesTallerThanABandEncodeAsTheWholeTensor) {
+  const uint64_t rows = 700, cols = 3000;
+  std::vector<float> x = values(rows * cols, 9);
+  x[400 * cols + 2100] = 0.5f;    // tile (0, 3)'s amax, in the tile row's second band
+  x[650 * cols + 2999] = -0.75f;  // tile (1, 4)'s, in the last row
+  x[10 * cols + 20] = std::numeric_limits<float>::quiet_NaN();  // left out of tile (0, 0)'s
+  const std::string dir = temp_dir();
+  for (const giftScaleDType_t scale_dtype : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+    for (const giftRounding_t rounding : {GIFT_ROUND_NEAREST, GIFT_ROUND_STOCHASTIC}) {
+      SCOPED_TRACE(std::string(scale_dtype == GIFT_SCALE_DTYPE_F32 ? "f32" : "e8m0") +
+                   (rounding == GIFT_ROUND_NEAREST ? ", nearest" : ", stochastic"));
+      giftQuantParams p;
+      giftQuantParamsInit(&p);
+      p.layout = GIFT_SCALE_TILE;
+      p.tile_rows = 512;
+      p.tile_cols = 700;
+      p.scale_dtype = scale_dtype;
+      p.rounding = rounding;
+      p.nonfinite = GIFT_NONFINITE_KEEP;
+      expect_banded_as_whole(x, rows, cols, p, dir);
     }
   }
   ::rmdir(dir.c_str());

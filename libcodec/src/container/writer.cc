@@ -262,20 +262,28 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
                                           bool* refused) {
   const giftQuantParams& p = t->params;
   const uint64_t rows = t->shape.rows, cols = t->shape.cols;
+  const bool cpu = encoder_ == &giftEncode;
   const uint64_t unit = p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1;
-  const uint64_t band = band_rows(unit, cols, kBandElems);
+  // Tiles whose rows hold more than a band (unit * cols > kBandElems, without the product)
+  // are taken on the CPU in bands of whole rows inside a tile row; another encoder takes
+  // whole tile rows.
+  const bool inside_tiles = cpu && unit > 1 && unit > kBandElems / std::max<uint64_t>(cols, 1);
+  const uint64_t band = band_rows(inside_tiles ? 1 : unit, cols, kBandElems);
   // A row longer than a band, of blocks, under a scale of its own or the tensor's one scale,
   // goes to the CPU encoder in parts of whole blocks: memory for a part of it, not the row (a
-  // vector stored as one row of 2^30 elements, say). A row's own scale takes a first pass over
-  // the row for its amax, as the tensor's does over the tensor. Tiles and another encoder take
-  // whole rows.
+  // vector stored as one row of 2^30 elements, say). Tiles and another encoder take whole rows.
   const bool parts =
-      cols > kBandElems && encoder_ == &giftEncode &&
+      cols > kBandElems && cpu &&
       (p.layout == GIFT_SCALE_BLOCK || p.layout == GIFT_SCALE_ROW || p.layout == GIFT_SCALE_TENSOR);
-  // Every piece writes the group's one scale again: the tensor's, or a row's in parts.
-  const bool shared_scale = p.layout == GIFT_SCALE_TENSOR || (parts && p.layout == GIFT_SCALE_ROW);
   const uint64_t group = p.layout == GIFT_SCALE_BLOCK ? p.block : 1;
   const uint64_t part = parts ? std::max(group, kBandElems / group * group) : cols;
+  // Where groups reach past a band (the tensor's one scale, a row's own in parts, the tiles of
+  // bands inside a tile row), the rows they cover are a span: a first pass over its bands takes
+  // the groups' amax (BandOrigin), and each band of it writes the span's scales again.
+  const bool reach =
+      p.layout == GIFT_SCALE_TENSOR || (parts && p.layout == GIFT_SCALE_ROW) || inside_tiles;
+  const uint64_t span =
+      !reach || p.layout == GIFT_SCALE_TENSOR ? std::max<uint64_t>(rows, 1) : unit;
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
   // Two buffers for the codes, in turn: one is written behind while the next is made (Put).
@@ -287,39 +295,31 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   giftQuantParams kept = p;
   kept.nonfinite = GIFT_NONFINITE_KEEP;
   Census census;  // each piece's statistics, taken just after it is encoded
-  // The codes as pieces, one band at a time (twice where zstd does not make them smaller).
-  // Each band's rows in turn; a refused band ends the walk with *refused set.
-  const auto for_each_band = [&](const auto& f) {
-    for (uint64_t r0 = 0; r0 < rows; r0 += band) {
-      const uint64_t n = std::min(band, rows - r0);
+  // The bands of rows [first, end) in turn; a refused band ends the walk with *refused set.
+  const auto for_each_band = [&](uint64_t first, uint64_t end, const auto& f) {
+    for (uint64_t r0 = first; r0 < end; r0 += band) {
+      const uint64_t n = std::min(band, end - r0);
       const void* src = band_at(r0, n);
       if (!src) {
         *refused = true;
         return GIFT_OK;
       }
-      if (encoder_ == &giftEncode) map_ahead(src, n * cols * dtype_size(data_dtype));
+      if (cpu) map_ahead(src, n * cols * dtype_size(data_dtype));
       if (const giftResult_t r = f(r0, n, src)) return r;
     }
     return GIFT_OK;
   };
+  // The codes as pieces, one band at a time (twice where zstd does not make them smaller).
   const Pieces encoded = [&](const Put& put) {
     BandOrigin origin;
-    if (p.layout == GIFT_SCALE_TENSOR) {  // the one scale: a first pass for the amax
-      Census whole;
-      const giftResult_t r = for_each_band([&](uint64_t r0, uint64_t n, const void* src) {
-        whole.add(src, data_dtype, r0 * cols, n * cols);
-        return GIFT_OK;
-      });
-      if (r || *refused) return r;
-      origin.tensor_amax = whole.stats.amax;
-    }
+    std::vector<float> span_amax, band_amax;
     census = Census{};
     t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
     uint64_t scales_at = 0;
     // The CPU encoder takes a band of blocks in pieces (kPieceElems); other layouts, whose
     // groups may need a whole band to be shared out among the threads (a row or the tensor
     // split across them), and another encoder take whole bands.
-    const uint64_t piece = encoder_ == &giftEncode && p.layout == GIFT_SCALE_BLOCK
+    const uint64_t piece = cpu && p.layout == GIFT_SCALE_BLOCK
                                ? band_rows(unit, cols, kPieceElems * uint64_t(thread_count(&ctx_)))
                                : band;
     // m rows of w columns from element `first` of the tensor, at `at`, into piece_codes.
@@ -330,29 +330,22 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       giftEncodeStats st;
       origin.first_element = first;
       uint8_t* piece_scale = scales.data() + scales_at;
-      const giftResult_t r = encoder_ == &giftEncode
-                                 ? encode_tensor(&ctx_, kept, at, data_dtype, m, w, piece_codes,
+      const giftResult_t r = cpu ? encode_tensor(&ctx_, kept, at, data_dtype, m, w, piece_codes,
                                                  piece_scale, &st, origin)
                                  : encoder_(&ctx_, &kept, at, data_dtype, m, w, piece_codes,
                                             piece_scale, piece_scales, &st);
       if (r) return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
       // The CPU encoder's statistics are of these same elements.
-      const bool seen = encoder_ == &giftEncode && st.nonfinite_count == 0;
+      const bool seen = cpu && st.nonfinite_count == 0;
       census.add(at, data_dtype, first, m * w, seen ? &st.amax : nullptr);
       merge_stats(&t->stats, st, first);
-      if (!shared_scale) scales_at += piece_scales;
+      if (!reach) scales_at += piece_scales;
       return GIFT_OK;
     };
     const uint64_t size = dtype_size(data_dtype);
-    return for_each_band([&](uint64_t r0, uint64_t n, const void* src) {
+    const auto encode_band = [&](uint64_t r0, uint64_t n, const void* src) {
       const uint8_t* bytes = static_cast<const uint8_t*>(src);
       if (parts) {  // n is 1: the row's parts in turn, each put as it is made
-        const bool own_scale = p.layout == GIFT_SCALE_ROW;
-        if (own_scale) {  // the row's amax, over its finite values
-          Census row;
-          row.add(src, data_dtype, r0 * cols, cols);
-          origin.tensor_amax = row.stats.amax;
-        }
         for (uint64_t c0 = 0; c0 < cols; c0 += part) {
           const uint64_t w = std::min(part, cols - c0);
           uint8_t* codes = codes_in_turn[turn ^= 1].data();
@@ -360,7 +353,6 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
             return r;
           if (const giftResult_t r = put(codes, w)) return r;
         }
-        if (own_scale) scales_at += scale_size(p.scale_dtype);
         return GIFT_OK;
       }
       uint8_t* codes = codes_in_turn[turn ^= 1].data();
@@ -371,7 +363,27 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
           return r;
       }
       return put(codes, n * cols);
-    });
+    };
+    for (uint64_t s0 = 0; s0 < std::max<uint64_t>(rows, 1); s0 += span) {
+      const uint64_t s1 = std::min(rows, s0 + span);
+      if (reach) {  // the span's groups, as one band of it has them (one row of tiles at most)
+        uint64_t groups = 0;
+        giftScaleCount(&kept, std::min(band, s1 - s0), cols, &groups);
+        span_amax.assign(groups, 0.0f);
+        band_amax.resize(groups);
+        const giftResult_t r = for_each_band(s0, s1, [&](uint64_t, uint64_t n, const void* src) {
+          group_amax(&ctx_, kept, src, data_dtype, n, cols, band_amax.data());
+          for (uint64_t g = 0; g < groups; ++g) span_amax[g] = std::max(span_amax[g], band_amax[g]);
+          return GIFT_OK;
+        });
+        if (r || *refused) return r;
+        origin.group_amax = span_amax.data();
+      }
+      if (const giftResult_t r = for_each_band(s0, s1, encode_band)) return r;
+      if (*refused) return GIFT_OK;
+      if (reach) scales_at += span_amax.size() * scale_size(p.scale_dtype);
+    }
+    return GIFT_OK;
   };
   const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);
   if (spilled) return spilled;

@@ -132,9 +132,10 @@ void for_each_row_span(const GroupGrid& grid, const Rect& r, F&& f) {
   for (uint64_t row = r.r0; row < r.r1; ++row) f(row * grid.cols + r.c0, r.c1 - r.c0);
 }
 
-// The amax a group's scale comes from: its own, or the whole tensor's for a band of it.
-float scale_amax(const Census& c, const BandOrigin& origin) {
-  return origin.tensor_amax >= 0.0f ? origin.tensor_amax : c.finite_amax;
+// The amax group g's scale comes from: its own, or over the whole group where it reaches
+// past the rows given (BandOrigin).
+float scale_amax(const Census& c, const BandOrigin& origin, uint64_t g) {
+  return origin.group_amax ? origin.group_amax[g] : c.finite_amax;
 }
 
 // One group entirely on the calling thread.
@@ -144,7 +145,7 @@ Census encode_group(const giftQuantParams& p, const GroupGrid& grid, uint64_t g,
   Census census;
   for_each_row_span(grid, r,
                     [&](uint64_t b, uint64_t n) { census.merge(census_span(src, dtype, b, n)); });
-  const GroupScale gs = make_scale(p, scale_amax(census, origin), scales, g);
+  const GroupScale gs = make_scale(p, scale_amax(census, origin, g), scales, g);
   for_each_row_span(grid, r, [&](uint64_t b, uint64_t n) {
     convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, origin, codes);
   });
@@ -175,7 +176,7 @@ Census encode_group_split(const giftQuantParams& p, const GroupGrid& grid, uint6
   });
   Census census;
   for (const Census& c : parts) census.merge(c);
-  const GroupScale gs = make_scale(p, scale_amax(census, origin), scales, g);
+  const GroupScale gs = make_scale(p, scale_amax(census, origin, g), scales, g);
   parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
     convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, origin, codes);
   });
@@ -291,6 +292,20 @@ giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const v
   }
   const giftEncodeStats seen{total.finite_amax, total.nonfinite, total.first_nonfinite};
   return nonfinite_result(p, seen, cols);
+}
+
+void group_amax(const giftCtx* ctx, const giftQuantParams& p, const void* src,
+                giftDType_t src_dtype, uint64_t rows, uint64_t cols, float* amax) {
+  const GroupGrid grid = group_grid(p, rows, cols);
+  const int64_t groups = static_cast<int64_t>(grid.count());
+#pragma omp parallel for schedule(static) num_threads(thread_count(ctx))
+  for (int64_t g = 0; g < groups; ++g) {
+    Census census;
+    for_each_row_span(grid, grid.rect(uint64_t(g)), [&](uint64_t b, uint64_t n) {
+      census.merge(census_span(src, src_dtype, b, n));
+    });
+    amax[g] = census.finite_amax;
+  }
 }
 
 giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s, uint64_t cols) {

@@ -13,12 +13,13 @@ giftResult_t load_params(const giftQuantParams* in, giftQuantParams* out);
 
 // Where the rows given to encode_tensor lie in a larger tensor they are part of, so that a
 // tensor encoded in bands of rows gets the codes of its encode whole: stochastic rounding's
-// random words count elements from first_element, and the scale of a group that reaches past
-// the rows given comes from tensor_amax: under GIFT_SCALE_TENSOR the whole tensor's finite
-// amax, under GIFT_SCALE_ROW for a part of one row the row's (negative: the groups' own).
+// random words count elements from first_element, and where the groups reach past the rows
+// given (the tensor's one scale, a row's under GIFT_SCALE_ROW taken in parts, the tiles of a
+// band inside a tile row), their scales come from group_amax: each group's finite amax over
+// all its elements (group_amax below), in the order of the scales of the rows given.
 struct BandOrigin {
   uint64_t first_element = 0;
-  float tensor_amax = -1.0f;
+  const float* group_amax = nullptr;  // null: each group's own, from the rows given
 };
 
 // Assumes validated params and buffers of the right sizes; ctx may be null. Statistics and
@@ -26,6 +27,12 @@ struct BandOrigin {
 giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const void* src,
                            giftDType_t src_dtype, uint64_t rows, uint64_t cols, uint8_t* codes,
                            void* scales, giftEncodeStats* stats, const BandOrigin& origin = {});
+
+// Each group's finite amax (NaN and Inf left out; 0 where none) over rows x cols, in the
+// order of its scales: what encode_tensor takes each group's scale from. Where groups reach
+// past these rows, the maxima over several calls are the groups' own (BandOrigin).
+void group_amax(const giftCtx* ctx, const giftQuantParams& p, const void* src,
+                giftDType_t src_dtype, uint64_t rows, uint64_t cols, float* amax);
 
 // What an encode that saw `s` returns under p's non-finite policy: GIFT_OK, or
 // GIFT_ERROR_NONFINITE_INPUT naming the count and the first element (for every encoder).
