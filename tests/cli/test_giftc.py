@@ -172,8 +172,8 @@ class Giftc(unittest.TestCase):
         self.assertIn(b"not both", r.stderr)
 
     def test_memory_does_not_grow_with_a_row(self):
-        # A vector is one row, and a tile's rows one band: encode, decode, compare and
-        # inspect --verify read them in parts, under 8 MiB of private memory (RLIMIT_DATA; compare
+        # A vector is one row, and a tile's rows one band: encode (24 MiB), decode, compare and
+        # inspect --verify take them in parts, under 8 MiB of private memory (RLIMIT_DATA; compare
         # 40), where a row of 256 MiB (a frame of a few KiB, zeros compressed) or a band of
         # 64 MiB would not fit. The tensors hold zeros but one value per 1 MiB, written into a sparse file.
         import resource
@@ -209,13 +209,10 @@ class Giftc(unittest.TestCase):
                      ["--zstd", "--scale", "tile:4096x128"],
                      ["--zstd", "--scale", "tile:1x4294967295"]):  # a part within a tile
             frame, out = self.path("rows.gift"), self.path("rows.out.safetensors")
-            # encode too takes a row of blocks or of its own scale in parts (24 MiB: a part's
-            # codes, the scales, zstd's state; a row's codes are 32 MiB); a tile's rows it
-            # takes whole.
-            tiles = any(a.startswith("tile:") for a in args)
-            r = (run if tiles else run_capped)("encode", src, "-o", frame, "-f", "-q",
-                                               "--threads", "1", *args,
-                                               **({} if tiles else {"mib": 24}))
+            # encode too takes a row in parts and a tile's rows in bands (24 MiB: two parts'
+            # codes, the scales, zstd's state; a row's codes are 32 MiB, a tile row's 16).
+            r = run_capped("encode", src, "-o", frame, "-f", "-q", "--threads", "1", *args,
+                           mib=24)
             self.assertEqual(r.returncode, 0, (args, r.stderr))
             r = run_capped("decode", frame, "-o", out, "-f", "-q", "--threads", "1")
             self.assertEqual(r.returncode, 0, (args, r.stderr))

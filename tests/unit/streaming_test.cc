@@ -837,19 +837,35 @@ TEST(Streaming, RowsLongerThanABandEncodeAsTheWholeTensor) {
   x[rows * cols - 5] = 0.5f;                        // the second row's amax, in its last part
   x[100] = std::numeric_limits<float>::infinity();  // left out of the first row's amax
   const std::string dir = temp_dir();
-  for (const giftScaleLayout_t layout : {GIFT_SCALE_BLOCK, GIFT_SCALE_ROW, GIFT_SCALE_TENSOR}) {
-    for (const giftRounding_t rounding : {GIFT_ROUND_NEAREST, GIFT_ROUND_STOCHASTIC}) {
-      SCOPED_TRACE(std::string(layout == GIFT_SCALE_BLOCK ? "blocks"
-                               : layout == GIFT_SCALE_ROW ? "rows"
-                                                          : "tensor") +
-                   (rounding == GIFT_ROUND_NEAREST ? ", nearest" : ", stochastic"));
-      giftQuantParams p;
-      giftQuantParamsInit(&p);
-      p.layout = layout;
-      p.rounding = rounding;
-      p.block = 32;
-      p.nonfinite = GIFT_NONFINITE_KEEP;
-      expect_banded_as_whole(x, rows, cols, p, dir);
+  // Tiles: whole ones in each part (1 x 50000: parts of 1000000 columns), one part over two
+  // rows of tiles (2 x 64), and tiles wider than a part, the second cut at the row's end
+  // (1 x 1049000: parts of 2^20 and 424 columns, then one of 576).
+  struct Tile {
+    uint32_t rows, cols;
+  };
+  for (const giftScaleLayout_t layout :
+       {GIFT_SCALE_BLOCK, GIFT_SCALE_ROW, GIFT_SCALE_TENSOR, GIFT_SCALE_TILE}) {
+    for (const Tile tile : layout == GIFT_SCALE_TILE
+                               ? std::vector<Tile>{{1, 50000}, {2, 64}, {1, 1049000}}
+                               : std::vector<Tile>{{1, 1}}) {
+      for (const giftRounding_t rounding : {GIFT_ROUND_NEAREST, GIFT_ROUND_STOCHASTIC}) {
+        SCOPED_TRACE(
+            std::string(layout == GIFT_SCALE_BLOCK ? "blocks"
+                        : layout == GIFT_SCALE_ROW ? "rows"
+                        : layout == GIFT_SCALE_TILE
+                            ? "tiles " + std::to_string(tile.rows) + "x" + std::to_string(tile.cols)
+                            : "tensor") +
+            (rounding == GIFT_ROUND_NEAREST ? ", nearest" : ", stochastic"));
+        giftQuantParams p;
+        giftQuantParamsInit(&p);
+        p.layout = layout;
+        p.tile_rows = tile.rows;
+        p.tile_cols = tile.cols;
+        p.rounding = rounding;
+        p.block = 32;
+        p.nonfinite = GIFT_NONFINITE_KEEP;
+        expect_banded_as_whole(x, rows, cols, p, dir);
+      }
     }
   }
   ::rmdir(dir.c_str());

@@ -269,21 +269,27 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   // whole tile rows.
   const bool inside_tiles = cpu && unit > 1 && unit > kBandElems / std::max<uint64_t>(cols, 1);
   const uint64_t band = band_rows(inside_tiles ? 1 : unit, cols, kBandElems);
-  // A row longer than a band, of blocks, under a scale of its own or the tensor's one scale,
-  // goes to the CPU encoder in parts of whole blocks: memory for a part of it, not the row (a
-  // vector stored as one row of 2^30 elements, say). Tiles and another encoder take whole rows.
-  const bool parts =
-      cols > kBandElems && cpu &&
-      (p.layout == GIFT_SCALE_BLOCK || p.layout == GIFT_SCALE_ROW || p.layout == GIFT_SCALE_TENSOR);
-  const uint64_t group = p.layout == GIFT_SCALE_BLOCK ? p.block : 1;
-  const uint64_t part = parts ? std::max(group, kBandElems / group * group) : cols;
-  // Where groups reach past a band (the tensor's one scale, a row's own in parts, the tiles of
-  // bands inside a tile row), the rows they cover are a span: a first pass over its bands takes
-  // the groups' amax (BandOrigin), and each band of it writes the span's scales again.
-  const bool reach =
-      p.layout == GIFT_SCALE_TENSOR || (parts && p.layout == GIFT_SCALE_ROW) || inside_tiles;
+  // A row longer than a band goes to the CPU encoder in parts: memory for a part of it, not
+  // the row (a vector stored as one row of 2^30 elements, say). Parts are whole groups of the
+  // row (blocks, tiles), or lie within one group wider than a part (a row of its own scale, the
+  // tensor's, a wide tile): runs of that group's width that no part crosses. Another encoder
+  // takes whole rows.
+  const uint64_t width = p.layout == GIFT_SCALE_BLOCK  ? p.block
+                         : p.layout == GIFT_SCALE_TILE ? p.tile_cols
+                                                       : std::max<uint64_t>(cols, 1);
+  const bool parts = cpu && cols > kBandElems;
+  const uint64_t part = !parts                ? cols
+                        : width <= kBandElems ? kBandElems / width * width
+                                              : kBandElems;
+  const uint64_t run = parts && width > part ? width : cols;
+  // Where groups reach past a piece (the tensor's one scale, a row's own in parts, a wide
+  // tile's, the tiles of bands inside a tile row), the rows they cover are a span: a first pass
+  // over its bands takes the groups' amax (BandOrigin), and each piece writes its groups' scales
+  // in the span's place.
+  const bool reach = p.layout == GIFT_SCALE_TENSOR || inside_tiles || (parts && width > part);
   const uint64_t span =
       !reach || p.layout == GIFT_SCALE_TENSOR ? std::max<uint64_t>(rows, 1) : unit;
+  const uint64_t scale_width = scale_size(p.scale_dtype);
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
   // Two buffers for the codes, in turn: one is written behind while the next is made (Put).
@@ -322,14 +328,17 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     const uint64_t piece = cpu && p.layout == GIFT_SCALE_BLOCK
                                ? band_rows(unit, cols, kPieceElems * uint64_t(thread_count(&ctx_)))
                                : band;
-    // m rows of w columns from element `first` of the tensor, at `at`, into piece_codes.
-    const auto encode_piece = [&](uint64_t first, const void* at, uint64_t m, uint64_t w,
-                                  uint8_t* piece_codes) {
+    // m rows of w columns from element `first` of the tensor (column c0), at `at`, into
+    // piece_codes.
+    const auto encode_piece = [&](uint64_t first, uint64_t c0, const void* at, uint64_t m,
+                                  uint64_t w, uint8_t* piece_codes) {
       uint64_t piece_scales = 0;
       giftScaleBytes(&kept, m, w, &piece_scales);
       giftEncodeStats st;
       origin.first_element = first;
-      uint8_t* piece_scale = scales.data() + scales_at;
+      const uint64_t g0 = reach ? c0 / width : 0;  // the piece's first group in the span's row
+      origin.group_amax = reach ? span_amax.data() + g0 : nullptr;
+      uint8_t* piece_scale = scales.data() + scales_at + g0 * scale_width;
       const giftResult_t r = cpu ? encode_tensor(&ctx_, kept, at, data_dtype, m, w, piece_codes,
                                                  piece_scale, &st, origin)
                                  : encoder_(&ctx_, &kept, at, data_dtype, m, w, piece_codes,
@@ -346,20 +355,24 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     const auto encode_band = [&](uint64_t r0, uint64_t n, const void* src) {
       const uint8_t* bytes = static_cast<const uint8_t*>(src);
       if (parts) {  // n is 1: the row's parts in turn, each put as it is made
-        for (uint64_t c0 = 0; c0 < cols; c0 += part) {
-          const uint64_t w = std::min(part, cols - c0);
-          uint8_t* codes = codes_in_turn[turn ^= 1].data();
-          if (const giftResult_t r = encode_piece(r0 * cols + c0, bytes + c0 * size, 1, w, codes))
-            return r;
-          if (const giftResult_t r = put(codes, w)) return r;
+        for (uint64_t s0 = 0; s0 < cols; s0 += run) {
+          const uint64_t end = cols - s0 > run ? s0 + run : cols;
+          for (uint64_t c0 = s0; c0 < end; c0 += part) {
+            const uint64_t w = std::min(part, end - c0);
+            uint8_t* codes = codes_in_turn[turn ^= 1].data();
+            if (const giftResult_t r =
+                    encode_piece(r0 * cols + c0, c0, bytes + c0 * size, 1, w, codes))
+              return r;
+            if (const giftResult_t r = put(codes, w)) return r;
+          }
         }
         return GIFT_OK;
       }
       uint8_t* codes = codes_in_turn[turn ^= 1].data();
       for (uint64_t k0 = 0; k0 < n; k0 += piece) {
         const uint64_t m = std::min(piece, n - k0);
-        if (const giftResult_t r = encode_piece((r0 + k0) * cols, bytes + k0 * cols * size, m, cols,
-                                                codes + k0 * cols))
+        if (const giftResult_t r = encode_piece((r0 + k0) * cols, 0, bytes + k0 * cols * size, m,
+                                                cols, codes + k0 * cols))
           return r;
       }
       return put(codes, n * cols);
@@ -377,11 +390,10 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
           return GIFT_OK;
         });
         if (r || *refused) return r;
-        origin.group_amax = span_amax.data();
       }
       if (const giftResult_t r = for_each_band(s0, s1, encode_band)) return r;
       if (*refused) return GIFT_OK;
-      if (reach) scales_at += span_amax.size() * scale_size(p.scale_dtype);
+      if (reach) scales_at += span_amax.size() * scale_width;
     }
     return GIFT_OK;
   };
