@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""giftc at scale against cp, in one run: encode and decode of safetensors dumps, one thread,
-page cache hot, each timed against `cp` of the same input file, and with --fsync against cp
+"""giftc at scale against cp, in one run: encode and decode of safetensors dumps, one codec
+thread (giftc --threads 1: encode then writes its output behind on a second thread where a
+processor is free; run the script under `taskset -c 0` for one processor in all), page cache hot, each timed against `cp` of the same input file, and with --fsync against cp
 followed by `sync` of the copy, with the peak anonymous memory (RssAnon: the process's own
 memory, not the page cache of the files it maps) of each command; and beside each command
 its I/O floor (io_floor, built next to giftc: the same mapping of the input and writes of an
@@ -141,7 +142,8 @@ def main():
     if not a.dir:
         shutil.rmtree(work, ignore_errors=True)
     print(f"giftc {subprocess.run([a.giftc, '--version'], capture_output=True, text=True).stdout.strip()}"
-          f", one thread, page cache hot, median of {a.repeat} interleaved rounds; RssAnon: peak sampled every ms")
+          f", one codec thread on {len(os.sched_getaffinity(0))} processor(s), page cache hot, "
+          f"median of {a.repeat} interleaved rounds; RssAnon: peak sampled every ms")
     print("| dump | frame | cp s | cp+sync s | encode s (x cp) | encode --fsync s (x cp+sync) "
           "| encode RssAnon MiB | decode s (x cp) | decode --fsync s (x cp+sync) "
           "| decode RssAnon MiB | cp RssAnon MiB | encode's I/O floor s (x cp) "
