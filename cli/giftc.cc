@@ -85,6 +85,10 @@ int run(int argc, char** argv) {
   struct sigaction bus = {};
   bus.sa_handler = input_vanished;
   ::sigaction(SIGBUS, &bus, nullptr);
+  // A write past the file-size limit (ulimit -f) fails with EFBIG, reported as any other
+  // failed write, and the unfinished output goes, where SIGXFSZ would end the process (and
+  // its background writer has every signal blocked, so it gets EFBIG already).
+  ::signal(SIGXFSZ, SIG_IGN);
   on_stop_signals();
   CLI::App app("giftc: encode, inspect, decode and compare FP8 gradient dumps (GIFT format)",
                "giftc");

@@ -1,44 +1,59 @@
 #include "common/background.h"
 
-#include <pthread.h>
 #include <signal.h>
+
+#include <atomic>
 
 #include "common/error.h"
 
 namespace gift {
+namespace {
+
+// The thread's own stack: its jobs are write(2) calls and messages, and a default 8 MiB stack
+// counts against RLIMIT_DATA, which callers bound memory with.
+constexpr size_t kStackBytes = size_t(256) << 10;
+
+std::atomic<bool> threads_allowed{true};  // set_background_threads_for_test
+
+}  // namespace
+
+void set_background_threads_for_test(bool allowed) { threads_allowed.store(allowed); }
 
 BackgroundJob::~BackgroundJob() {
-  if (!thread_.joinable()) return;
+  if (!started_) return;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [&] { return !job_; });
     stop_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  pthread_join(thread_, nullptr);
 }
 
 giftResult_t BackgroundJob::start(std::function<giftResult_t()> job) {
   if (const giftResult_t r = wait()) return r;
-  if (!thread_.joinable()) {
+  if (!started_ && !inline_) {
     // Created with every signal blocked, so the thread inherits that mask: SIGINT and the
     // like still reach the threads that handled them before, and a handler never runs here.
     sigset_t all, before;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &before);
-    try {
-      thread_ = std::thread([this] { run(); });
-    } catch (...) {
-      pthread_sigmask(SIG_SETMASK, &before, nullptr);
-      return job();  // no thread to be had: the job runs here
+    pthread_attr_t attr;
+    if (threads_allowed.load(std::memory_order_relaxed) && pthread_attr_init(&attr) == 0) {
+      started_ = pthread_attr_setstacksize(&attr, kStackBytes) == 0 &&
+                 pthread_create(&thread_, &attr, &BackgroundJob::run, this) == 0;
+      pthread_attr_destroy(&attr);
     }
     pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    inline_ = !started_;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = std::move(job);
-    pending_ = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_ = true;
+  if (inline_) {
+    finish(job());
+    return GIFT_OK;
   }
+  job_ = std::move(job);
   changed_.notify_all();
   return GIFT_OK;
 }
@@ -54,19 +69,23 @@ giftResult_t BackgroundJob::wait() {
   return GIFT_OK;
 }
 
-void BackgroundJob::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
+void BackgroundJob::finish(giftResult_t r) {
+  result_ = r;
+  message_ = r ? last_message() : "";
+  job_ = nullptr;
+}
+
+void* BackgroundJob::run(void* self) {
+  BackgroundJob& b = *static_cast<BackgroundJob*>(self);
+  std::unique_lock<std::mutex> lock(b.mutex_);
   for (;;) {
-    changed_.wait(lock, [&] { return job_ || stop_; });
-    if (!job_) return;  // stopped
+    b.changed_.wait(lock, [&] { return b.job_ || b.stop_; });
+    if (!b.job_) return nullptr;  // stopped
     lock.unlock();
-    const giftResult_t r = job_();
-    const std::string message = r ? last_message() : "";
+    const giftResult_t r = b.job_();
     lock.lock();
-    result_ = r;
-    message_ = message;
-    job_ = nullptr;
-    changed_.notify_all();
+    b.finish(r);  // last_message() is this thread's own
+    b.changed_.notify_all();
   }
 }
 

@@ -2,15 +2,20 @@
 // buffer runs there while the caller fills the next (OutputFile::write_behind).
 #pragma once
 
+#include <pthread.h>
+
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "gift/gift.h"
 
 namespace gift {
+
+// Tests reach the path where no thread can be had: with false, jobs of BackgroundJobs that
+// have not started a thread yet run on the caller's thread.
+void set_background_threads_for_test(bool allowed);
 
 class BackgroundJob {
  public:
@@ -23,6 +28,7 @@ class BackgroundJob {
   // Waits for the job before, then starts `job` unless that one failed: then its result, with
   // its message raised again on this thread, and `job` is not run. The thread starts with the
   // first job, with every signal blocked (they go to the caller's threads, as before it).
+  // Where no thread can be had, every job runs here, and its result still comes from wait().
   giftResult_t start(std::function<giftResult_t()> job);
   // Waits for the job in progress: its result, as start gives it. A failure is reported once.
   giftResult_t wait();
@@ -30,9 +36,11 @@ class BackgroundJob {
   bool busy() const { return pending_; }
 
  private:
-  void run();
+  static void* run(void* self);
+  void finish(giftResult_t r);  // with mutex_ held
 
-  std::thread thread_;
+  pthread_t thread_{};
+  bool started_ = false, inline_ = false;  // a thread runs the jobs; none could be had
   std::mutex mutex_;
   std::condition_variable changed_;
   std::function<giftResult_t()> job_;  // set: queued or running

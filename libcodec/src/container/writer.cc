@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "common/error.h"
 #include "common/map_ahead.h"
@@ -208,8 +209,8 @@ bool FrameWriter::bands_apply(const giftQuantParams& p) const {
                    (p.layout != GIFT_SCALE_TENSOR && p.rounding == GIFT_ROUND_NEAREST));
 }
 
-giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
-                                        const Pieces& pieces) {
+giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length, const Pieces& pieces,
+                                        bool behind) {
   if (const giftResult_t r = begin_section(s, sink_)) return r;
   s->raw_length = raw_length;
   if (zstd_level_ > 0 && raw_length) {
@@ -241,12 +242,15 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length,
   sink_->allocate_ahead(raw_length);
   s->zstd = false;
   s->stored_length = raw_length;
-  // Where a processor is free, each piece is written behind (the next one made meanwhile), as
-  // Put allows; all of them are written before the pieces' buffers go, whatever ends the walk.
-  const bool behind = spare_processor(&ctx_);
+  // With `behind`, each piece is written behind (the next one made meanwhile), as Put allows;
+  // all of them are written before the pieces' buffers go, whatever ends the walk (a failure
+  // of that last write changing neither the result nor the message of the one that ended it).
   struct Settled {
     SectionFile* file;
-    ~Settled() { (void)file->settle(); }
+    ~Settled() {
+      const std::string message = last_message();
+      if (file->settle()) fail(GIFT_ERROR_IO, "%s", message.c_str());
+    }
   } settled{sink_};
   if (const giftResult_t r = pieces([&](const void* p, uint64_t n) {
         sum.update(p, n);
@@ -292,11 +296,19 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const uint64_t scale_width = scale_size(p.scale_dtype);
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
-  // Two buffers for the codes, in turn: one is written behind while the next is made (Put).
-  std::vector<uint8_t> codes_in_turn[2], scales(scale_bytes);
-  for (std::vector<uint8_t>& c : codes_in_turn)
-    c.resize(parts ? part : std::min(rows, band) * cols);
+  // Where a processor is free, two buffers for the codes, in turn: one is written behind while
+  // the next is made (Put); not for another encoder's bands, which may be whole tile rows.
+  const uint64_t codes_bytes = parts ? part : std::min(rows, band) * cols;
+  const bool behind = spare_processor(&ctx_) && codes_bytes <= kBandElems;
+  std::unique_ptr<uint8_t[]> codes_in_turn[2];
+  for (int k = 0; k < (behind ? 2 : 1); ++k)
+    codes_in_turn[k].reset(new uint8_t[std::max<uint64_t>(codes_bytes, 1)]);
   size_t turn = 0;
+  const auto next_codes = [&] {
+    turn = behind ? turn ^ 1 : 0;
+    return codes_in_turn[turn].get();
+  };
+  std::vector<uint8_t> scales(scale_bytes);
   // Non-finite input fails after the census of every band, so the message counts them all.
   giftQuantParams kept = p;
   kept.nonfinite = GIFT_NONFINITE_KEEP;
@@ -359,7 +371,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
           const uint64_t end = cols - s0 > run ? s0 + run : cols;
           for (uint64_t c0 = s0; c0 < end; c0 += part) {
             const uint64_t w = std::min(part, end - c0);
-            uint8_t* codes = codes_in_turn[turn ^= 1].data();
+            uint8_t* codes = next_codes();
             if (const giftResult_t r =
                     encode_piece(r0 * cols + c0, c0, bytes + c0 * size, 1, w, codes))
               return r;
@@ -368,7 +380,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
         }
         return GIFT_OK;
       }
-      uint8_t* codes = codes_in_turn[turn ^= 1].data();
+      uint8_t* codes = next_codes();
       for (uint64_t k0 = 0; k0 < n; k0 += piece) {
         const uint64_t m = std::min(piece, n - k0);
         if (const giftResult_t r = encode_piece((r0 + k0) * cols, 0, bytes + k0 * cols * size, m,
@@ -397,7 +409,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     }
     return GIFT_OK;
   };
-  const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded);
+  const giftResult_t spilled = spill_section(&t->codes, t->shape.elements, encoded, behind);
   if (spilled) return spilled;
   if (*refused) return GIFT_OK;  // the caller's SinkMark drops what the tensor wrote
   t->rms = census.rms();
@@ -460,7 +472,8 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     if (sink_) {
       // Stored as given: straight from the caller's buffer, no copy.
       const Pieces whole = [&](const Put& put) { return put(data, in_bytes); };
-      if (const giftResult_t r = spill_section(&t.codes, in_bytes, whole)) return r;
+      if (const giftResult_t r = spill_section(&t.codes, in_bytes, whole, spare_processor(&ctx_)))
+        return r;
     } else {
       const uint8_t* p = static_cast<const uint8_t*>(data);
       t.codes = store_section(std::vector<uint8_t>(p, p + in_bytes), zstd_level_);

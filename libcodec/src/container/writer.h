@@ -136,8 +136,10 @@ class FrameWriter {
   using Put = std::function<giftResult_t(const void* data, uint64_t size)>;
   using Pieces = std::function<giftResult_t(const Put& put)>;
   // Stores a section of raw_length bytes in the sink as `pieces` produces them,
-  // compressed under zstd if that makes it smaller (else produced again, stored raw).
-  giftResult_t spill_section(StoredSection* s, uint64_t raw_length, const Pieces& pieces);
+  // compressed under zstd if that makes it smaller (else produced again, stored raw), with
+  // `behind` the raw pieces written behind (SectionFile::write_behind).
+  giftResult_t spill_section(StoredSection* s, uint64_t raw_length, const Pieces& pieces,
+                             bool behind);
   bool bands_apply(const giftQuantParams& p) const;
 
   bool basis_kind_ = false, has_embedded_ = false;
