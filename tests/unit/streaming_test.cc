@@ -872,13 +872,13 @@ TEST(Streaming, RowsLongerThanABandEncodeAsTheWholeTensor) {
   ::rmdir(dir.c_str());
 }
 
-// Tiles whose rows hold more than a band are encoded in bands inside a tile row (the first
-// tile row in two, cut at row 349), their scales from a first pass over the tile row.
+// A row of tiles larger than the writer takes as one band (8M elements) is encoded in bands
+// inside it (here of 61 rows: 9 in the first row of tiles), the tiles' scales from a first pass.
 TEST(Streaming, TilesTallerThanABandEncodeAsTheWholeTensor) {
-  const uint64_t rows = 700, cols = 3000;
+  const uint64_t rows = 600, cols = 17000;
   std::vector<float> x = values(rows * cols, 9);
-  x[400 * cols + 2100] = 0.5f;    // tile (0, 3)'s amax, in the tile row's second band
-  x[650 * cols + 2999] = -0.75f;  // tile (1, 4)'s, in the last row
+  x[400 * cols + 2100] = 0.5f;     // tile (0, 3)'s amax, in the tile row's seventh band
+  x[599 * cols + 16999] = -0.75f;  // tile (1, 24)'s, in the last row
   x[10 * cols + 20] = std::numeric_limits<float>::quiet_NaN();  // left out of tile (0, 0)'s
   const std::string dir = temp_dir();
   for (const giftScaleDType_t scale_dtype : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
@@ -888,7 +888,7 @@ TEST(Streaming, TilesTallerThanABandEncodeAsTheWholeTensor) {
       giftQuantParams p;
       giftQuantParamsInit(&p);
       p.layout = GIFT_SCALE_TILE;
-      p.tile_rows = 512;
+      p.tile_rows = 500;
       p.tile_cols = 700;
       p.scale_dtype = scale_dtype;
       p.rounding = rounding;
