@@ -32,8 +32,6 @@ class BackgroundJob {
   giftResult_t start(std::function<giftResult_t()> job);
   // Waits for the job in progress: its result, as start gives it. A failure is reported once.
   giftResult_t wait();
-  // Whether a job has started and wait() has not returned since.
-  bool busy() const { return pending_; }
 
  private:
   static void* run(void* self);
