@@ -466,10 +466,6 @@ uint64_t group_cols(const TensorEntry& e) {
                                               : 1;
 }
 
-}  // namespace
-
-namespace {
-
 // Where a band or a part may lie: from an edge of the groups (units) it cuts, or within one
 // group, whose scale it then has alone; n items from `first`.
 bool crosses_an_edge(uint64_t first, uint64_t n, uint64_t unit) {
@@ -681,29 +677,25 @@ giftResult_t FrameReader::verify_all() const {
     // or lie within one group (tensors in GIFT coordinates too: their codes are decoded as
     // coded). As giftc's decode cuts them (cli/common.h, Pieces).
     const uint64_t width = std::max<uint64_t>(e.cols, 1), unit = row_unit(e), g = group_cols(e);
-    uint64_t band = 1, part = 0;
+    const bool parts = unit > kBandElems / width && e.cols > kBandElems;
+    uint64_t band = 1;
     if (unit <= kBandElems / width) {
       band = band_rows(unit, e.cols, kBandElems);
-    } else if (e.cols <= kBandElems) {
+    } else if (!parts) {
       band = kBandElems / width;
       while (unit % band) --band;
-    } else {
-      part = g <= kBandElems ? std::min(e.cols, kBandElems / g * g) : kBandElems;
     }
-    out.resize(part ? part : band * e.cols);
-    const uint64_t run = part && g > part ? g : e.cols;
+    out.resize(parts ? row_part(e.cols, g, kBandElems) : band * e.cols);
     for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {
-      std::vector<Band> pieces;
-      if (!part) pieces.push_back(Band{r0, std::min(band, e.rows - r0), 0, e.cols});
-      for (uint64_t s0 = 0; part && s0 < e.cols; s0 += run) {
-        const uint64_t end = e.cols - s0 > run ? s0 + run : e.cols;
-        for (uint64_t c0 = s0; c0 < end; c0 += part)
-          pieces.push_back(Band{r0, 1, c0, std::min(part, end - c0)});
-      }
-      for (const Band& b : pieces) {
-        if (const giftResult_t r = decode_band(e, c, b, out.data(), GIFT_DTYPE_F32, &giftDecode))
-          return r;
-      }
+      const giftResult_t r =
+          parts ? for_each_row_part(e.cols, g, kBandElems,
+                                    [&](uint64_t c0, uint64_t w) {
+                                      return decode_band(e, c, Band{r0, 1, c0, w}, out.data(),
+                                                         GIFT_DTYPE_F32, &giftDecode);
+                                    })
+                : decode_band(e, c, Band{r0, std::min(band, e.rows - r0), 0, e.cols}, out.data(),
+                              GIFT_DTYPE_F32, &giftDecode);
+      if (r) return r;
     }
   }
   if (const fb::Section* s = header_->basis()) {

@@ -289,10 +289,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
                          : p.layout == GIFT_SCALE_TILE ? p.tile_cols
                                                        : std::max<uint64_t>(cols, 1);
   const bool parts = cpu && cols > kBandElems;
-  const uint64_t part = !parts                ? cols
-                        : width <= kBandElems ? kBandElems / width * width
-                                              : kBandElems;
-  const uint64_t run = parts && width > part ? width : cols;
+  const uint64_t part = parts ? row_part(cols, width, kBandElems) : cols;
   // Where groups reach past a piece (the tensor's one scale, a row's own in parts, a wide
   // tile's, the tiles of bands inside a tile row), the rows they cover are a span: a first pass
   // over its bands takes the groups' amax (BandOrigin), and each piece writes its groups' scales
@@ -374,18 +371,13 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     const auto encode_band = [&](uint64_t r0, uint64_t n, const void* src) {
       const uint8_t* bytes = static_cast<const uint8_t*>(src);
       if (parts) {  // n is 1: the row's parts in turn, each put as it is made
-        for (uint64_t s0 = 0; s0 < cols; s0 += run) {
-          const uint64_t end = cols - s0 > run ? s0 + run : cols;
-          for (uint64_t c0 = s0; c0 < end; c0 += part) {
-            const uint64_t w = std::min(part, end - c0);
-            uint8_t* codes = next_codes();
-            if (const giftResult_t r =
-                    encode_piece(r0 * cols + c0, c0, bytes + c0 * size, 1, w, codes))
-              return r;
-            if (const giftResult_t r = put(codes, w)) return r;
-          }
-        }
-        return GIFT_OK;
+        return for_each_row_part(cols, width, kBandElems, [&](uint64_t c0, uint64_t w) {
+          uint8_t* codes = next_codes();
+          if (const giftResult_t r =
+                  encode_piece(r0 * cols + c0, c0, bytes + c0 * size, 1, w, codes))
+            return r;
+          return put(codes, w);
+        });
       }
       uint8_t* codes = next_codes();
       for (uint64_t k0 = 0; k0 < n; k0 += piece) {

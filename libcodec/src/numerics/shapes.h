@@ -20,6 +20,30 @@ inline uint64_t band_rows(uint64_t unit, uint64_t cols, uint64_t budget) {
   return unit * (units ? units : 1);
 }
 
+// Columns per part when a row longer than `budget` elements is worked through in parts:
+// whole groups of `group` columns (blocks, tiles; 1 where any cut will do), or `budget` where
+// a group is wider, each part then within one group (for_each_row_part).
+inline uint64_t row_part(uint64_t cols, uint64_t group, uint64_t budget) {
+  const uint64_t part = group <= budget ? budget / group * group : budget;
+  return part < cols ? part : cols;
+}
+
+// f(c0, w) for the parts of a row of `cols` columns in order (row_part's, in runs of a
+// group's width that no part crosses where a group is wider than a part); the first nonzero
+// result ends the walk and is returned.
+template <class F>
+auto for_each_row_part(uint64_t cols, uint64_t group, uint64_t budget, F&& f) -> decltype(f(0, 0)) {
+  const uint64_t part = row_part(cols, group, budget);
+  const uint64_t run = group > part ? group : cols;
+  for (uint64_t s0 = 0; s0 < cols; s0 += run) {
+    const uint64_t end = cols - s0 > run ? s0 + run : cols;
+    for (uint64_t c0 = s0; c0 < end; c0 += part) {
+      if (const auto r = f(c0, end - c0 < part ? end - c0 : part)) return r;
+    }
+  }
+  return {};
+}
+
 // A C caller can pass any integer as an enum, and reading a value outside the enumerators'
 // range as the C++ enum type is undefined, so the bytes are read as the int they are.
 template <class E>
