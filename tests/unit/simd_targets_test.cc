@@ -284,9 +284,9 @@ TEST_P(ForEachTarget, DivisionNextToFp32MidpointsEqualsScalarRule) {
     EXPECT_GT(uncorrected_differs, 200u) << "kind " << kind;
     // The block encoder, whose reciprocals come from its batches of scales: a block per pair,
     // led by the amax whose scale RN(amax / max) is that pair's s where one is (the scale
-    // rule's round trip), the rest x and -x; blocks of 128 (batched) and of 32 (16 at a time
-    // on AVX-512).
-    for (uint32_t block : {128u, 32u}) {
+    // rule's round trip), the rest x and -x; blocks of 128 (batched) and of 64 and 32 (16 at
+    // a time on AVX-512).
+    for (uint32_t block : {128u, 64u, 32u}) {
       std::vector<float> src(hard.size() * block);
       for (size_t b = 0; b < hard.size(); ++b) {
         const auto [s, x] = hard[b];
@@ -602,8 +602,9 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
 // short last blocks, runs read as four parts on AVX-512 (blocks of 16 to 128; the last part
-// shorter; fp32 blocks of 16 and 32 and 16-bit ones of 32 and 64 are taken 16 at a time
-// instead, and only the rest of the run in parts: blocks of 48 to 128 keep the parts) and
+// shorter; fp32 blocks of 16 to 64 and 16-bit ones of 32 to 128 are taken 16 at a time
+// instead, and only the rest of the run in parts: blocks of 48, 80 and 100 and fp32 blocks
+// of 128 keep the parts) and
 // in order (every run on narrower targets; blocks of 256: three batches; of 4096: one),
 // all-zero and subnormal blocks, bf16 values (whose few mantissa bits put many quotients next
 // to FP8 rounding midpoints), and a NaN that stops the run.
