@@ -639,60 +639,77 @@ TEST(Streaming, StreamToRefusesWhatItCannotDo) {
   ::rmdir(dir.c_str());
 }
 
+// A case's frame opened twice, checksums first and late: `tensor(f, i, info)` for each of its
+// tensors, then `frame(f)`, the frame still open.
+template <typename PerTensor, typename PerFrame>
+void with_each_tensor(const Case& c, PerTensor tensor, PerFrame frame) {
+  SCOPED_TRACE(c.name);
+  const std::vector<uint8_t> bytes = frame_of(c, "", "");
+  for (const int late : {0, 1}) {
+    SCOPED_TRACE(late ? "late checksums" : "checksums first");
+    giftFrame* f = nullptr;
+    ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
+    ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
+    for (uint64_t i = 0; i < giftFrameTensorCount(f) && !::testing::Test::HasFatalFailure(); ++i) {
+      giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+      ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
+      tensor(f, i, info);
+    }
+    if (!::testing::Test::HasFatalFailure()) frame(f);
+    giftFrameClose(f);
+  }
+}
+
 // Decoding a tensor in bands of rows gives the bytes of the whole decode, for every layout,
 // output type and compression, with bands cut where the tensor allows.
 TEST(Streaming, BandsDecodeAsTheWholeTensor) {
   for (const Case& c : {Case{"tile", GIFT_SCALE_TILE, GIFT_ROUND_NEAREST, 0},
                         Case{"tensor", GIFT_SCALE_TENSOR, GIFT_ROUND_STOCHASTIC, 0},
                         Case{"zstd", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 3}}) {
-    SCOPED_TRACE(c.name);
-    const std::vector<uint8_t> bytes = frame_of(c, "", "");
-    for (const int late : {0, 1}) {
-      SCOPED_TRACE(late ? "late checksums" : "checksums first");
-      giftFrame* f = nullptr;
-      ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
-      ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
-      for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
-        giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
-        ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
-        ASSERT_EQ(info.rows * info.cols, info.elements);
-        EXPECT_EQ(info.row_align, c.layout == GIFT_SCALE_TILE && !info.raw ? 3u : 1u);
-        for (const giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16}) {
-          const size_t w = giftDTypeSize(dt);
-          std::vector<uint8_t> whole(info.elements * w), bands(whole.size());
-          ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
-          // In order, then (bf16) from the last band back to the first: a compressed section
-          // read backwards starts again from its beginning for each band, and with late
-          // checksums the first band, out of order, checks the whole section (the call for no
-          // rows of another tensor before makes the pass start this tensor afresh).
-          ASSERT_EQ(giftFrameDecodeRows(f, (i + 1) % giftFrameTensorCount(f), 0, 0, nullptr, 0, dt),
-                    GIFT_OK);
-          const uint64_t step = info.row_align * 337, count = (info.rows + step - 1) / step;
-          for (uint64_t k = 0; k < count; ++k) {
-            const uint64_t r0 = (dt == GIFT_DTYPE_F32 ? k : count - 1 - k) * step;
-            const uint64_t n = std::min(step, info.rows - r0);
-            ASSERT_EQ(giftFrameDecodeRows(f, i, r0, n, bands.data() + r0 * info.cols * w,
-                                          n * info.cols * w, dt),
-                      GIFT_OK)
+    with_each_tensor(
+        c,
+        [&](giftFrame* f, uint64_t i, const giftTensorInfo& info) {
+          ASSERT_EQ(info.rows * info.cols, info.elements);
+          EXPECT_EQ(info.row_align, c.layout == GIFT_SCALE_TILE && !info.raw ? 3u : 1u);
+          for (const giftDType_t dt : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16}) {
+            const size_t w = giftDTypeSize(dt);
+            std::vector<uint8_t> whole(info.elements * w), bands(whole.size());
+            ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
+            // In order, then (bf16) from the last band back to the first: a compressed section
+            // read backwards starts again from its beginning for each band, and with late
+            // checksums the first band, out of order, checks the whole section (the call for no
+            // rows of another tensor before makes the pass start this tensor afresh).
+            ASSERT_EQ(
+                giftFrameDecodeRows(f, (i + 1) % giftFrameTensorCount(f), 0, 0, nullptr, 0, dt),
+                GIFT_OK);
+            const uint64_t step = info.row_align * 337, count = (info.rows + step - 1) / step;
+            for (uint64_t k = 0; k < count; ++k) {
+              const uint64_t r0 = (dt == GIFT_DTYPE_F32 ? k : count - 1 - k) * step;
+              const uint64_t n = std::min(step, info.rows - r0);
+              ASSERT_EQ(giftFrameDecodeRows(f, i, r0, n, bands.data() + r0 * info.cols * w,
+                                            n * info.cols * w, dt),
+                        GIFT_OK)
+                  << giftGetLastErrorMessage();
+            }
+            EXPECT_EQ(bands, whole) << info.name;
+          }
+        },
+        [&](giftFrame* f) {
+          float one[5000];
+          EXPECT_EQ(giftFrameDecodeRows(f, 0, 4098, 2, one, sizeof one, GIFT_DTYPE_F32),
+                    GIFT_ERROR_INVALID_ARGUMENT);
+          EXPECT_NE(std::string(giftGetLastErrorMessage()).find("has 4099 rows"),
+                    std::string::npos);
+          EXPECT_EQ(giftFrameDecodeRows(f, 0, 1, 3, one, 4, GIFT_DTYPE_F32),
+                    c.layout == GIFT_SCALE_TILE ? GIFT_ERROR_INVALID_ARGUMENT
+                                                : GIFT_ERROR_BUFFER_TOO_SMALL);
+          if (c.layout == GIFT_SCALE_TILE) {
+            EXPECT_NE(
+                std::string(giftGetLastErrorMessage()).find("rows 1 to 3 cross a tile's edge"),
+                std::string::npos)
                 << giftGetLastErrorMessage();
           }
-          EXPECT_EQ(bands, whole) << info.name;
-        }
-      }
-      float one[5000];
-      EXPECT_EQ(giftFrameDecodeRows(f, 0, 4098, 2, one, sizeof one, GIFT_DTYPE_F32),
-                GIFT_ERROR_INVALID_ARGUMENT);
-      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("has 4099 rows"), std::string::npos);
-      EXPECT_EQ(
-          giftFrameDecodeRows(f, 0, 1, 3, one, 4, GIFT_DTYPE_F32),
-          c.layout == GIFT_SCALE_TILE ? GIFT_ERROR_INVALID_ARGUMENT : GIFT_ERROR_BUFFER_TOO_SMALL);
-      if (c.layout == GIFT_SCALE_TILE) {
-        EXPECT_NE(std::string(giftGetLastErrorMessage()).find("rows 1 to 3 cross a tile's edge"),
-                  std::string::npos)
-            << giftGetLastErrorMessage();
-      }
-      giftFrameClose(f);
-    }
+        });
   }
 }
 
@@ -705,93 +722,86 @@ TEST(Streaming, SingleRowsAndPartsOfRowsDecodeAsTheWholeTensor) {
                         Case{"row", GIFT_SCALE_ROW, GIFT_ROUND_NEAREST, 0},
                         Case{"tensor", GIFT_SCALE_TENSOR, GIFT_ROUND_NEAREST, 0},
                         Case{"zstd", GIFT_SCALE_BLOCK, GIFT_ROUND_NEAREST, 3}}) {
-    SCOPED_TRACE(c.name);
-    const std::vector<uint8_t> bytes = frame_of(c, "", "");
-    for (const int late : {0, 1}) {
-      SCOPED_TRACE(late ? "late checksums" : "checksums first");
-      giftFrame* f = nullptr;
-      ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
-      ASSERT_EQ(giftFrameSetLateChecksums(f, late), GIFT_OK);
-      for (uint64_t i = 0; i < giftFrameTensorCount(f); ++i) {
-        giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
-        ASSERT_EQ(giftFrameTensorInfo(f, i, &info), GIFT_OK);
-        const uint64_t group = info.raw                       ? 1
-                               : c.layout == GIFT_SCALE_TILE  ? 5
-                               : c.layout == GIFT_SCALE_BLOCK ? info.params.block
-                                                              : 1;
-        EXPECT_EQ(info.col_align, group) << info.name;
-        const giftDType_t dt = i % 2 ? GIFT_DTYPE_BF16 : GIFT_DTYPE_F32;
-        const size_t w = giftDTypeSize(dt);
-        std::vector<uint8_t> whole(info.elements * w), rows(whole.size()), parts(whole.size());
-        ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
-        // Parts of whole groups, about 300 columns, and a shorter one at the row's end (its
-        // last group cut short, that group's scale kept).
-        const uint64_t part = (300 + info.col_align - 1) / info.col_align * info.col_align;
-        for (uint64_t r = 0; r < info.rows; ++r) {
-          uint8_t* row = rows.data() + r * info.cols * w;
-          ASSERT_EQ(giftFrameDecodeRows(f, i, r, 1, row, info.cols * w, dt), GIFT_OK)
-              << giftGetLastErrorMessage();
-        }
-        EXPECT_EQ(rows, whole) << info.name << ": single rows";
-        for (uint64_t r = 0; r < info.rows; ++r) {
-          for (uint64_t c0 = 0; c0 < info.cols; c0 += part) {
-            const uint64_t n = std::min(part, info.cols - c0);
-            ASSERT_EQ(giftFrameDecodeRowPart(f, i, r, c0, n,
-                                             parts.data() + (r * info.cols + c0) * w, n * w, dt),
-                      GIFT_OK)
-                << giftGetLastErrorMessage() << " (row " << r << ", column " << c0 << ")";
+    with_each_tensor(
+        c,
+        [&](giftFrame* f, uint64_t i, const giftTensorInfo& info) {
+          const uint64_t group = info.raw                       ? 1
+                                 : c.layout == GIFT_SCALE_TILE  ? 5
+                                 : c.layout == GIFT_SCALE_BLOCK ? info.params.block
+                                                                : 1;
+          EXPECT_EQ(info.col_align, group) << info.name;
+          const giftDType_t dt = i % 2 ? GIFT_DTYPE_BF16 : GIFT_DTYPE_F32;
+          const size_t w = giftDTypeSize(dt);
+          std::vector<uint8_t> whole(info.elements * w), rows(whole.size()), parts(whole.size());
+          ASSERT_EQ(giftFrameDecodeTensor(f, i, whole.data(), whole.size(), dt), GIFT_OK);
+          // Parts of whole groups, about 300 columns, and a shorter one at the row's end (its
+          // last group cut short, that group's scale kept).
+          const uint64_t part = (300 + info.col_align - 1) / info.col_align * info.col_align;
+          for (uint64_t r = 0; r < info.rows; ++r) {
+            uint8_t* row = rows.data() + r * info.cols * w;
+            ASSERT_EQ(giftFrameDecodeRows(f, i, r, 1, row, info.cols * w, dt), GIFT_OK)
+                << giftGetLastErrorMessage();
           }
-        }
-        EXPECT_EQ(parts, whole) << info.name << ": parts of rows";
-        // Parts that start inside a group and end at its edge (a group wider than a buffer),
-        // on the first rows.
-        if (info.col_align > 1) {
-          std::fill(parts.begin(), parts.end(), 0);
-          const uint64_t first = info.col_align / 2 + 1, rows = std::min<uint64_t>(info.rows, 40);
-          for (uint64_t r = 0; r < rows; ++r) {
-            for (uint64_t g0 = 0; g0 < info.cols; g0 += info.col_align) {
-              const uint64_t end = std::min(g0 + info.col_align, info.cols);
-              for (uint64_t c0 = g0; c0 < end; c0 = std::min(c0 == g0 ? g0 + first : end, end)) {
-                const uint64_t n = std::min(c0 == g0 ? first : end - c0, end - c0);
-                ASSERT_EQ(giftFrameDecodeRowPart(
-                              f, i, r, c0, n, parts.data() + (r * info.cols + c0) * w, n * w, dt),
-                          GIFT_OK)
-                    << giftGetLastErrorMessage() << " (row " << r << ", column " << c0 << ")";
-              }
+          EXPECT_EQ(rows, whole) << info.name << ": single rows";
+          for (uint64_t r = 0; r < info.rows; ++r) {
+            for (uint64_t c0 = 0; c0 < info.cols; c0 += part) {
+              const uint64_t n = std::min(part, info.cols - c0);
+              ASSERT_EQ(giftFrameDecodeRowPart(f, i, r, c0, n,
+                                               parts.data() + (r * info.cols + c0) * w, n * w, dt),
+                        GIFT_OK)
+                  << giftGetLastErrorMessage() << " (row " << r << ", column " << c0 << ")";
             }
           }
-          const ptrdiff_t checked = ptrdiff_t(rows * info.cols * w);
-          EXPECT_TRUE(std::equal(parts.begin(), parts.begin() + checked, whole.begin()))
-              << info.name << ": parts within groups";
-        }
-      }
-      float one[64];
-      const uint64_t big = 0;  // 4099 x 1100 fp32, FP8
-      giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
-      ASSERT_EQ(giftFrameTensorInfo(f, big, &info), GIFT_OK);
-      if (info.col_align > 1) {  // across a group's edge, not starting at one
-        const uint64_t c0 = info.col_align - 1;
-        EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, c0, 2, one, sizeof one, GIFT_DTYPE_F32),
-                  GIFT_ERROR_INVALID_ARGUMENT);
-        EXPECT_NE(std::string(giftGetLastErrorMessage())
-                      .find("columns " + std::to_string(c0) + " to " + std::to_string(c0 + 1) +
-                            " cross the edge of a scale group"),
-                  std::string::npos)
-            << giftGetLastErrorMessage();
-      }
-      EXPECT_EQ(giftFrameDecodeRowPart(f, big, 4099, 0, 1, one, sizeof one, GIFT_DTYPE_F32),
-                GIFT_ERROR_INVALID_ARGUMENT);
-      EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 1095, 10, one, sizeof one, GIFT_DTYPE_F32),
-                GIFT_ERROR_INVALID_ARGUMENT);
-      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("10 columns from column 1095"),
-                std::string::npos)
-          << giftGetLastErrorMessage();
-      EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 0, 64, one, 4, GIFT_DTYPE_F32),
-                GIFT_ERROR_BUFFER_TOO_SMALL);
-      EXPECT_EQ(giftFrameDecodeRowPart(nullptr, big, 0, 0, 1, one, 4, GIFT_DTYPE_F32),
-                GIFT_ERROR_INVALID_ARGUMENT);
-      giftFrameClose(f);
-    }
+          EXPECT_EQ(parts, whole) << info.name << ": parts of rows";
+          // Parts that start inside a group and end at its edge (a group wider than a buffer),
+          // on the first rows.
+          if (info.col_align > 1) {
+            std::fill(parts.begin(), parts.end(), 0);
+            const uint64_t first = info.col_align / 2 + 1, rows = std::min<uint64_t>(info.rows, 40);
+            for (uint64_t r = 0; r < rows; ++r) {
+              for (uint64_t g0 = 0; g0 < info.cols; g0 += info.col_align) {
+                const uint64_t end = std::min(g0 + info.col_align, info.cols);
+                for (uint64_t c0 = g0; c0 < end; c0 = std::min(c0 == g0 ? g0 + first : end, end)) {
+                  const uint64_t n = std::min(c0 == g0 ? first : end - c0, end - c0);
+                  ASSERT_EQ(giftFrameDecodeRowPart(
+                                f, i, r, c0, n, parts.data() + (r * info.cols + c0) * w, n * w, dt),
+                            GIFT_OK)
+                      << giftGetLastErrorMessage() << " (row " << r << ", column " << c0 << ")";
+                }
+              }
+            }
+            const ptrdiff_t checked = ptrdiff_t(rows * info.cols * w);
+            EXPECT_TRUE(std::equal(parts.begin(), parts.begin() + checked, whole.begin()))
+                << info.name << ": parts within groups";
+          }
+        },
+        [&](giftFrame* f) {
+          float one[64];
+          const uint64_t big = 0;  // 4099 x 1100 fp32, FP8
+          giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+          ASSERT_EQ(giftFrameTensorInfo(f, big, &info), GIFT_OK);
+          if (info.col_align > 1) {  // across a group's edge, not starting at one
+            const uint64_t c0 = info.col_align - 1;
+            EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, c0, 2, one, sizeof one, GIFT_DTYPE_F32),
+                      GIFT_ERROR_INVALID_ARGUMENT);
+            EXPECT_NE(std::string(giftGetLastErrorMessage())
+                          .find("columns " + std::to_string(c0) + " to " + std::to_string(c0 + 1) +
+                                " cross the edge of a scale group"),
+                      std::string::npos)
+                << giftGetLastErrorMessage();
+          }
+          EXPECT_EQ(giftFrameDecodeRowPart(f, big, 4099, 0, 1, one, sizeof one, GIFT_DTYPE_F32),
+                    GIFT_ERROR_INVALID_ARGUMENT);
+          EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 1095, 10, one, sizeof one, GIFT_DTYPE_F32),
+                    GIFT_ERROR_INVALID_ARGUMENT);
+          EXPECT_NE(std::string(giftGetLastErrorMessage()).find("10 columns from column 1095"),
+                    std::string::npos)
+              << giftGetLastErrorMessage();
+          EXPECT_EQ(giftFrameDecodeRowPart(f, big, 0, 0, 64, one, 4, GIFT_DTYPE_F32),
+                    GIFT_ERROR_BUFFER_TOO_SMALL);
+          EXPECT_EQ(giftFrameDecodeRowPart(nullptr, big, 0, 0, 1, one, 4, GIFT_DTYPE_F32),
+                    GIFT_ERROR_INVALID_ARGUMENT);
+        });
   }
 }
 
