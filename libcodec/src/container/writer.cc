@@ -57,6 +57,25 @@ class SinkMark {
   bool kept_ = false;
 };
 
+// The buffers of a tensor's codes: one, or two used in turn (one written behind while the
+// next is made).
+class CodesInTurn {
+ public:
+  CodesInTurn(uint64_t bytes, bool two) : two_(two) {
+    for (int k = 0; k < (two ? 2 : 1); ++k)
+      buffers_[k].reset(new uint8_t[std::max<uint64_t>(bytes, 1)]);
+  }
+  uint8_t* next() {
+    turn_ = two_ ? turn_ ^ 1 : 0;
+    return buffers_[turn_].get();
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> buffers_[2];
+  bool two_;
+  size_t turn_ = 0;
+};
+
 // n zero bytes: padding between sections, or the room left for a header.
 giftResult_t write_zeros(SectionFile* file, uint64_t n) {
   static const uint8_t zeros[4096] = {};
@@ -96,6 +115,47 @@ constexpr uint64_t kMostTileRowElems = 8 * kBandElems;
 // 512 MiB fp32 dump took 0.133 to 0.139 s on one thread, census second 0.117 to 0.122 s.
 // Still one encoder task (codec.cc, kChunkElems) per thread.
 constexpr uint64_t kPieceElems = uint64_t(1) << 16;
+
+// How encode_in_bands cuts a tensor of rows x cols encoded under p (on the CPU encoder or
+// another).
+struct BandCut {
+  uint64_t unit;      // rows of a group: a tile's, else 1
+  bool inside_tiles;  // bands of rows inside a row of tiles
+  uint64_t band;      // rows per band
+  uint64_t width;     // columns of a group
+  bool parts;         // rows taken in parts of `part` columns
+  uint64_t part;
+  bool reach;     // groups reach past a piece: a first pass over each span takes their amax
+  uint64_t span;  // rows per span
+};
+
+BandCut cut_in_bands(const giftQuantParams& p, uint64_t rows, uint64_t cols, bool cpu) {
+  BandCut c;
+  c.unit = p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1;
+  // A row of tiles larger than kMostTileRowElems (unit * cols, without the product), or of
+  // rows longer than a band (taken in parts below), is taken on the CPU in bands of whole rows
+  // inside it; another encoder takes whole rows of tiles.
+  c.inside_tiles = cpu && c.unit > 1 &&
+                   (cols > kBandElems || c.unit > kMostTileRowElems / std::max<uint64_t>(cols, 1));
+  c.band = band_rows(c.inside_tiles ? 1 : c.unit, cols, kBandElems);
+  // A row longer than a band goes to the CPU encoder in parts: memory for a part of it, not
+  // the row (a vector stored as one row of 2^30 elements, say). Parts are whole groups of the
+  // row (blocks, tiles), or lie within one group wider than a part (a row of its own scale, the
+  // tensor's, a wide tile): runs of that group's width that no part crosses. Another encoder
+  // takes whole rows.
+  c.width = p.layout == GIFT_SCALE_BLOCK  ? p.block
+            : p.layout == GIFT_SCALE_TILE ? p.tile_cols
+                                          : std::max<uint64_t>(cols, 1);
+  c.parts = cpu && cols > kBandElems;
+  c.part = c.parts ? row_part(cols, c.width, kBandElems) : cols;
+  // Where groups reach past a piece (the tensor's one scale, a row's own in parts, a wide
+  // tile's, the tiles of bands inside a tile row), the rows they cover are a span: a first pass
+  // over its bands takes the groups' amax (BandOrigin), and each piece writes its groups' scales
+  // in the span's place.
+  c.reach = p.layout == GIFT_SCALE_TENSOR || c.inside_tiles || (c.parts && c.width > c.part);
+  c.span = !c.reach || p.layout == GIFT_SCALE_TENSOR ? std::max<uint64_t>(rows, 1) : c.unit;
+  return c;
+}
 
 void merge_stats(giftEncodeStats* total, const giftEncodeStats& band, uint64_t base) {
   total->amax = std::max(total->amax, band.amax);
@@ -272,46 +332,15 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const giftQuantParams& p = t->params;
   const uint64_t rows = t->shape.rows, cols = t->shape.cols;
   const bool cpu = encoder_ == &giftEncode;
-  const uint64_t unit = p.layout == GIFT_SCALE_TILE ? p.tile_rows : 1;
-  // A row of tiles larger than kMostTileRowElems (unit * cols, without the product), or of
-  // rows longer than a band (taken in parts below), is taken on the CPU in bands of whole rows
-  // inside it; another encoder takes whole rows of tiles.
-  const bool inside_tiles =
-      cpu && unit > 1 &&
-      (cols > kBandElems || unit > kMostTileRowElems / std::max<uint64_t>(cols, 1));
-  const uint64_t band = band_rows(inside_tiles ? 1 : unit, cols, kBandElems);
-  // A row longer than a band goes to the CPU encoder in parts: memory for a part of it, not
-  // the row (a vector stored as one row of 2^30 elements, say). Parts are whole groups of the
-  // row (blocks, tiles), or lie within one group wider than a part (a row of its own scale, the
-  // tensor's, a wide tile): runs of that group's width that no part crosses. Another encoder
-  // takes whole rows.
-  const uint64_t width = p.layout == GIFT_SCALE_BLOCK  ? p.block
-                         : p.layout == GIFT_SCALE_TILE ? p.tile_cols
-                                                       : std::max<uint64_t>(cols, 1);
-  const bool parts = cpu && cols > kBandElems;
-  const uint64_t part = parts ? row_part(cols, width, kBandElems) : cols;
-  // Where groups reach past a piece (the tensor's one scale, a row's own in parts, a wide
-  // tile's, the tiles of bands inside a tile row), the rows they cover are a span: a first pass
-  // over its bands takes the groups' amax (BandOrigin), and each piece writes its groups' scales
-  // in the span's place.
-  const bool reach = p.layout == GIFT_SCALE_TENSOR || inside_tiles || (parts && width > part);
-  const uint64_t span =
-      !reach || p.layout == GIFT_SCALE_TENSOR ? std::max<uint64_t>(rows, 1) : unit;
+  const BandCut cut = cut_in_bands(p, rows, cols, cpu);
   const uint64_t scale_width = scale_size(p.scale_dtype);
   uint64_t scale_bytes = 0;
   giftScaleBytes(&p, rows, cols, &scale_bytes);
   // Where a processor is free, two buffers for the codes, in turn: one is written behind while
   // the next is made (Put); not for another encoder's bands, which may be whole tile rows.
-  const uint64_t codes_bytes = parts ? part : std::min(rows, band) * cols;
+  const uint64_t codes_bytes = cut.parts ? cut.part : std::min(rows, cut.band) * cols;
   const bool behind = spare_processor(&ctx_) && codes_bytes <= kMostTileRowElems;
-  std::unique_ptr<uint8_t[]> codes_in_turn[2];
-  for (int k = 0; k < (behind ? 2 : 1); ++k)
-    codes_in_turn[k].reset(new uint8_t[std::max<uint64_t>(codes_bytes, 1)]);
-  size_t turn = 0;
-  const auto next_codes = [&] {
-    turn = behind ? turn ^ 1 : 0;
-    return codes_in_turn[turn].get();
-  };
+  CodesInTurn codes_in_turn(codes_bytes, behind);
   std::vector<uint8_t> scales(scale_bytes);
   // Non-finite input fails after the census of every band, so the message counts them all.
   giftQuantParams kept = p;
@@ -319,8 +348,8 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   Census census;  // each piece's statistics, taken just after it is encoded
   // The bands of rows [first, end) in turn; a refused band ends the walk with *refused set.
   const auto for_each_band = [&](uint64_t first, uint64_t end, const auto& f) {
-    for (uint64_t r0 = first; r0 < end; r0 += band) {
-      const uint64_t n = std::min(band, end - r0);
+    for (uint64_t r0 = first; r0 < end; r0 += cut.band) {
+      const uint64_t n = std::min(cut.band, end - r0);
       const void* src = band_at(r0, n);
       if (!src) {
         *refused = true;
@@ -341,9 +370,10 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     // The CPU encoder takes a band of blocks in pieces (kPieceElems); other layouts, whose
     // groups may need a whole band to be shared out among the threads (a row or the tensor
     // split across them), and another encoder take whole bands.
-    const uint64_t piece = cpu && p.layout == GIFT_SCALE_BLOCK
-                               ? band_rows(unit, cols, kPieceElems * uint64_t(thread_count(&ctx_)))
-                               : band;
+    const uint64_t piece =
+        cpu && p.layout == GIFT_SCALE_BLOCK
+            ? band_rows(cut.unit, cols, kPieceElems * uint64_t(thread_count(&ctx_)))
+            : cut.band;
     // m rows of w columns from element `first` of the tensor (column c0), at `at`, into
     // piece_codes.
     const auto encode_piece = [&](uint64_t first, uint64_t c0, const void* at, uint64_t m,
@@ -352,8 +382,9 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       giftScaleBytes(&kept, m, w, &piece_scales);
       giftEncodeStats st;
       origin.first_element = first;
-      const uint64_t g0 = reach ? c0 / width : 0;  // the piece's first group in the span's row
-      origin.group_amax = reach ? span_amax.data() + g0 : nullptr;
+      // The piece's first group in the span's row.
+      const uint64_t g0 = cut.reach ? c0 / cut.width : 0;
+      origin.group_amax = cut.reach ? span_amax.data() + g0 : nullptr;
       uint8_t* piece_scale = scales.data() + scales_at + g0 * scale_width;
       const giftResult_t r = cpu ? encode_tensor(&ctx_, kept, at, data_dtype, m, w, piece_codes,
                                                  piece_scale, &st, origin)
@@ -364,22 +395,22 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       const bool seen = cpu && st.nonfinite_count == 0;
       census.add(at, data_dtype, first, m * w, seen ? &st.amax : nullptr);
       merge_stats(&t->stats, st, first);
-      if (!reach) scales_at += piece_scales;
+      if (!cut.reach) scales_at += piece_scales;
       return GIFT_OK;
     };
     const uint64_t size = dtype_size(data_dtype);
     const auto encode_band = [&](uint64_t r0, uint64_t n, const void* src) {
       const uint8_t* bytes = static_cast<const uint8_t*>(src);
-      if (parts) {  // n is 1: the row's parts in turn, each put as it is made
-        return for_each_row_part(cols, width, kBandElems, [&](uint64_t c0, uint64_t w) {
-          uint8_t* codes = next_codes();
+      if (cut.parts) {  // n is 1: the row's parts in turn, each put as it is made
+        return for_each_row_part(cols, cut.width, kBandElems, [&](uint64_t c0, uint64_t w) {
+          uint8_t* codes = codes_in_turn.next();
           if (const giftResult_t r =
                   encode_piece(r0 * cols + c0, c0, bytes + c0 * size, 1, w, codes))
             return r;
           return put(codes, w);
         });
       }
-      uint8_t* codes = next_codes();
+      uint8_t* codes = codes_in_turn.next();
       for (uint64_t k0 = 0; k0 < n; k0 += piece) {
         const uint64_t m = std::min(piece, n - k0);
         if (const giftResult_t r = encode_piece((r0 + k0) * cols, 0, bytes + k0 * cols * size, m,
@@ -388,11 +419,11 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       }
       return put(codes, n * cols);
     };
-    for (uint64_t s0 = 0; s0 < std::max<uint64_t>(rows, 1); s0 += span) {
-      const uint64_t s1 = std::min(rows, s0 + span);
-      if (reach) {  // the span's groups, as one band of it has them (one row of tiles at most)
+    for (uint64_t s0 = 0; s0 < std::max<uint64_t>(rows, 1); s0 += cut.span) {
+      const uint64_t s1 = std::min(rows, s0 + cut.span);
+      if (cut.reach) {  // the span's groups, as one band of it has them (one row of tiles at most)
         uint64_t groups = 0;
-        giftScaleCount(&kept, std::min(band, s1 - s0), cols, &groups);
+        giftScaleCount(&kept, std::min(cut.band, s1 - s0), cols, &groups);
         span_amax.assign(groups, 0.0f);
         band_amax.resize(groups);
         const giftResult_t r = for_each_band(s0, s1, [&](uint64_t, uint64_t n, const void* src) {
@@ -404,7 +435,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       }
       if (const giftResult_t r = for_each_band(s0, s1, encode_band)) return r;
       if (*refused) return GIFT_OK;
-      if (reach) scales_at += span_amax.size() * scale_width;
+      if (cut.reach) scales_at += span_amax.size() * scale_width;
     }
     return GIFT_OK;
   };
