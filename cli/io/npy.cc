@@ -10,9 +10,7 @@
 namespace gift::io {
 namespace {
 
-// A header is a Python dict literal padded to 64 bytes; NumPy writes a few hundred bytes.
-// Anything this large is not a header NumPy wrote.
-constexpr uint64_t kMaxHeaderBytes = 1 << 16;
+constexpr uint64_t kMaxHeaderBytes = kNpyMostHeaderBytes - 12;
 constexpr int kMaxDims = 32;
 
 [[noreturn]] void corrupt(const std::string& message) {

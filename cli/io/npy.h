@@ -26,7 +26,13 @@ void read_npy(const std::string& path, NpyArray* out);
 // Parses an in-memory .npy image; `name` is used in messages.
 void parse_npy(const uint8_t* bytes, uint64_t size, const std::string& name, NpyArray* out);
 
-// The same without copying the data: shape and dtype, and where the data starts.
+// A header is a Python dict literal padded to 64 bytes; NumPy writes a few hundred bytes.
+// Anything larger than 64 KiB is not a header NumPy wrote. With the preamble before it, the
+// most bytes parse_npy_header reads.
+constexpr uint64_t kNpyMostHeaderBytes = 12 + (uint64_t(1) << 16);
+
+// The same without copying the data: shape and dtype, and where the data starts. It reads
+// no more than the first kNpyMostHeaderBytes of the size bytes.
 void parse_npy_header(const uint8_t* bytes, uint64_t size, const std::string& name,
                       std::vector<uint64_t>* shape, giftDType_t* dtype, uint64_t* data_offset);
 

@@ -79,19 +79,44 @@ void map_into(const std::string& path, TensorFile* out, const uint8_t** data, ui
   map_fd(fd, path, &out->storage, data, size);
 }
 
-// An unnamed file in $TMPDIR (or /tmp) holding everything `fd` gives until its end, so that
-// a stream is read as a file: mapped, in bounded memory.
-int spill(int fd, const std::string& name) {
+std::string scratch_dir() {
   const char* env = std::getenv("TMPDIR");
-  const std::string dir = env && *env ? env : "/tmp";
+  return env && *env ? env : "/tmp";
+}
+
+// An unnamed file in scratch_dir(), gone with its last descriptor; `name` is what it holds.
+int scratch_file(const std::string& name) {
+  const std::string dir = scratch_dir();
   int tmp = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (tmp < 0) {
-    std::string path = dir + "/giftc-stdin-XXXXXX";
+    std::string path = dir + "/giftc-scratch-XXXXXX";
     tmp = ::mkostemp(path.data(), O_CLOEXEC);
     if (tmp >= 0) ::unlink(path.c_str());
   }
   if (tmp < 0)
     io_error(name, "cannot create a scratch file in " + dir + ": " + std::strerror(errno));
+  return tmp;
+}
+
+// n bytes at p appended to the scratch file tmp (closed on failure when `close_on_failure`).
+void append_scratch(int tmp, const uint8_t* p, uint64_t n, const std::string& name,
+                    bool close_on_failure) {
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t w = ::write(tmp, p + done, size_t(std::min<uint64_t>(n - done, 1u << 30)));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = w < 0 ? errno : ENOSPC;
+      if (close_on_failure) ::close(tmp);
+      io_error(name, "cannot keep it in " + scratch_dir() + ": " + std::strerror(e));
+    }
+    done += uint64_t(w);
+  }
+}
+
+// A scratch file holding everything `fd` gives until its end, so that a stream is read as
+// a file: mapped, in bounded memory.
+int spill(int fd, const std::string& name) {
+  const int tmp = scratch_file(name);
   std::vector<uint8_t> buf(uint64_t(1) << 20);
   for (;;) {
     const ssize_t n = ::read(fd, buf.data(), buf.size());
@@ -102,16 +127,7 @@ int spill(int fd, const std::string& name) {
       io_error(name, std::string("read failed: ") + std::strerror(e));
     }
     if (n == 0) break;
-    for (ssize_t done = 0; done < n;) {
-      const ssize_t w = ::write(tmp, buf.data() + done, size_t(n - done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const int e = w < 0 ? errno : ENOSPC;
-        ::close(tmp);
-        io_error(name, "cannot keep it in " + dir + ": " + std::strerror(e));
-      }
-      done += w;
-    }
+    append_scratch(tmp, buf.data(), uint64_t(n), name, true);
   }
   return tmp;
 }
@@ -132,27 +148,26 @@ void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
   out->tensors.push_back(std::move(t));
 }
 
-// Inflates a deflated member's raw bytes [skip, skip + n) into dst (the bytes before skip
-// thrown away); false on bad deflate data.
-bool inflate_member(const uint8_t* deflated, uint64_t csize, uint64_t skip, uint8_t* dst,
-                    uint64_t n) {
+// Inflates a deflated member of `usize` raw bytes, handing them to put in order, in pieces
+// of at most 1 MiB; false on bad deflate data or another size.
+bool inflate_member(const uint8_t* deflated, uint64_t csize, uint64_t usize, const FetchPut& put) {
   z_stream z{};
   if (inflateInit2(&z, -MAX_WBITS) != Z_OK)
     throw giftc::Failure(giftc::kIoError, "zlib init failed");
+  std::unique_ptr<z_stream, int (*)(z_stream*)> end(&z, inflateEnd);
   z.next_in = const_cast<Bytef*>(deflated);
   z.avail_in = uInt(csize);
-  std::vector<uint8_t> head(std::max<uint64_t>(1, skip));
-  z.next_out = head.data();
-  z.avail_out = uInt(skip);
-  int rc = skip ? inflate(&z, Z_SYNC_FLUSH) : Z_OK;
-  if (rc == Z_OK && z.total_out == skip) {
-    z.next_out = dst;
-    z.avail_out = uInt(n);
-    rc = inflate(&z, Z_FINISH);
+  std::vector<uint8_t> buf(uint64_t(1) << 20);
+  for (;;) {
+    z.next_out = buf.data();
+    z.avail_out = uInt(buf.size());
+    const int rc = inflate(&z, Z_NO_FLUSH);
+    const uint64_t n = buf.size() - z.avail_out;
+    if (z.total_out > usize) return false;
+    if (n) put(buf.data(), n);
+    if (rc == Z_STREAM_END) return z.total_out == usize;
+    if (rc != Z_OK) return false;  // Z_BUF_ERROR: the data ends before the stream does
   }
-  const bool ok = rc == Z_STREAM_END && z.total_out == skip + n;
-  inflateEnd(&z);
-  return ok;
 }
 
 // One member of a ZIP archive as its central directory and local header describe it.
@@ -227,38 +242,51 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
     const std::string tensor =
         ends_with(m.name, ".npy") ? m.name.substr(0, m.name.size() - 4) : m.name;
     // The archive's CRC-32 of each member's bytes, checked as numpy does ("Bad CRC-32").
-    auto check_crc = [&](const uint8_t* data, uint64_t n) {
-      uLong crc = crc32(0L, Z_NULL, 0);
-      for (uint64_t at = 0; at < n; at += 1u << 30) {
-        const uInt chunk = uInt(std::min<uint64_t>(n - at, 1u << 30));
-        crc = crc32(crc, data + at, chunk);
-      }
+    uLong crc = crc32(0L, Z_NULL, 0);
+    const auto add_crc = [&](const uint8_t* data, uint64_t n) {
+      for (uint64_t at = 0; at < n; at += 1u << 30)
+        crc = crc32(crc, data + at, uInt(std::min<uint64_t>(n - at, 1u << 30)));
+    };
+    const auto check_crc = [&] {
       if (uint32_t(crc) != m.crc) bad(path, "member '" + m.name + "': bad CRC-32 (damaged data)");
     };
     if (m.method == 0) {
       if (m.csize != m.usize) bad(path, "member '" + m.name + "': stored sizes differ");
-      check_crc(b + m.data, m.csize);
+      add_crc(b + m.data, m.csize);
+      check_crc();
       add_npy(b + m.data, m.csize, where, tensor, out);
     } else if (m.method == 8) {
-      // Inflated members are owned by the file object. usize comes from the archive, so a
-      // hostile archive could ask for up to 4 GiB here; deflate cannot expand more than
-      // about 1032:1, so cap it by that.
+      // usize comes from the archive, so a hostile archive could claim up to 4 GiB; deflate
+      // cannot expand more than about 1032:1, so cap it by that.
       if (m.usize / 1032 > m.csize + 1) bad(path, "member '" + m.name + "': impossible size");
-      // Inflated once here to check it (one member held at a time), and again when the
-      // tensor is asked for (TensorRef::data), so that the file's members are not all held.
-      std::vector<uint8_t> buf(m.usize ? m.usize : 1);
-      if (!inflate_member(b + m.data, m.csize, 0, buf.data(), m.usize))
-        bad(path, "member '" + m.name + "': bad deflate data");
-      check_crc(buf.data(), m.usize);
-      add_npy(buf.data(), m.usize, where, tensor, out);
-      TensorRef& t = out->tensors.back();
+      // Inflated here in pieces to check it, its .npy header kept; inflated again when the
+      // tensor is asked for (TensorRef::data), so that no member is held for long.
+      std::vector<uint8_t> head;
+      const uint64_t head_bytes = std::min<uint64_t>(m.usize, kNpyMostHeaderBytes);
+      const bool ok =
+          inflate_member(b + m.data, m.csize, m.usize, [&](const uint8_t* p, uint64_t n) {
+            add_crc(p, n);
+            if (head.size() < head_bytes)
+              head.insert(head.end(), p, p + std::min<uint64_t>(n, head_bytes - head.size()));
+          });
+      if (!ok) bad(path, "member '" + m.name + "': bad deflate data");
+      check_crc();
+      TensorRef t{tensor, {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}};
+      uint64_t offset = 0;
+      parse_npy_header(head.data(), m.usize, where, &t.shape, &t.dtype, &offset);
+      t.bytes = m.usize - offset;
       const uint8_t* deflated = b + m.data;
-      const uint64_t csize = m.csize, skip = m.usize - t.bytes, n = t.bytes;
-      t.mapped = nullptr;
-      t.fetch = [deflated, csize, skip, n](uint8_t* dst) {
-        if (!inflate_member(deflated, csize, skip, dst, n))
-          throw giftc::Failure(giftc::kIoError, "a deflated member changed while read");
+      const uint64_t csize = m.csize, usize = m.usize;
+      t.fetch = [deflated, csize, usize, offset](const FetchPut& put) {
+        uint64_t seen = 0;  // raw bytes so far, the header's dropped
+        const bool same = inflate_member(deflated, csize, usize, [&](const uint8_t* p, uint64_t n) {
+          const uint64_t drop = std::min(n, offset - std::min(seen, offset));
+          seen += n;
+          if (n > drop) put(p + drop, n - drop);
+        });
+        if (!same) throw giftc::Failure(giftc::kIoError, "a deflated member changed while read");
       };
+      out->tensors.push_back(std::move(t));
     } else {
       bad(path, "member '" + m.name + "': unsupported ZIP compression method " +
                     std::to_string(m.method));
@@ -342,23 +370,58 @@ uint64_t product(const std::vector<uint64_t>& shape) {
 
 uint64_t TensorRef::elements() const { return product(shape); }
 
+FetchedTensor::~FetchedTensor() {
+  mapping.reset();
+  if (scratch >= 0) ::close(scratch);
+}
+
 const uint8_t* TensorRef::data() const {
   // An empty tensor's address is a word of its own: aligned, and not null.
   static const uint64_t kEmpty = 0;
   if (mapped) return mapped;
   if (!fetch || bytes == 0) return reinterpret_cast<const uint8_t*>(&kEmpty);
-  if (fetched->tensor != index) {
-    fetched->tensor = SIZE_MAX;
+  FetchedTensor& f = *fetched;
+  if (f.tensor == index) return f.at;
+  f.tensor = SIZE_MAX;
+  f.mapping.reset();  // the last one goes first: one tensor at a time
+  const std::string what = "tensor '" + name + "'";
+  uint64_t done = 0;  // bytes handed over; more than `bytes` only where the input changed
+  const auto fits = [&](uint64_t n) { return done < bytes ? std::min(n, bytes - done) : 0; };
+  if (bytes <= FetchedTensor::kHeldBytes) {
     const uint64_t words = (bytes + 7) / 8;
-    if (fetched->capacity < words) {
-      fetched->words.reset();  // the old one goes first: memory for one tensor at a time
-      fetched->words.reset(new uint64_t[words]);
-      fetched->capacity = words;
+    if (f.capacity < words) {
+      f.words.reset();
+      f.words.reset(new uint64_t[words]);
+      f.capacity = words;
     }
-    fetch(reinterpret_cast<uint8_t*>(fetched->words.get()));
-    fetched->tensor = index;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(f.words.get());
+    fetch([&](const uint8_t* p, uint64_t n) {
+      std::memcpy(dst + done, p, fits(n));
+      done += n;
+    });
+    f.at = dst;
+  } else {
+    if (f.scratch < 0) f.scratch = scratch_file(what);
+    if (::ftruncate(f.scratch, 0) != 0 || ::lseek(f.scratch, 0, SEEK_SET) != 0) {
+      const int e = errno;
+      io_error(what, std::string("cannot reuse its scratch file: ") + std::strerror(e));
+    }
+    fetch([&](const uint8_t* p, uint64_t n) {
+      append_scratch(f.scratch, p, fits(n), what, false);
+      done += n;
+    });
+    if (done == bytes) {
+      void* m = ::mmap(nullptr, size_t(bytes), PROT_READ, MAP_SHARED, f.scratch, 0);
+      const int e = errno;
+      if (m == MAP_FAILED) io_error(what, std::string("cannot map: ") + std::strerror(e));
+      const size_t length = size_t(bytes);
+      f.mapping = std::shared_ptr<void>(m, [length](void* q) { ::munmap(q, length); });
+      f.at = static_cast<const uint8_t*>(m);
+    }
   }
-  return reinterpret_cast<const uint8_t*>(fetched->words.get());
+  if (done != bytes) io_error(what, "its bytes changed while read");
+  f.tensor = index;
+  return f.at;
 }
 uint64_t TensorHeader::elements() const { return product(shape); }
 
@@ -499,7 +562,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
 
 // libgift reads elements of their own size at aligned addresses; a tensor that lies at an
 // odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside
-// when it is asked for, into the file's one buffer for such tensors.
+// when it is asked for, into the file's one place for such tensors (FetchedTensor).
 void align_data(TensorFile* f) {
   const auto fetched = std::make_shared<FetchedTensor>();
   for (size_t i = 0; i < f->tensors.size(); ++i) {
@@ -511,7 +574,7 @@ void align_data(TensorFile* f) {
     const uint8_t* src = t.mapped;
     const uint64_t n = t.bytes;
     t.mapped = nullptr;
-    t.fetch = [src, n](uint8_t* dst) { std::memcpy(dst, src, n); };
+    t.fetch = [src, n](const FetchPut& put) { put(src, n); };
   }
 }
 

@@ -14,15 +14,29 @@
 
 namespace gift::io {
 
-// The one buffer of a file in which those of its tensors that cannot be read in place are
-// made, one at a time: memory for its largest such tensor, not for the file.
+// Where a file's tensors that cannot be read in place are made, one at a time: up to
+// kHeldBytes in a buffer (memory for the largest such tensor), larger ones in an unnamed
+// scratch file in $TMPDIR (or /tmp), mapped as the input files are, so that memory does not
+// grow with a tensor.
 struct FetchedTensor {
-  size_t tensor = SIZE_MAX;  // whose bytes it holds
-  // 8-byte aligned, grown to the largest tensor asked for and never cleared: each fetch
-  // writes all of its tensor's bytes.
+  static constexpr uint64_t kHeldBytes = uint64_t(16) << 20;
+  size_t tensor = SIZE_MAX;  // whose bytes `at` holds
+  const uint8_t* at = nullptr;
+  // 8-byte aligned, grown to the largest tensor held and never cleared: each fetch writes
+  // all of its tensor's bytes.
   std::unique_ptr<uint64_t[]> words;
   uint64_t capacity = 0;  // in words
+  int scratch = -1;       // the scratch file, made when first needed
+  std::shared_ptr<void> mapping;
+
+  FetchedTensor() = default;
+  FetchedTensor(const FetchedTensor&) = delete;
+  FetchedTensor& operator=(const FetchedTensor&) = delete;
+  ~FetchedTensor();
 };
+
+// A tensor's bytes handed over in order, in pieces.
+using FetchPut = std::function<void(const uint8_t* p, uint64_t n)>;
 
 struct TensorRef {
   std::string name;
@@ -32,8 +46,8 @@ struct TensorRef {
   uint64_t bytes;
   size_t index = 0;  // in its file
   // Where mapped is null (a deflated .npz member, a tensor at an odd offset of its file):
-  // writes the `bytes` bytes at dst, into the file's one buffer.
-  std::function<void(uint8_t* dst)> fetch;
+  // hands its `bytes` bytes to put, which data() keeps in `fetched`.
+  std::function<void(const FetchPut& put)> fetch;
   std::shared_ptr<FetchedTensor> fetched;
 
   uint64_t elements() const;

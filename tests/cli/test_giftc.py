@@ -231,20 +231,25 @@ class Giftc(unittest.TestCase):
 
     def test_npz_members_are_held_one_at_a_time(self):
         # numpy.savez_compressed deflates its members (and some numpy versions' savez puts
-        # them at odd offsets): giftc makes one member at a time in a buffer of its own, so
-        # encode and compare of four members of 24 MiB run under 72 MiB of private memory
-        # (RLIMIT_DATA), which the whole 96 MiB would not fit, with the bytes of the file.
+        # them at odd offsets): giftc makes one member at a time, in a buffer of its own up to
+        # 16 MiB, a larger one in a scratch file in $TMPDIR that it maps. Encode (24 MiB of
+        # private memory, RLIMIT_DATA) and compare (40 MiB) of two members of 48 MiB and one
+        # of 1 MiB give the bytes of the same tensors from a safetensors file, and leave
+        # nothing in $TMPDIR.
         import resource
 
-        def capped():
-            resource.setrlimit(resource.RLIMIT_DATA, (72 << 20, 72 << 20))
+        def capped(mib):
+            return lambda: resource.setrlimit(resource.RLIMIT_DATA, (mib << 20, mib << 20))
 
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-        if subprocess.run([GIFTC, "--version"], preexec_fn=capped, env=env,
+        scratch = self.path("scratch")
+        os.mkdir(scratch)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", TMPDIR=scratch)
+        if subprocess.run([GIFTC, "--version"], preexec_fn=capped(24), env=env,
                           capture_output=True).returncode != 0:
             self.skipTest("giftc cannot start under RLIMIT_DATA (a sanitizer build)")
         rng = np.random.default_rng(4)
-        tensors = {f"m{i}": rng.standard_normal((1536, 4096), np.float32) for i in range(4)}
+        tensors = {f"m{i}": rng.standard_normal((3072, 4096), np.float32) for i in range(2)}
+        tensors["small"] = rng.standard_normal((512, 512), np.float32)
         ref = self.path("ref.safetensors")
         save_file(tensors, ref)
         want = self.path("ref.gift")
@@ -254,14 +259,44 @@ class Giftc(unittest.TestCase):
             save(z, **tensors)
             frame = self.path("m.gift")
             r = subprocess.run([GIFTC, "encode", z, "-o", frame, "-f", "-q", "--threads", "1"],
-                               preexec_fn=capped, env=env, capture_output=True, text=True)
+                               preexec_fn=capped(24), env=env, capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, (save.__name__, r.stderr))
             self.assertEqual(pathlib.Path(frame).read_bytes(), pathlib.Path(want).read_bytes(),
                              save.__name__)
             r = subprocess.run([GIFTC, "compare", z, ref, "--json", "--threads", "1"],
-                               preexec_fn=capped, env=env, capture_output=True, text=True)
+                               preexec_fn=capped(40), env=env, capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, (save.__name__, r.stderr))
-            self.assertEqual([t["max_abs"] for t in json.loads(r.stdout)["tensors"]], [0.0] * 4)
+            self.assertEqual([t["max_abs"] for t in json.loads(r.stdout)["tensors"]], [0.0] * 3)
+            self.assertEqual(os.listdir(scratch), [])
+        # A tensor at an odd offset of a safetensors file (after 3 fp16 values) goes the same
+        # way: it decodes as the same tensor read in place.
+        small = np.arange(3, dtype=np.float16)
+        big = tensors["m0"]
+        header = json.dumps({"a": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]},
+                             "big": {"dtype": "F32", "shape": list(big.shape),
+                                     "data_offsets": [6, 6 + big.nbytes]}}).encode()
+        header += b" " * (-len(header) % 8)
+        odd = self.path("odd.safetensors")
+        with open(odd, "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header + small.tobytes() + big.tobytes())
+        aligned = self.path("aligned.safetensors")
+        save_file({"big": big}, aligned)
+        decoded = {}
+        for src, cap in ((odd, 24), (aligned, 1024)):
+            frame, out = self.path("one.gift"), self.path("one.safetensors")
+            r = subprocess.run([GIFTC, "encode", src, "-o", frame, "-f", "-q", "--threads", "1"],
+                               preexec_fn=capped(cap), env=env, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, (src, r.stderr))
+            self.assertEqual(run("decode", frame, "-o", out, "-f", "-q").returncode, 0)
+            decoded[src] = load_file(out)
+        np.testing.assert_array_equal(decoded[odd]["big"], decoded[aligned]["big"])
+        np.testing.assert_array_equal(decoded[odd]["a"], small)
+        self.assertEqual(os.listdir(scratch), [])
+        # A scratch file that cannot be written is an error that says where.
+        full = subprocess.run([GIFTC, "encode", z, "-o", frame, "-f", "-q"], capture_output=True,
+                              text=True, env=dict(env, TMPDIR=self.path("no-such-dir")))
+        self.assertEqual(full.returncode, 3, full.stderr)
+        self.assertIn("cannot create a scratch file in " + self.path("no-such-dir"), full.stderr)
 
     def test_memory_does_not_grow_with_the_file(self):
         # RLIMIT_DATA caps the process's private writable memory (not the page cache of the
