@@ -277,14 +277,14 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
       t.bytes = m.usize - offset;
       const uint8_t* deflated = b + m.data;
       const uint64_t csize = m.csize, usize = m.usize;
-      t.fetch = [deflated, csize, usize, offset](const FetchPut& put) {
+      t.fetch = [deflated, csize, usize, offset, where](const FetchPut& put) {
         uint64_t seen = 0;  // raw bytes so far, the header's dropped
         const bool same = inflate_member(deflated, csize, usize, [&](const uint8_t* p, uint64_t n) {
           const uint64_t drop = std::min(n, offset - std::min(seen, offset));
           seen += n;
           if (n > drop) put(p + drop, n - drop);
         });
-        if (!same) throw giftc::Failure(giftc::kIoError, "a deflated member changed while read");
+        if (!same) io_error(where, "changed while read");
       };
       out->tensors.push_back(std::move(t));
     } else {
@@ -384,7 +384,7 @@ const uint8_t* TensorRef::data() const {
   if (f.tensor == index) return f.at;
   f.tensor = SIZE_MAX;
   f.mapping.reset();  // the last one goes first: one tensor at a time
-  const std::string what = "tensor '" + name + "'";
+  const std::string what = f.file + ": tensor '" + name + "'";
   uint64_t done = 0;  // bytes handed over; more than `bytes` only where the input changed
   const auto fits = [&](uint64_t n) { return done < bytes ? std::min(n, bytes - done) : 0; };
   if (bytes <= FetchedTensor::kHeldBytes) {
@@ -563,8 +563,9 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
 // libgift reads elements of their own size at aligned addresses; a tensor that lies at an
 // odd offset of its file (an .npz member, a hand-made safetensors file) is copied aside
 // when it is asked for, into the file's one place for such tensors (FetchedTensor).
-void align_data(TensorFile* f) {
+void align_data(TensorFile* f, const std::string& name) {
   const auto fetched = std::make_shared<FetchedTensor>();
+  fetched->file = name;
   for (size_t i = 0; i < f->tensors.size(); ++i) {
     TensorRef& t = f->tensors[i];
     t.index = i;
@@ -575,6 +576,13 @@ void align_data(TensorFile* f) {
     const uint64_t n = t.bytes;
     t.mapped = nullptr;
     t.fetch = [src, n](const FetchPut& put) { put(src, n); };
+  }
+  // A scratch directory that cannot be used fails now, not after the tensors before.
+  for (const TensorRef& t : f->tensors) {
+    if (t.fetch && t.bytes > FetchedTensor::kHeldBytes) {
+      fetched->scratch = scratch_file(name + ": tensor '" + t.name + "'");
+      break;
+    }
   }
 }
 
@@ -635,7 +643,7 @@ void parse_tensor_file(FileKind kind, const uint8_t* b, uint64_t size, const std
     bad(name, kUnknownKind);
   }
   check_names(*out, name);
-  align_data(out);
+  align_data(out, name);
 }
 
 std::vector<uint8_t> safetensors_header(const std::vector<TensorHeader>& tensors,

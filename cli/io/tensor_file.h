@@ -16,10 +16,11 @@ namespace gift::io {
 
 // Where a file's tensors that cannot be read in place are made, one at a time: up to
 // kHeldBytes in a buffer (memory for the largest such tensor), larger ones in an unnamed
-// scratch file in $TMPDIR (or /tmp), mapped as the input files are, so that memory does not
-// grow with a tensor.
+// scratch file in $TMPDIR (or /tmp), mapped as the input files are, so that the process's
+// own memory does not grow with a tensor (a tmpfs there holds them in shared memory instead).
 struct FetchedTensor {
   static constexpr uint64_t kHeldBytes = uint64_t(16) << 20;
+  std::string file;          // the tensors' file, for messages
   size_t tensor = SIZE_MAX;  // whose bytes `at` holds
   const uint8_t* at = nullptr;
   // 8-byte aligned, grown to the largest tensor held and never cleared: each fetch writes

@@ -292,11 +292,13 @@ class Giftc(unittest.TestCase):
         np.testing.assert_array_equal(decoded[odd]["big"], decoded[aligned]["big"])
         np.testing.assert_array_equal(decoded[odd]["a"], small)
         self.assertEqual(os.listdir(scratch), [])
-        # A scratch file that cannot be written is an error that says where.
+        # A scratch file that cannot be made is an error, found when the archive is opened,
+        # that names the archive, the member and the folder.
         full = subprocess.run([GIFTC, "encode", z, "-o", frame, "-f", "-q"], capture_output=True,
                               text=True, env=dict(env, TMPDIR=self.path("no-such-dir")))
         self.assertEqual(full.returncode, 3, full.stderr)
-        self.assertIn("cannot create a scratch file in " + self.path("no-such-dir"), full.stderr)
+        self.assertIn(z + ": tensor 'm0': cannot create a scratch file in " +
+                      self.path("no-such-dir"), full.stderr)
 
     def test_memory_does_not_grow_with_the_file(self):
         # RLIMIT_DATA caps the process's private writable memory (not the page cache of the

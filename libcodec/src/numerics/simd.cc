@@ -1154,9 +1154,10 @@ HWY_INLINE void AmaxOf16(const __m512i (&v)[16], uint32_t* out) {
 #define GIFT_AMAX_OF_16 0
 #endif
 
-// Blocks of one, two or four vectors, 4 * Lanes(DF) elements of them at src: one 4-vector
-// step with each vector scaled by its own block's factor (factor[b], reciprocal[b] for block b
-// of the step, as EncodeBlock takes them; vector k is in block k >> shift), every block's
+// Blocks of one, two, four or more vectors, 4 * Lanes(DF) elements of them at src: one
+// 4-vector step with each vector scaled by its own block's factor (factor[b], reciprocal[b]
+// for block b of the step, as EncodeBlock takes them; vector k is in block k >> shift, and
+// for blocks of four vectors or more, shift 2, all four are in one), every block's
 // scale positive and finite and, for the reciprocal, in its domain. kZipped: the loads as
 // Source<T>::load4 gives them, whose vectors 2j and 2j + 1 hold the elements of the same
 // 2 * Lanes(DF), as unzipped vectors 2j and 2j + 1 do: so for blocks of two or four vectors
