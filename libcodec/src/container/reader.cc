@@ -504,13 +504,23 @@ giftResult_t FrameReader::fetch(size_t index, SectionCache* cache) const {
     return r;
   }
   cache->scales = nullptr;
-  if (!e.raw) {
-    if (const giftResult_t r = section_bytes(e.fb->scales(), section_name(e.name, "scales"),
-                                             &cache->scales_scratch, &cache->scales)) {
+  cache->scales_windowed = false;
+  const fb::Section* scales = e.raw ? nullptr : e.fb->scales();
+  const std::string scales_what = section_name(e.name, "scales");
+  if (scales && scales->compression() != fb::Compression::None) {
+    if (const giftResult_t r = checksum_ok(scales, scales_what)) return r;
+    if (const giftResult_t r =
+            cache->scales_window.open(bytes_->data() + scales->offset(), scales->stored_length(),
+                                      scales->raw_length(), name_ + ": " + scales_what)) {
       return r;
     }
-    if (cache->scales != cache->scales_scratch.data())
-      cache->scales = aligned_scales(e, cache->scales, &cache->scales_scratch);
+    cache->scales_windowed = true;
+  } else if (scales) {
+    if (const giftResult_t r =
+            section_bytes(scales, scales_what, &cache->scales_scratch, &cache->scales)) {
+      return r;
+    }
+    cache->scales = aligned_scales(e, cache->scales, &cache->scales_scratch);
   }
   cache->index = index;
   return GIFT_OK;
@@ -545,8 +555,12 @@ giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, co
                                    : (b.row / grid.height) * grid.grid_cols + b.col / grid.width;
   uint64_t band_scale_bytes = 0;
   giftScaleBytes(&e.params, b.rows, b.cols, &band_scale_bytes);
-  return decoder(&ctx_, &e.params, codes, c.scales + first_group * scale_size(e.params.scale_dtype),
-                 band_scale_bytes, b.rows, b.cols, dst, dst_dtype);
+  const uint8_t* scales = nullptr;
+  if (const giftResult_t r =
+          c.scales_at(first_group * scale_size(e.params.scale_dtype), band_scale_bytes, &scales)) {
+    return r;
+  }
+  return decoder(&ctx_, &e.params, codes, scales, band_scale_bytes, b.rows, b.cols, dst, dst_dtype);
 }
 
 // With late checksums pending, a band that continues the bands hashed so far is decoded,

@@ -72,16 +72,17 @@ class FrameReader {
                       bool coded_values = false) const;
 
   // A tensor's sections for a run of decode_rows calls, checked when the run starts:
-  // compressed codes are read forward through a window (bands in order decompress the
-  // section once), compressed scales expanded. With late_checksums
+  // compressed codes and scales are read forward through windows (bands in order decompress
+  // each section once). With late_checksums
   // (giftFrameSetLateChecksums), uncompressed codes are instead hashed band by band as bands
   // are decoded in order, and the last band's call compares the sum; a band out of order
   // checks the whole section first, and so does every run of a tensor found damaged.
   struct SectionCache {
     bool late_checksums = false;
     size_t index = SIZE_MAX;
-    const uint8_t *codes = nullptr, *scales = nullptr;  // codes: null when windowed
-    SectionWindow codes_window;
+    const uint8_t *codes = nullptr, *scales = nullptr;  // null when windowed
+    SectionWindow codes_window, scales_window;
+    bool scales_windowed = false;
     std::vector<uint8_t> scales_scratch;
     // While late checksums are pending: the hash of codes [0, hashed).
     std::optional<Checksum64> hash;
@@ -91,6 +92,12 @@ class FrameReader {
     giftResult_t codes_at(uint64_t at, uint64_t n, const uint8_t** bytes) {
       if (codes) return *bytes = codes + at, GIFT_OK;
       return codes_window.get(at, n, bytes);
+    }
+    // Bytes [at, at + n) of the scales (a compressed section's through its own window, so
+    // that a tensor's scales are not held whole either).
+    giftResult_t scales_at(uint64_t at, uint64_t n, const uint8_t** bytes) {
+      if (scales_windowed) return scales_window.get(at, n, bytes);
+      return *bytes = scales ? scales + at : nullptr, GIFT_OK;
     }
   };
   // A part of a tensor's rows x cols view: whole rows [row, row + rows), or with rows = 1,
