@@ -23,6 +23,7 @@
 #include "common/temporaries.h"
 #include "container/layout.h"
 #include "container/sections.h"
+#include "container/writer.h"
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
 #include "gift_generated.h"
@@ -195,6 +196,13 @@ TEST(Streaming, ScratchWriterWritesTheSameBytes) {
     bool in_place = false;
     EXPECT_EQ(frame_of(c, "", path, Sink::kStream, &in_place, 1), in_memory);
     EXPECT_TRUE(in_place);
+    // Scales spilled to a scratch file band by band (all of them: held up to 0 bytes), into
+    // a scratch folder's file and into the output, on one thread and on all.
+    const uint64_t held = gift::container::set_held_scale_bytes_for_test(0);
+    EXPECT_EQ(frame_of(c, dir, ""), in_memory);
+    EXPECT_EQ(frame_of(c, "", path, Sink::kStream, &in_place), in_memory);
+    EXPECT_EQ(frame_of(c, "", path, Sink::kStream, &in_place, 1), in_memory);
+    gift::container::set_held_scale_bytes_for_test(held);
     giftFrame* f = nullptr;
     ASSERT_EQ(giftFrameOpenFile(path.c_str(), &f), GIFT_OK);
     EXPECT_EQ(giftFrameVerify(f), GIFT_OK);
@@ -805,20 +813,12 @@ TEST(Streaming, SingleRowsAndPartsOfRowsDecodeAsTheWholeTensor) {
   }
 }
 
-// A row longer than the writer's band (2^20 elements) goes through the encoder in parts; its
-// codes and scales are the in-memory encoder's for the whole tensor, blocks cut short at
-// the row's end, one scale for the tensor, and stochastic rounding (counted by element)
-// included; and the frame decodes to giftDecode's values.
-// A frame writer with a scratch folder, which encodes in bands, gives a tensor the codes and
-// scales of giftEncode of the whole tensor.
-void expect_banded_as_whole(const std::vector<float>& x, uint64_t rows, uint64_t cols,
-                            const giftQuantParams& p, const std::string& dir) {
-  uint64_t scale_bytes = 0;
-  ASSERT_EQ(giftScaleBytes(&p, rows, cols, &scale_bytes), GIFT_OK);
-  std::vector<uint8_t> codes(rows * cols), scales(scale_bytes);
-  ASSERT_EQ(giftEncode(nullptr, &p, x.data(), GIFT_DTYPE_F32, rows, cols, codes.data(),
-                       scales.data(), scale_bytes, nullptr),
-            GIFT_OK);
+// A frame writer with a scratch folder, which encodes in bands, gives x's tensor these codes
+// and scales.
+void expect_frame_has(const std::vector<float>& x, uint64_t rows, uint64_t cols,
+                      const giftQuantParams& p, const std::string& dir,
+                      const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales) {
+  const uint64_t scale_bytes = scales.size();
   giftFrameWriter* w = nullptr;
   ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
   ASSERT_EQ(giftFrameWriterSetScratchDir(w, dir.c_str()), GIFT_OK);
@@ -842,6 +842,29 @@ void expect_banded_as_whole(const std::vector<float>& x, uint64_t rows, uint64_t
   giftFree(bytes);
 }
 
+// A frame writer with a scratch folder, which encodes in bands, gives a tensor the codes and
+// scales of giftEncode of the whole tensor, with its scales held and spilled (ScalesBuffer).
+void expect_banded_as_whole(const std::vector<float>& x, uint64_t rows, uint64_t cols,
+                            const giftQuantParams& p, const std::string& dir) {
+  uint64_t scale_bytes = 0;
+  ASSERT_EQ(giftScaleBytes(&p, rows, cols, &scale_bytes), GIFT_OK);
+  std::vector<uint8_t> codes(rows * cols), scales(scale_bytes);
+  ASSERT_EQ(giftEncode(nullptr, &p, x.data(), GIFT_DTYPE_F32, rows, cols, codes.data(),
+                       scales.data(), scale_bytes, nullptr),
+            GIFT_OK);
+  const uint64_t held = gift::container::set_held_scale_bytes_for_test(0);
+  for (const uint64_t bound : {held, uint64_t(0)}) {
+    SCOPED_TRACE(bound ? "scales held" : "scales spilled");
+    gift::container::set_held_scale_bytes_for_test(bound);
+    expect_frame_has(x, rows, cols, p, dir, codes, scales);
+  }
+  gift::container::set_held_scale_bytes_for_test(held);
+}
+
+// A row longer than the writer's band (2^20 elements) goes through the encoder in parts; its
+// codes and scales are the in-memory encoder's for the whole tensor, blocks cut short at
+// the row's end, one scale for the tensor, and stochastic rounding (counted by element)
+// included; and the frame decodes to giftDecode's values.
 TEST(Streaming, RowsLongerThanABandEncodeAsTheWholeTensor) {
   const uint64_t rows = 2, cols = (uint64_t(1) << 20) + 1000;
   std::vector<float> x = values(rows * cols, 8);

@@ -407,6 +407,8 @@ giftResult_t OutputFile::finish_named() {
   return GIFT_OK;
 }
 
+std::string OutputFile::folder() const { return folder_of(path_); }
+
 ScratchFile::~ScratchFile() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -448,6 +450,21 @@ giftResult_t ScratchFile::truncate(uint64_t size) {
                 std::strerror(errno));
   }
   size_ = size;
+  return GIFT_OK;
+}
+
+giftResult_t ScratchFile::read(uint64_t offset, void* dst, uint64_t n) const {
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  for (uint64_t done = 0; done < n;) {
+    const ssize_t r = ::pread(fd_, p + done, size_t(std::min<uint64_t>(n - done, 1u << 30)),
+                              off_t(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      return fail(GIFT_ERROR_IO, "%s: cannot read scratch data back: %s", dir_.c_str(),
+                  r < 0 ? std::strerror(errno) : "it is shorter than written");
+    }
+    done += uint64_t(r);
+  }
   return GIFT_OK;
 }
 

@@ -94,6 +94,8 @@ class OutputFile : public SectionFile {
   uint64_t written() const { return written_; }
   uint64_t size() const override { return written_; }
   const std::string& name() const { return name_; }
+  // A file's folder (where its temporary name lies).
+  std::string folder() const;
 
  private:
   giftResult_t io_error(const char* what, int err) const;
@@ -135,7 +137,10 @@ class ScratchFile : public SectionFile {
   giftResult_t truncate(uint64_t size) override;
   bool is_open() const { return fd_ >= 0; }
   int fd() const { return fd_; }
+  const std::string& dir() const { return dir_; }
   uint64_t size() const override { return size_; }
+  // Reads back [offset, offset + n) into dst.
+  giftResult_t read(uint64_t offset, void* dst, uint64_t n) const;
 
  private:
   int fd_ = -1;

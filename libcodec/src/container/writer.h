@@ -25,6 +25,10 @@ struct TensorShape : MatrixView {
 // Checks dims (count, overflow) and derives the codec's view.
 giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out);
 
+// Tests reach the spilled scales of large tensors with small ones: scales held in memory up
+// to `bytes` a tensor from now on; returns the bound before.
+uint64_t set_held_scale_bytes_for_test(uint64_t bytes);
+
 // How a tensor's codes relate to its values (Euclidean, or a GIFT basis), and why.
 struct CoordsChoice {
   bool gift = false;
