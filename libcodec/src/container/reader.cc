@@ -555,12 +555,23 @@ giftResult_t FrameReader::decode_codes(const TensorEntry& e, SectionCache& c, co
                                    : (b.row / grid.height) * grid.grid_cols + b.col / grid.width;
   uint64_t band_scale_bytes = 0;
   giftScaleBytes(&e.params, b.rows, b.cols, &band_scale_bytes);
+  // A compressed section's window is asked from the start of the band's row of tiles (up to
+  // 256 KiB of its scales), so that the rows of a tile taken in parts, each from the row's
+  // first part, find its scales there and do not decompress the section again from its
+  // start each time (tiles of 2 x 16 over 1024 x 131088 bf16 values: 5.7 s that way, 0.4 s
+  // this way).
+  const uint64_t scale_width = scale_size(e.params.scale_dtype);
+  const uint64_t row_start = (b.row / grid.height) * grid.grid_cols;
+  const bool from_row = e.params.layout == GIFT_SCALE_TILE && grid.height > 1 &&
+                        (first_group - row_start) * scale_width + band_scale_bytes <= (256 << 10);
+  const uint64_t from = from_row ? row_start : first_group;
   const uint8_t* scales = nullptr;
-  if (const giftResult_t r =
-          c.scales_at(first_group * scale_size(e.params.scale_dtype), band_scale_bytes, &scales)) {
+  if (const giftResult_t r = c.scales_at(
+          from * scale_width, (first_group - from) * scale_width + band_scale_bytes, &scales)) {
     return r;
   }
-  return decoder(&ctx_, &e.params, codes, scales, band_scale_bytes, b.rows, b.cols, dst, dst_dtype);
+  return decoder(&ctx_, &e.params, codes, scales + (first_group - from) * scale_width,
+                 band_scale_bytes, b.rows, b.cols, dst, dst_dtype);
 }
 
 // With late checksums pending, a band that continues the bands hashed so far is decoded,

@@ -73,7 +73,8 @@ class FrameReader {
 
   // A tensor's sections for a run of decode_rows calls, checked when the run starts:
   // compressed codes and scales are read forward through windows (bands in order decompress
-  // each section once). With late_checksums
+  // each section once, but for a row of tiles with over 256 KiB of scales whose rows are taken
+  // in parts: each row goes back to the row's first scales). With late_checksums
   // (giftFrameSetLateChecksums), uncompressed codes are instead hashed band by band as bands
   // are decoded in order, and the last band's call compares the sum; a band out of order
   // checks the whole section first, and so does every run of a tensor found damaged.

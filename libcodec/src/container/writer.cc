@@ -99,17 +99,16 @@ class CodesInTurn {
 // before it in a scratch file, so that memory does not grow with the tensor.
 class ScalesBuffer {
  public:
-  explicit ScalesBuffer(uint64_t total) : total_(total), bytes_(total) {}
+  explicit ScalesBuffer(uint64_t total) : total_(total) {}
   giftResult_t spill_to(const std::string& dir) {
     spilled_ = true;
-    bytes_.clear();
     return file_.open(dir);
   }
   bool spilled() const { return spilled_; }
   // A walk over the tensor starts (again).
   giftResult_t restart() {
     base_ = 0;
-    if (!spilled_) return GIFT_OK;
+    if (!spilled_) return bytes_.assign(total_, 0), GIFT_OK;
     bytes_.clear();
     return file_.truncate(0);
   }
@@ -419,7 +418,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const uint64_t codes_bytes = cut.parts ? cut.part : std::min(rows, cut.band) * cols;
   const bool behind = spare_processor(&ctx_) && codes_bytes <= kMostTileRowElems;
   CodesInTurn codes_in_turn(codes_bytes, behind);
-  // A tensor's scales are held up to kHeldScaleBytes; more go to a scratch file beside the
+  // A tensor's scales are held up to held_scale_bytes; more go to a scratch file beside the
   // scratch data or the output as they are made, and into the sink after the codes.
   ScalesBuffer scales(scale_bytes);
   if (scale_bytes > held_scale_bytes) {
