@@ -104,13 +104,15 @@ class ScalesBuffer {
     spilled_ = true;
     return file_.open(dir);
   }
-  bool spilled() const { return spilled_; }
   // A walk over the tensor starts (again).
   giftResult_t restart() {
     base_ = 0;
-    if (!spilled_) return bytes_.assign(total_, 0), GIFT_OK;
-    bytes_.clear();
-    return file_.truncate(0);
+    if (spilled_) {
+      bytes_.clear();
+      return file_.truncate(0);
+    }
+    bytes_.assign(total_, 0);
+    return GIFT_OK;
   }
   // The next scales made are bytes [from, from + n), right after those before: the ones
   // held are written out first where the n would take them past kChunk.
@@ -124,11 +126,11 @@ class ScalesBuffer {
     return GIFT_OK;
   }
   uint8_t* at(uint64_t offset) { return bytes_.data() + (offset - base_); }
-  // Held: the scales. Spilled: the last ones put after the others, and every one in order
-  // as pieces.
-  std::vector<uint8_t> take() { return std::move(bytes_); }
-  giftResult_t finish() { return flush(); }
-  giftResult_t read_back(const std::function<giftResult_t(const void*, uint64_t)>& put) const {
+  // Once the walk is over: all the scales, in order, to put (held: at once; spilled: the last
+  // ones written out after the others, then read back in pieces).
+  giftResult_t put_all(const std::function<giftResult_t(const void*, uint64_t)>& put) {
+    if (!spilled_) return put(bytes_.data(), bytes_.size());
+    if (const giftResult_t r = flush()) return r;
     std::vector<uint8_t> piece(std::min<uint64_t>(total_, uint64_t(256) << 10));
     for (uint64_t at = 0; at < total_; at += piece.size()) {
       const uint64_t n = std::min<uint64_t>(piece.size(), total_ - at);
@@ -535,18 +537,11 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   t->rms = census.rms();
   if (const giftResult_t r = nonfinite_result(p, t->stats, cols))
     return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
-  if (scales.spilled()) {
-    codes_in_turn.release();
-    if (const giftResult_t r = scales.finish()) return r;
-    return spill_section(
-        &t->scales, scale_bytes, [&](const Put& put) { return scales.read_back(put); }, false);
-  }
   // As the codes: compressed as they are stored, not in one call (which would hold them
   // twice more).
-  const std::vector<uint8_t> held = scales.take();
+  codes_in_turn.release();
   return spill_section(
-      &t->scales, scale_bytes, [&](const Put& put) { return put(held.data(), held.size()); },
-      false);
+      &t->scales, scale_bytes, [&](const Put& put) { return scales.put_all(put); }, false);
 }
 
 giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t dtype) const {
