@@ -295,10 +295,7 @@ void Pieces::decode(giftFrame* frame, uint64_t index, const giftBasis* basis, ui
 }
 
 std::string scratch_dir(const std::string& output) {
-  if (output.empty()) {
-    const char* env = std::getenv("TMPDIR");
-    return env && *env ? env : "/tmp";
-  }
+  if (output.empty()) return gift::io::temp_dir();
   const size_t slash = output.rfind('/');
   return slash == std::string::npos ? "." : slash == 0 ? "/" : output.substr(0, slash);
 }

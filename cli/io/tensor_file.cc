@@ -79,14 +79,18 @@ void map_into(const std::string& path, TensorFile* out, const uint8_t** data, ui
   map_fd(fd, path, &out->storage, data, size);
 }
 
-std::string scratch_dir() {
+}  // namespace
+
+std::string temp_dir() {
   const char* env = std::getenv("TMPDIR");
   return env && *env ? env : "/tmp";
 }
 
-// An unnamed file in scratch_dir(), gone with its last descriptor; `name` is what it holds.
+namespace {
+
+// An unnamed file in temp_dir(), gone with its last descriptor; `name` is what it holds.
 int scratch_file(const std::string& name) {
-  const std::string dir = scratch_dir();
+  const std::string dir = temp_dir();
   int tmp = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (tmp < 0) {
     std::string path = dir + "/giftc-scratch-XXXXXX";
@@ -98,16 +102,14 @@ int scratch_file(const std::string& name) {
   return tmp;
 }
 
-// n bytes at p appended to the scratch file tmp (closed on failure when `close_on_failure`).
-void append_scratch(int tmp, const uint8_t* p, uint64_t n, const std::string& name,
-                    bool close_on_failure) {
+// n bytes at p appended to the scratch file tmp.
+void append_scratch(int tmp, const uint8_t* p, uint64_t n, const std::string& name) {
   for (uint64_t done = 0; done < n;) {
     const ssize_t w = ::write(tmp, p + done, size_t(std::min<uint64_t>(n - done, 1u << 30)));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       const int e = w < 0 ? errno : ENOSPC;
-      if (close_on_failure) ::close(tmp);
-      io_error(name, "cannot keep it in " + scratch_dir() + ": " + std::strerror(e));
+      io_error(name, "cannot keep it in " + temp_dir() + ": " + std::strerror(e));
     }
     done += uint64_t(w);
   }
@@ -117,17 +119,21 @@ void append_scratch(int tmp, const uint8_t* p, uint64_t n, const std::string& na
 // a file: mapped, in bounded memory.
 int spill(int fd, const std::string& name) {
   const int tmp = scratch_file(name);
-  std::vector<uint8_t> buf(uint64_t(1) << 20);
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(tmp);
-      io_error(name, std::string("read failed: ") + std::strerror(e));
+  try {
+    std::vector<uint8_t> buf(uint64_t(1) << 20);
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int e = errno;
+        io_error(name, std::string("read failed: ") + std::strerror(e));
+      }
+      if (n == 0) break;
+      append_scratch(tmp, buf.data(), uint64_t(n), name);
     }
-    if (n == 0) break;
-    append_scratch(tmp, buf.data(), uint64_t(n), name, true);
+  } catch (...) {
+    ::close(tmp);
+    throw;
   }
   return tmp;
 }
@@ -407,7 +413,7 @@ const uint8_t* TensorRef::data() const {
       io_error(what, std::string("cannot reuse its scratch file: ") + std::strerror(e));
     }
     fetch([&](const uint8_t* p, uint64_t n) {
-      append_scratch(f.scratch, p, fits(n), what, false);
+      append_scratch(f.scratch, p, fits(n), what);
       done += n;
     });
     if (done == bytes) {
