@@ -125,6 +125,30 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     headers.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt});
   }
 
+  // A buffer for every piece of every tensor, sized for the largest piece: bands of rows,
+  // or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole rows,
+  // of its basis' width). Threads as asked (the library runs at most one per processor; the
+  // budget's cap covers the difference).
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  uint64_t buffer_bytes = 0;
+  std::vector<Pieces> pieces;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t size = giftDTypeSize(headers[i].dtype);
+    const uint64_t budget = infos[i].coords == GIFT_COORDS_GIFT
+                                ? kMostBandBytes
+                                : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes);
+    pieces.emplace_back(infos[i].rows, infos[i].cols, infos[i].row_align, infos[i].col_align,
+                        budget / size);
+    buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
+  }
+  // Where a processor is free, a second buffer: each piece is written behind (write(2)'s copy
+  // on that processor) while the next one is decoded into the other buffer. Made before the
+  // output, so that they outlive any write still running when it is freed.
+  const int buffers = threads < omp_get_num_procs() ? 2 : 1;
+  std::unique_ptr<uint8_t[]> buffer[2];
+  for (int k = 0; k < buffers; ++k)
+    buffer[k].reset(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
+
   const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(target.path, o.force) : -1;
   const OutputPtr out = open_output(target.path, fd, o.fsync, o.force);
   const std::vector<uint8_t> head =
@@ -134,30 +158,16 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   for (const gift::io::TensorHeader& h : headers) total += h.elements() * giftDTypeSize(h.dtype);
   check(giftOutputReserve(out.get(), total));
   check(giftOutputWrite(out.get(), head.data(), head.size()));
-  // One buffer for every piece of every tensor, sized for the largest piece: bands of rows,
-  // or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole rows,
-  // of its basis' width). Threads as asked (the library runs at most one per processor; the
-  // budget's cap covers the difference).
-  const uint64_t threads = uint64_t(o.threads > 0 ? o.threads : omp_get_max_threads());
-  uint64_t buffer_bytes = 0;
-  std::vector<Pieces> pieces;
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t size = giftDTypeSize(headers[i].dtype);
-    const uint64_t budget = infos[i].coords == GIFT_COORDS_GIFT
-                                ? kMostBandBytes
-                                : std::min(kBandBytesPerThread * threads, kMostBandBytes);
-    pieces.emplace_back(infos[i].rows, infos[i].cols, infos[i].row_align, infos[i].col_align,
-                        budget / size);
-    buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
-  }
-  const std::unique_ptr<uint8_t[]> buffer(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
   Progress progress("decode", n, v);
+  uint64_t turn = 0;
   for (uint64_t i = 0; i < n; ++i) {
     const giftDType_t dt = headers[i].dtype;
     pieces[i].each([&](uint64_t r0, uint64_t rows, uint64_t c0, uint64_t cols) {
       const uint64_t bytes = rows * cols * giftDTypeSize(dt);
-      pieces[i].decode(f.get(), i, basis.get(), r0, rows, c0, cols, buffer.get(), dt);
-      check(giftOutputWrite(out.get(), buffer.get(), bytes));
+      uint8_t* into = buffer[turn++ % buffers].get();
+      pieces[i].decode(f.get(), i, basis.get(), r0, rows, c0, cols, into, dt);
+      check(buffers == 2 ? giftOutputWriteBehind(out.get(), into, bytes)
+                         : giftOutputWrite(out.get(), into, bytes));
     });
     progress.step(i + 1);
   }

@@ -1172,44 +1172,45 @@ TEST(Streaming, OutputToADescriptorWritesAsItComes) {
   ::close(fds[1]);
 }
 
-// Buffers in turn, each refilled as soon as the write of the next one has started: the file
-// holds what each held when it was handed over only if every write_behind waited for the one
-// before, and each call reports the failure of a write behind it, every time.
+// Buffers in turn through giftOutputWriteBehind, each refilled as soon as the write of the next
+// one has started: the file holds what each held when it was handed over only if every write
+// behind waited for the one before, and each call reports the failure of a write behind it,
+// every time.
 void expect_writes_behind_keep_their_bytes_and_report_their_failures() {
   const std::string dir = temp_dir(), path = dir + "/behind.bin";
   std::vector<uint8_t> buffers[2], expected;
   for (std::vector<uint8_t>& b : buffers) b.resize(3 << 20);
-  {
-    gift::OutputFile out;
-    ASSERT_EQ(out.open(path), GIFT_OK);
-    for (int k = 0; k < 24; ++k) {
-      std::vector<uint8_t>& b = buffers[k % 2];
-      std::fill(b.begin(), b.end(), uint8_t(k + 1));
-      const uint64_t size = b.size() - uint64_t(k) * 4099;
-      expected.insert(expected.end(), b.begin(), b.begin() + int64_t(size));
-      ASSERT_EQ(out.write_behind(b.data(), size), GIFT_OK) << giftGetLastErrorMessage();
-      EXPECT_EQ(out.size(), expected.size());
-    }
-    ASSERT_EQ(out.write("end", 3), GIFT_OK);
-    expected.insert(expected.end(), {'e', 'n', 'd'});
-    ASSERT_EQ(out.commit(), GIFT_OK) << giftGetLastErrorMessage();
+  giftOutput* out = nullptr;
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  for (int k = 0; k < 24; ++k) {
+    std::vector<uint8_t>& b = buffers[k % 2];
+    std::fill(b.begin(), b.end(), uint8_t(k + 1));
+    const uint64_t size = b.size() - uint64_t(k) * 4099;
+    expected.insert(expected.end(), b.begin(), b.begin() + int64_t(size));
+    ASSERT_EQ(giftOutputWriteBehind(out, b.data(), size), GIFT_OK) << giftGetLastErrorMessage();
+    EXPECT_EQ(giftOutputBytes(out), expected.size());
   }
+  ASSERT_EQ(giftOutputWrite(out, "end", 3), GIFT_OK);
+  expected.insert(expected.end(), {'e', 'n', 'd'});
+  ASSERT_EQ(giftOutputCommit(out), GIFT_OK) << giftGetLastErrorMessage();
+  giftOutputFree(out);
   EXPECT_TRUE(file_bytes(path) == expected);
   ::unlink(path.c_str());
   ::rmdir(dir.c_str());
+  EXPECT_EQ(giftOutputWriteBehind(nullptr, "x", 1), GIFT_ERROR_INVALID_ARGUMENT);
 
   if (::access("/dev/full", W_OK) != 0) return;  // no /dev/full
   const int fd = ::open("/dev/full", O_WRONLY);
   ASSERT_GE(fd, 0);
-  gift::OutputFile full;
-  full.open_fd(fd, "/dev/full");
-  EXPECT_EQ(full.write_behind("x", 1), GIFT_OK);  // under way: its failure comes next
+  ASSERT_EQ(giftOutputOpenFd(fd, "/dev/full", &out), GIFT_OK);
+  EXPECT_EQ(giftOutputWriteBehind(out, "x", 1), GIFT_OK);  // under way: its failure comes next
   for (int call = 0; call < 2; ++call) {
-    EXPECT_EQ(call ? full.commit() : full.write_behind("y", 1), GIFT_ERROR_IO);
+    EXPECT_EQ(call ? giftOutputCommit(out) : giftOutputWriteBehind(out, "y", 1), GIFT_ERROR_IO);
     EXPECT_NE(std::string(giftGetLastErrorMessage()).find("/dev/full: write failed: No space"),
               std::string::npos)
         << giftGetLastErrorMessage();
   }
+  giftOutputFree(out);
   ::close(fd);
 }
 

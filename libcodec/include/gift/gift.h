@@ -440,6 +440,12 @@ GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** ou
  * otherwise allocate as the bytes come. Nothing for a descriptor. */
 GIFT_API giftResult_t giftOutputReserve(giftOutput* out, uint64_t total);
 GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size);
+/* As giftOutputWrite, but the bytes may be written on a background thread while the caller
+ * goes on (making the next ones): the `size` bytes at `data` must stay as they are until the
+ * next call on `out` returns (giftOutputFree included; giftOutputBytes excepted), which first
+ * waits for this write and returns its failure, if any. Two buffers used in turn overlap
+ * making the bytes with writing them; where no thread can be had, the write happens here. */
+GIFT_API giftResult_t giftOutputWriteBehind(giftOutput* out, const void* data, uint64_t size);
 GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
 /* Whether giftOutputCommit makes a file durable: 1 (the default) fsyncs it before it takes
  * its name (writeback starting as the bytes come, so that the fsync waits only for the

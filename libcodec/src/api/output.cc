@@ -41,6 +41,14 @@ giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size) {
   return out->file.write(data, size);
 }
 
+giftResult_t giftOutputWriteBehind(giftOutput* out, const void* data, uint64_t size) {
+  gift::clear_error();
+  if (!out || (size && !data))
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputWriteBehind: null");
+  if (const giftResult_t r = out->file.check_not_streaming()) return r;
+  return out->file.write_behind(data, size);
+}
+
 giftResult_t giftOutputReserve(giftOutput* out, uint64_t total) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputReserve: null output");
