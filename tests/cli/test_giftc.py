@@ -770,6 +770,26 @@ class Giftc(unittest.TestCase):
         self.assertEqual(outs[0], outs[2])
         self.assertEqual(run("decode", src + ".gift", "-o", self.path("x.npy"), "--threads", "-1").returncode, 1)
 
+    def test_a_reader_that_goes_away_ends_it_as_sigpipe(self):
+        # As gzip -dc | head: giftc ends by SIGPIPE, silently, when its standard output's reader
+        # stops reading, whether the write was made on the main thread or behind (decode on
+        # fewer threads than processors writes its bands from another, where SIGPIPE is blocked).
+        import signal
+
+        src = self.path("p.safetensors")
+        save_file({"w": np.random.default_rng(4).standard_normal((2048, 2048)).astype(np.float32)}, src)
+        self.assertEqual(run("encode", src, "-q").returncode, 0)
+        for cmd in (["decode", src + ".gift", "--threads", "1"],
+                    ["decode", src + ".gift", "--threads", str(os.cpu_count())],
+                    ["encode", src, "--threads", "1"]):
+            p = subprocess.Popen([GIFTC, *cmd, "-c", "-q"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+            self.assertEqual(len(p.stdout.read(1000)), 1000)
+            p.stdout.close()
+            err = p.stderr.read()
+            self.assertEqual(p.wait(timeout=60), -signal.SIGPIPE, (cmd, err))
+            self.assertEqual(err, b"", cmd)
+
     def test_damaged_codes_leave_no_output(self):
         # "b" is all ones: its codes are one byte repeated (448 = 1.0 / (1/448), E4M3 0x7E),
         # a run that no other part of the frame has; one bit flipped past its first band.

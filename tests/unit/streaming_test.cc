@@ -4,10 +4,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1220,6 +1223,45 @@ TEST(Streaming, WritesBehindKeepTheirBytesAndReportTheirFailures) {
     SCOPED_TRACE(threads ? "a background thread" : "no thread");
     gift::set_background_threads_for_test(threads);
     expect_writes_behind_keep_their_bytes_and_report_their_failures();
+  }
+  gift::set_background_threads_for_test(true);
+}
+
+// Where SIGPIPE came, and how often: a handler instead of the default, which ends the process.
+std::atomic<int> pipe_signals{0};
+pthread_t pipe_signal_thread;
+
+// A write behind into a pipe whose reader has gone meets EPIPE on the writing thread, where
+// every signal is blocked; the caller's next call raises SIGPIPE on the caller's thread, once,
+// as a write made there would have (so `giftc decode -c | head` ends as gzip -dc does), and
+// still reports the failure where the signal is handled.
+TEST(Streaming, BrokenPipeBehindRaisesSigpipeOnTheCaller) {
+  for (const bool threads : {true, false}) {
+    SCOPED_TRACE(threads ? "a background thread" : "no thread");
+    gift::set_background_threads_for_test(threads);
+    struct sigaction count = {}, before = {};
+    count.sa_handler = [](int) {
+      pipe_signal_thread = pthread_self();
+      pipe_signals.fetch_add(1);
+    };
+    ASSERT_EQ(::sigaction(SIGPIPE, &count, &before), 0);
+    pipe_signals = 0;
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    ::close(fds[0]);
+    giftOutput* o = nullptr;
+    ASSERT_EQ(giftOutputOpenFd(fds[1], "the pipe", &o), GIFT_OK);
+    EXPECT_EQ(giftOutputWriteBehind(o, "bytes", 5), GIFT_OK);
+    EXPECT_EQ(giftOutputCommit(o), GIFT_ERROR_IO);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("the pipe: write failed: Broken pipe"),
+              std::string::npos)
+        << giftGetLastErrorMessage();
+    EXPECT_EQ(giftOutputCommit(o), GIFT_ERROR_IO);  // reported again, the signal not
+    EXPECT_EQ(pipe_signals.load(), 1);
+    EXPECT_TRUE(pthread_equal(pipe_signal_thread, pthread_self()));
+    giftOutputFree(o);
+    ::close(fds[1]);
+    ASSERT_EQ(::sigaction(SIGPIPE, &before, nullptr), 0);
   }
   gift::set_background_threads_for_test(true);
 }

@@ -1,6 +1,8 @@
 #include "common/output_file.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,6 +101,13 @@ void allocate_past(int fd, uint64_t size, uint64_t more) {
   if (fd >= 0 && more) (void)::fallocate(fd, FALLOC_FL_KEEP_SIZE, off_t(size), off_t(more));
 }
 
+// Whether this thread has SIGPIPE blocked (a write behind's thread has every signal blocked):
+// then the SIGPIPE of a write(2) into a pipe without a reader was not delivered.
+bool sigpipe_blocked() {
+  sigset_t now;
+  return pthread_sigmask(SIG_BLOCK, nullptr, &now) == 0 && sigismember(&now, SIGPIPE) == 1;
+}
+
 // Writeback is started every this many bytes, so that it overlaps the rest of the work and
 // commit's fsync waits only for the tail.
 constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
@@ -155,6 +164,11 @@ giftResult_t OutputFile::settle() {
     if (!failed_) return GIFT_OK;
     failure_ = last_message();
     discard();
+    // A write(2) to a pipe whose reader has gone raises SIGPIPE in the thread that made it,
+    // which ends the process unless the caller handles it (as `giftc decode -c | head` ends,
+    // like gzip -dc). Written behind, it met EPIPE with the signal blocked: it is raised here,
+    // on the caller's thread, as the write on it would have.
+    if (broken_pipe_) ::raise(SIGPIPE);
   }
   return fail(failed_, "%s", failure_.c_str());
 }
@@ -235,8 +249,11 @@ giftResult_t OutputFile::write_behind(const void* data, uint64_t size) {
 // Touches only the descriptor and the writeback's own fields, so that it may run behind.
 giftResult_t OutputFile::put_bytes(const void* data, uint64_t size) {
   int err = 0;
-  if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err) != GIFT_OK)
+  broken_pipe_ = false;
+  if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err) != GIFT_OK) {
+    broken_pipe_ = err == EPIPE && sigpipe_blocked();
     return io_error("write failed", err);
+  }
   start_writeback();
   return GIFT_OK;
 }

@@ -120,6 +120,7 @@ class OutputFile : public SectionFile {
   BackgroundJob behind_;           // write_behind's write(2), while nothing else touches the file
   giftResult_t failed_ = GIFT_OK;  // a write_behind's failure, and its message
   std::string failure_;
+  bool broken_pipe_ = false;  // that failure was EPIPE (written behind, where SIGPIPE is blocked)
 };
 
 // An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays
