@@ -265,10 +265,17 @@ void check_output(const std::string& path, bool force, const std::vector<std::st
   if (!force) throw Failure(kUsage, path + ": already exists (use -f to overwrite)");
 }
 
-uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget) {
-  // budget / row_size / align: without the product, which may wrap.
-  return align * std::max<uint64_t>(1, budget / std::max<uint64_t>(1, row_size) / align);
+namespace {
+
+// Rows per band: a multiple of `align` (a band must start where giftFrameDecodeRows allows)
+// holding about `budget` elements of rows of `cols`, at least `align` rows. (The library's
+// own rule, numerics/shapes.h, is not public API.)
+uint64_t band_rows(uint64_t align, uint64_t cols, uint64_t budget) {
+  // budget / cols / align: without the product, which may wrap.
+  return align * std::max<uint64_t>(1, budget / std::max<uint64_t>(1, cols) / align);
 }
+
+}  // namespace
 
 Pieces::Pieces(uint64_t rows_, uint64_t cols_, uint64_t align_rows, uint64_t align_cols,
                uint64_t budget)

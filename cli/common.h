@@ -79,11 +79,6 @@ bool file_exists(const std::string& path);
 // "-" (the commands that write standard output check for it first).
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs = {});
 
-// Rows per band when a tensor is worked through in pieces: a multiple of `align` (a band
-// must start where giftFrameDecodeRows allows) holding about `budget` units of `row_size`
-// each (bytes or elements of a row), at least `align` rows.
-uint64_t band_rows(uint64_t align, uint64_t row_size, uint64_t budget);
-
 // The pieces a rows x cols tensor is worked through within `budget` elements: bands of whole
 // rows, `align_rows` (a tile's height) at a time where those fit, else one at a time; a row
 // longer than the budget in parts of whole groups of `align_cols` columns (0: rows whole,
