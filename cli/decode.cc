@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <new>
 
 #include "commands.h"
 #include "device.h"
@@ -130,24 +131,28 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   // of its basis' width). Threads as asked (the library runs at most one per processor; the
   // budget's cap covers the difference).
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
-  uint64_t buffer_bytes = 0;
+  uint64_t buffer_bytes = 0, behind_bytes = 0;
   std::vector<Pieces> pieces;
   for (uint64_t i = 0; i < n; ++i) {
+    const bool gift = infos[i].coords == GIFT_COORDS_GIFT;
     const uint64_t size = giftDTypeSize(headers[i].dtype);
-    const uint64_t budget = infos[i].coords == GIFT_COORDS_GIFT
-                                ? kMostBandBytes
-                                : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes);
+    const uint64_t budget =
+        gift ? kMostBandBytes : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes);
     pieces.emplace_back(infos[i].rows, infos[i].cols, infos[i].row_align, infos[i].col_align,
                         budget / size);
-    buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
+    const uint64_t bytes = pieces.back().piece_elements() * size;
+    buffer_bytes = std::max(buffer_bytes, bytes);
+    if (!gift) behind_bytes = std::max(behind_bytes, bytes);
   }
   // Where a processor is free, a second buffer: each piece is written behind (write(2)'s copy
-  // on that processor) while the next one is decoded into the other buffer. Made before the
-  // output, so that they outlive any write still running when it is freed.
-  const int buffers = threads < omp_get_num_procs() ? 2 : 1;
+  // on that processor) while the next one is decoded into the other buffer. Not for tensors in
+  // GIFT coordinates, whose inverse whitening runs on every processor, and whose bands are up
+  // to 16 times larger; nor where that buffer cannot be had (a bound on memory). Made before
+  // the output, so that they outlive any write still running when it is freed.
   std::unique_ptr<uint8_t[]> buffer[2];
-  for (int k = 0; k < buffers; ++k)
-    buffer[k].reset(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
+  buffer[0].reset(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
+  if (behind_bytes && threads < omp_get_num_procs())
+    buffer[1].reset(new (std::nothrow) uint8_t[behind_bytes]);
 
   const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(target.path, o.force) : -1;
   const OutputPtr out = open_output(target.path, fd, o.fsync, o.force);
@@ -162,12 +167,19 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   uint64_t turn = 0;
   for (uint64_t i = 0; i < n; ++i) {
     const giftDType_t dt = headers[i].dtype;
+    const bool behind = buffer[1] && infos[i].coords != GIFT_COORDS_GIFT;
     pieces[i].each([&](uint64_t r0, uint64_t rows, uint64_t c0, uint64_t cols) {
       const uint64_t bytes = rows * cols * giftDTypeSize(dt);
-      uint8_t* into = buffer[turn++ % buffers].get();
-      pieces[i].decode(f.get(), i, basis.get(), r0, rows, c0, cols, into, dt);
-      check(buffers == 2 ? giftOutputWriteBehind(out.get(), into, bytes)
-                         : giftOutputWrite(out.get(), into, bytes));
+      if (!behind) check(giftOutputWait(out.get()));  // buffer[0] may still be being written
+      uint8_t* into = buffer[behind ? turn++ % 2 : 0].get();
+      try {
+        pieces[i].decode(f.get(), i, basis.get(), r0, rows, c0, cols, into, dt);
+      } catch (...) {
+        check(giftOutputWait(out.get()));  // the earlier failure: a band's write before it
+        throw;
+      }
+      check(behind ? giftOutputWriteBehind(out.get(), into, bytes)
+                   : giftOutputWrite(out.get(), into, bytes));
     });
     progress.step(i + 1);
   }

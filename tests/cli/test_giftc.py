@@ -822,6 +822,20 @@ class Giftc(unittest.TestCase):
         offsets = json.loads(r.stdout[8:8 + n])["b"]["data_offsets"]
         self.assertEqual(offsets[0], 1024 * 1024 * 4)
         self.assertEqual(len(r.stdout), 8 + n + offsets[0])
+        # A write that failed first is the failure reported, also where it was written behind
+        # (one thread) and only found after the next band's decode met the damage: standard
+        # output capped (RLIMIT_FSIZE) within a's last band.
+        import resource
+
+        def capped():
+            resource.setrlimit(resource.RLIMIT_FSIZE, ((4 << 20) - (256 << 10),) * 2)
+
+        for threads in ("1", "2"):
+            with open(self.path("capped.out"), "wb") as sink:
+                r = subprocess.run([GIFTC, "decode", bad, "-c", "--threads", threads], stdout=sink,
+                                   stderr=subprocess.PIPE, preexec_fn=capped)
+            self.assertEqual(r.returncode, 3, (threads, r.stderr))
+            self.assertIn(b"standard output: write failed: File too large", r.stderr)
         # The undamaged frame decodes whole.
         r = subprocess.run([GIFTC, "decode", frame, "-c"], capture_output=True)
         self.assertEqual(r.returncode, 0)

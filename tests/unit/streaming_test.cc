@@ -15,10 +15,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/background.h"
@@ -1225,6 +1228,52 @@ TEST(Streaming, WritesBehindKeepTheirBytesAndReportTheirFailures) {
     expect_writes_behind_keep_their_bytes_and_report_their_failures();
   }
   gift::set_background_threads_for_test(true);
+}
+
+// Every call that takes an output waits for its write behind before it returns, after which
+// the caller may refill the buffer: a pipe whose reader starts late gets none of the refill.
+TEST(Streaming, CallsOnAnOutputWaitForItsWriteBehind) {
+  giftFrameWriter* w = nullptr;
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  const std::pair<const char*, std::function<giftResult_t(giftOutput*)>> calls[] = {
+      {"giftOutputWait", giftOutputWait},
+      {"giftOutputSetSync", [](giftOutput* o) { return giftOutputSetSync(o, 0); }},
+      {"giftOutputSetReplace", [](giftOutput* o) { return giftOutputSetReplace(o, 0); }},
+      {"giftFrameWriterStreamTo",  // refused (a descriptor), but only after the write
+       [w](giftOutput* o) {
+         return giftFrameWriterStreamTo(w, o, 0, nullptr, nullptr, nullptr) ==
+                        GIFT_ERROR_INVALID_ARGUMENT
+                    ? GIFT_OK
+                    : GIFT_ERROR_INTERNAL;
+       }},
+      {"giftOutputFree", [](giftOutput* o) {
+         giftOutputFree(o);
+         return GIFT_OK;
+       }}};
+  for (const auto& [name, call] : calls) {
+    SCOPED_TRACE(name);
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    std::vector<uint8_t> buffer(4 << 20, 'a'), got;
+    std::thread reader([&] {
+      ::usleep(200000);
+      uint8_t chunk[65536];
+      for (ssize_t r; (r = ::read(fds[0], chunk, sizeof chunk)) > 0;)
+        got.insert(got.end(), chunk, chunk + r);
+    });
+    giftOutput* o = nullptr;
+    ASSERT_EQ(giftOutputOpenFd(fds[1], "the pipe", &o), GIFT_OK);
+    EXPECT_EQ(giftOutputWriteBehind(o, buffer.data(), buffer.size()), GIFT_OK);
+    EXPECT_EQ(call(o), GIFT_OK) << giftGetLastErrorMessage();
+    std::fill(buffer.begin(), buffer.end(), uint8_t('X'));
+    if (std::string(name) != "giftOutputFree") giftOutputFree(o);
+    ::close(fds[1]);
+    reader.join();
+    ::close(fds[0]);
+    EXPECT_EQ(got.size(), buffer.size());
+    EXPECT_EQ(std::count(got.begin(), got.end(), uint8_t('X')), 0);
+  }
+  giftFrameWriterFree(w);
 }
 
 // Where SIGPIPE came, and how often: a handler instead of the default, which ends the process.

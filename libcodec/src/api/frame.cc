@@ -433,6 +433,7 @@ giftResult_t giftFrameWriterFinish(giftFrameWriter* writer, void** data, uint64_
 giftResult_t giftFrameWriterWriteOutput(giftFrameWriter* writer, giftOutput* out) {
   gift::clear_error();
   if (!writer || !out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  if (const giftResult_t r = out->file.settle()) return r;  // a write behind first
   try {
     return writer->writer.write_to(&out->file);
   } catch (const std::bad_alloc&) {
@@ -459,6 +460,7 @@ giftResult_t giftFrameWriterStreamTo(giftFrameWriter* writer, giftOutput* out, s
   gift::clear_error();
   if (!writer || !out || (count && (!names || !ndims)))
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "null argument");
+  if (const giftResult_t r = out->file.settle()) return r;  // a write behind first
   try {
     std::vector<gift::container::FrameWriter::Declared> declared(count);
     uint64_t name_bytes = 0;

@@ -49,6 +49,12 @@ giftResult_t giftOutputWriteBehind(giftOutput* out, const void* data, uint64_t s
   return out->file.write_behind(data, size);
 }
 
+giftResult_t giftOutputWait(giftOutput* out) {
+  gift::clear_error();
+  if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputWait: null output");
+  return out->file.settle();
+}
+
 giftResult_t giftOutputReserve(giftOutput* out, uint64_t total) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputReserve: null output");

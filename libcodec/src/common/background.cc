@@ -14,10 +14,13 @@ namespace {
 constexpr size_t kStackBytes = size_t(256) << 10;
 
 std::atomic<bool> threads_allowed{true};  // set_background_threads_for_test
+thread_local bool background_thread = false;
 
 }  // namespace
 
 void set_background_threads_for_test(bool allowed) { threads_allowed.store(allowed); }
+
+bool on_background_thread() { return background_thread; }
 
 BackgroundJob::~BackgroundJob() {
   if (!started_) return;
@@ -76,6 +79,7 @@ void BackgroundJob::finish(giftResult_t r) {
 }
 
 void* BackgroundJob::run(void* self) {
+  background_thread = true;
   BackgroundJob& b = *static_cast<BackgroundJob*>(self);
   std::unique_lock<std::mutex> lock(b.mutex_);
   for (;;) {

@@ -17,6 +17,10 @@ namespace gift {
 // have not started a thread yet run on the caller's thread.
 void set_background_threads_for_test(bool allowed);
 
+// Whether the calling thread is a BackgroundJob's own (every signal blocked there), not a
+// caller running a job itself.
+bool on_background_thread();
+
 class BackgroundJob {
  public:
   BackgroundJob() = default;

@@ -1,7 +1,6 @@
 #include "common/output_file.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -101,13 +100,6 @@ void allocate_past(int fd, uint64_t size, uint64_t more) {
   if (fd >= 0 && more) (void)::fallocate(fd, FALLOC_FL_KEEP_SIZE, off_t(size), off_t(more));
 }
 
-// Whether this thread has SIGPIPE blocked (a write behind's thread has every signal blocked):
-// then the SIGPIPE of a write(2) into a pipe without a reader was not delivered.
-bool sigpipe_blocked() {
-  sigset_t now;
-  return pthread_sigmask(SIG_BLOCK, nullptr, &now) == 0 && sigismember(&now, SIGPIPE) == 1;
-}
-
 // Writeback is started every this many bytes, so that it overlaps the rest of the work and
 // commit's fsync waits only for the tail.
 constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
@@ -166,8 +158,9 @@ giftResult_t OutputFile::settle() {
     discard();
     // A write(2) to a pipe whose reader has gone raises SIGPIPE in the thread that made it,
     // which ends the process unless the caller handles it (as `giftc decode -c | head` ends,
-    // like gzip -dc). Written behind, it met EPIPE with the signal blocked: it is raised here,
-    // on the caller's thread, as the write on it would have.
+    // like gzip -dc). Written on the background thread, it met EPIPE with the signal blocked:
+    // it is raised here, on the caller's thread, as the write on it would have. (A job the
+    // caller ran itself, without a thread, got the signal already.)
     if (broken_pipe_) ::raise(SIGPIPE);
   }
   return fail(failed_, "%s", failure_.c_str());
@@ -251,7 +244,7 @@ giftResult_t OutputFile::put_bytes(const void* data, uint64_t size) {
   int err = 0;
   broken_pipe_ = false;
   if (write_all(fd_, static_cast<const uint8_t*>(data), size, &err) != GIFT_OK) {
-    broken_pipe_ = err == EPIPE && sigpipe_blocked();
+    broken_pipe_ = err == EPIPE && on_background_thread();
     return io_error("write failed", err);
   }
   start_writeback();

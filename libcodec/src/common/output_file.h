@@ -75,10 +75,17 @@ class OutputFile : public SectionFile {
   // A file only: hands over the descriptor of what was written (unnamed from now on, gone
   // when the caller closes it) in *old_fd and starts the output again, empty.
   giftResult_t restart(int* old_fd);
-  // Whether commit syncs a file first (the default): see giftOutputSetSync.
-  void set_sync(bool sync) { sync_ = sync; }
+  // Whether commit syncs a file first (the default): see giftOutputSetSync. After any write
+  // behind (which reads sync_); a failure is reported again by the next call that returns one.
+  void set_sync(bool sync) {
+    (void)settle();
+    sync_ = sync;
+  }
   // Whether commit replaces a file that has the name (the default): see giftOutputSetReplace.
-  void set_replace(bool replace) { replace_ = replace; }
+  void set_replace(bool replace) {
+    (void)settle();
+    replace_ = replace;
+  }
   // A file: fsync (when syncing), then the rename over the destination (or without replacing,
   // the name taken only if it is free), then (syncing) an fsync of its folder. A descriptor:
   // nothing to do. Refused while a frame writer streams into the file (its header is not written
@@ -120,7 +127,7 @@ class OutputFile : public SectionFile {
   BackgroundJob behind_;           // write_behind's write(2), while nothing else touches the file
   giftResult_t failed_ = GIFT_OK;  // a write_behind's failure, and its message
   std::string failure_;
-  bool broken_pipe_ = false;  // that failure was EPIPE (written behind, where SIGPIPE is blocked)
+  bool broken_pipe_ = false;  // that failure was EPIPE on the background thread (SIGPIPE blocked)
 };
 
 // An unnamed scratch file in `dir` (the folder of an output, so that copying from it stays
