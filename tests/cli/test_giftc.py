@@ -789,6 +789,15 @@ class Giftc(unittest.TestCase):
             err = p.stderr.read()
             self.assertEqual(p.wait(timeout=60), -signal.SIGPIPE, (cmd, err))
             self.assertEqual(err, b"", cmd)
+            # Where SIGPIPE is ignored, the write's failure is reported as any other (exit 3).
+            p = subprocess.Popen([GIFTC, *cmd, "-c", "-q"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE,
+                                 preexec_fn=lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN))
+            self.assertEqual(len(p.stdout.read(1000)), 1000)
+            p.stdout.close()
+            err = p.stderr.read()
+            self.assertEqual(p.wait(timeout=60), 3, (cmd, err))
+            self.assertIn(b"standard output: write failed: Broken pipe", err, cmd)
 
     def test_damaged_codes_leave_no_output(self):
         # "b" is all ones: its codes are one byte repeated (448 = 1.0 / (1/448), E4M3 0x7E),
