@@ -89,7 +89,7 @@ void parse_tensor_file(FileKind kind, const uint8_t* bytes, uint64_t size, const
 void parse_safetensors(const uint8_t* bytes, uint64_t size, const std::string& name,
                        TensorFile* out);
 
-// Where unnamed scratch files go when no output names a folder: $TMPDIR, or /tmp.
+// The folder of unnamed scratch files that belong to no output file: $TMPDIR, or /tmp.
 std::string temp_dir();
 
 // Standard input to its end, mapped from an unnamed scratch file in $TMPDIR (or /tmp):

@@ -239,7 +239,8 @@ giftResult_t OutputFile::write_behind(const void* data, uint64_t size) {
   return behind_.start([this, data, size] { return put_bytes(data, size); });
 }
 
-// Touches only the descriptor and the writeback's own fields, so that it may run behind.
+// Touches only the descriptor, the writeback's own fields and broken_pipe_, so that it may run
+// behind.
 giftResult_t OutputFile::put_bytes(const void* data, uint64_t size) {
   int err = 0;
   broken_pipe_ = false;
