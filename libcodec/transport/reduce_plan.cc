@@ -157,7 +157,8 @@ void apply_whitener(const giftReducePlan& p, size_t i, float* flat, bool inverse
   const gift::coords::Whitener& t = *p.coords.whitener[i];
   const uint64_t rows = tensor_elements(p, i) / t.dim;
   float* w = flat + p.bucket.offset[i];
-  inverse ? gift::coords::unwhiten(t, w, rows) : gift::coords::whiten(t, w, rows);
+  const int threads = gift::thread_count(&p.ctx);
+  inverse ? gift::coords::unwhiten(t, w, rows, threads) : gift::coords::whiten(t, w, rows, threads);
 }
 
 void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import zipfile
 
@@ -769,6 +770,31 @@ class Giftc(unittest.TestCase):
         self.assertEqual(outs[0], outs[1])
         self.assertEqual(outs[0], outs[2])
         self.assertEqual(run("decode", src + ".gift", "-o", self.path("x.npy"), "--threads", "-1").returncode, 1)
+
+    def test_threads_bound_the_whitening_too(self):
+        # --threads 1 whitens on one thread too: decode of a tensor in GIFT coordinates, blocked
+        # writing into a FIFO that is not read, after its band's inverse whitening, has no other
+        # thread (OpenMP's workers stay once started; OpenBLAS's are held to one by its variable).
+        if not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2:
+            self.skipTest("needs /proc and two processors")
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        w = np.random.default_rng(5).standard_normal((4096, 512)).astype(np.float32)
+        src, basis, frame = self.path("t.safetensors"), self.path("t.giftb"), self.path("t.gift")
+        save_file({"w": w}, src)
+        for args in (["fit", src, "-o", basis], ["encode", src, "--basis", basis, "--coords", "gift",
+                                                 "-o", frame]):
+            r = subprocess.run([GIFTC, *args, "-q"], env=env, capture_output=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        fifo = self.path("out.fifo")
+        os.mkfifo(fifo)
+        p = subprocess.Popen([GIFTC, "decode", frame, "--basis", basis, "-o", fifo, "--threads", "1",
+                              "-q"], env=env)
+        with open(fifo, "rb") as reader:
+            time.sleep(1.0)  # the header and the first 64 KiB of the band fill the pipe
+            tasks = len(os.listdir(f"/proc/{p.pid}/task"))
+            reader.read()
+        self.assertEqual(p.wait(timeout=60), 0)
+        self.assertEqual(tasks, 1)
 
     def test_a_reader_that_goes_away_ends_it_as_sigpipe(self):
         # As gzip -dc | head: giftc ends by SIGPIPE, silently, when its standard output's reader

@@ -88,14 +88,15 @@ giftResult_t find_whitener(const giftBasis* basis, const char* name, uint64_t co
   return GIFT_OK;
 }
 
-template <void (*Apply)(const gift::coords::Whitener&, float*, uint64_t)>
+// The public calls take no context: the OpenMP runtime's thread count.
+template <void (*Apply)(const gift::coords::Whitener&, float*, uint64_t, int)>
 giftResult_t apply(const giftBasis* basis, const char* name, float* w, uint64_t rows, uint64_t cols,
                    const char* what) {
   return guarded(what, [&] {
     const gift::coords::Whitener* t = nullptr;
     if (const giftResult_t r = find_whitener(basis, name, cols, &t)) return r;
     if (rows && !w) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: null data", what);
-    Apply(*t, w, rows);
+    Apply(*t, w, rows, 0);
     return GIFT_OK;
   });
 }

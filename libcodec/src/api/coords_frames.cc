@@ -189,7 +189,7 @@ giftResult_t decode_rows_in_basis(const container::FrameReader& r, size_t index,
   if (const giftResult_t rc = r.decode_rows(index, first_row, rows, v.data(), v.size() * 4,
                                             GIFT_DTYPE_F32, true, cache))
     return rc;
-  unwhiten(*t, v.data(), rows);
+  unwhiten(*t, v.data(), rows, r.threads());
   convert_elements(v.data(), GIFT_DTYPE_F32, dst, dst_dtype, v.size());
   return GIFT_OK;
 }
@@ -237,14 +237,16 @@ giftResult_t add_tensor_in_basis(container::FrameWriter* w, const std::string& n
                      GIFT_DTYPE_F32, cols);
   }
   const Whitener* t = basis->find(name);
-  *out = choose_from_sample(sample.data(), all_finite, shape.rows, cols, t, p, o);
+  SelectOptions on_threads = o;
+  on_threads.threads = w->threads();
+  *out = choose_from_sample(sample.data(), all_finite, shape.rows, cols, t, p, on_threads);
   std::vector<float>().swap(sample);
   if (out->gift) {
     const container::CoordsChoice c = record(*out, basis->id);
     bool refused = false;
     const auto whitened = [&](uint64_t r0, uint64_t n, float* dst) {
       convert_elements(rows + r0 * row_bytes, dtype, dst, GIFT_DTYPE_F32, n * cols);
-      whiten(*t, dst, n);
+      whiten(*t, dst, n, w->threads());
       return inverse_stays_finite(*t, dst, n);
     };
     if (const giftResult_t r = w->add_tensor_rows(name, shape, dtype, p, c, whitened, &refused))

@@ -134,6 +134,8 @@ class FrameReader {
   // (giftc --device cuda). verify_all() always decodes on the CPU.
   void set_decoder(decltype(&giftDecode) decoder) { decoder_ = decoder; }
   void set_threads(int threads) { ctx_.threads = threads; }
+  // The threads its work runs on (thread_count of its context).
+  int threads() const { return thread_count(&ctx_); }
 
  private:
   giftResult_t verify_structure();

@@ -49,6 +49,8 @@ class FrameWriter {
   void set_compression(int zstd_level) { zstd_level_ = zstd_level; }
   int compression() const { return zstd_level_; }
   void set_threads(int threads) { ctx_.threads = threads; }
+  // The threads its work runs on (thread_count of its context).
+  int threads() const { return thread_count(&ctx_); }
   // The codec add_tensor runs: giftEncode, or one with its contract on other hardware
   // (giftc --device cuda).
   void set_encoder(decltype(&giftEncode) encoder) { encoder_ = encoder; }

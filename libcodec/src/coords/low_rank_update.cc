@@ -1,5 +1,7 @@
 #include "coords/low_rank_update.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -129,7 +131,7 @@ void Rows(const Operands& o, float* x, float* p) {
 }
 
 void LowRankUpdate(const float* v, const float* c, uint32_t dim, uint32_t rank, const float* pre,
-                   const float* post, float* x, uint64_t rows) {
+                   const float* post, float* x, uint64_t rows, int threads) {
   const DF d;
   const size_t n = hn::Lanes(d);
   const size_t rp = (rank + n - 1) / n * n;
@@ -143,7 +145,8 @@ void LowRankUpdate(const float* v, const float* c, uint32_t dim, uint32_t rank, 
   const Operands o{vp.data(), vt.data(), c, pre, post, dim, rank, rp};
   constexpr size_t kBand = 8;
   const int64_t bands = int64_t(rows / kBand), total = int64_t(rows);
-#pragma omp parallel if (rows * dim >= (uint64_t(1) << 16))
+#pragma omp parallel if (rows * dim >= (uint64_t(1) << 16)) \
+    num_threads(threads > 0 ? threads : omp_get_max_threads())
   {
     // Whitened values reach FP8 codes, and the device plan's whitener must give these bits:
     // IEEE arithmetic (subnormals kept) whatever the caller's environment, on every thread.
@@ -168,8 +171,8 @@ namespace gift::coords {
 HWY_EXPORT(LowRankUpdate);
 
 void low_rank_update(const float* v, const float* c, uint32_t dim, uint32_t rank, const float* pre,
-                     const float* post, float* x, uint64_t rows) {
-  HWY_DYNAMIC_DISPATCH(LowRankUpdate)(v, c, dim, rank, pre, post, x, rows);
+                     const float* post, float* x, uint64_t rows, int threads) {
+  HWY_DYNAMIC_DISPATCH(LowRankUpdate)(v, c, dim, rank, pre, post, x, rows, threads);
 }
 
 }  // namespace gift::coords

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/ctx.h"
 #include "common/error.h"
 #include "numerics/codec.h"
 #include "numerics/metrics.h"
@@ -14,20 +15,22 @@ namespace gift::coords {
 namespace {
 
 double round_trip_error(const float* x, uint64_t rows, uint64_t cols, const giftQuantParams& p,
-                        const Whitener* t) {
+                        const Whitener* t, int threads) {
+  giftCtx ctx;
+  ctx.threads = threads;
   std::vector<float> v(x, x + rows * cols);
-  if (t) whiten(*t, v.data(), rows);
+  if (t) whiten(*t, v.data(), rows, threads);
   uint64_t sb = 0;
   giftScaleBytes(&p, rows, cols, &sb);
   std::vector<uint8_t> codes(v.size()), scales(sb);
   giftQuantParams q = p;
   q.nonfinite = GIFT_NONFINITE_KEEP;
-  if (encode_tensor(nullptr, q, v.data(), GIFT_DTYPE_F32, rows, cols, codes.data(), scales.data(),
+  if (encode_tensor(&ctx, q, v.data(), GIFT_DTYPE_F32, rows, cols, codes.data(), scales.data(),
                     nullptr)) {
     return INFINITY;
   }
-  decode_tensor(nullptr, q, codes.data(), scales.data(), rows, cols, v.data(), GIFT_DTYPE_F32);
-  if (t) unwhiten(*t, v.data(), rows);
+  decode_tensor(&ctx, q, codes.data(), scales.data(), rows, cols, v.data(), GIFT_DTYPE_F32);
+  if (t) unwhiten(*t, v.data(), rows, threads);
   giftErrorMetrics m;
   if (compute_metrics(x, v.data(), rows, cols, nullptr, &m)) return INFINITY;
   return m.rel_l2;
@@ -72,8 +75,8 @@ Selection choose_from_sample(const float* sample, bool all_finite, uint64_t rows
   }
   c.transform_flops = 8.0 * double(rows) * double(cols) * double(t->rank);
   const uint64_t k = sample_rows(rows, o);
-  c.euclidean_error = float(round_trip_error(sample, k, cols, p, nullptr));
-  c.gift_error = float(round_trip_error(sample, k, cols, p, t));
+  c.euclidean_error = float(round_trip_error(sample, k, cols, p, nullptr, o.threads));
+  c.gift_error = float(round_trip_error(sample, k, cols, p, t, o.threads));
   if (o.mode == CoordsMode::kGift) {
     c.gift = true;
     c.reason = "forced (--coords gift)";

@@ -73,12 +73,14 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
   return GIFT_OK;
 }
 
-void whiten(const Whitener& t, float* w, uint64_t rows) {
-  low_rank_update(t.v.data(), t.c.data(), t.dim, t.rank, t.d_rsqrt.data(), nullptr, w, rows);
+void whiten(const Whitener& t, float* w, uint64_t rows, int threads) {
+  low_rank_update(t.v.data(), t.c.data(), t.dim, t.rank, t.d_rsqrt.data(), nullptr, w, rows,
+                  threads);
 }
 
-void unwhiten(const Whitener& t, float* w, uint64_t rows) {
-  low_rank_update(t.v.data(), t.c_inv.data(), t.dim, t.rank, nullptr, t.d_sqrt.data(), w, rows);
+void unwhiten(const Whitener& t, float* w, uint64_t rows, int threads) {
+  low_rank_update(t.v.data(), t.c_inv.data(), t.dim, t.rank, nullptr, t.d_sqrt.data(), w, rows,
+                  threads);
 }
 
 giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector<double>& l,

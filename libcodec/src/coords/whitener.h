@@ -30,8 +30,9 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
                            const std::vector<double>& diag, uint32_t dim, Whitener* out);
 
 // W~ = W T and W = W~ T^-1 for rows x dim row-major data, in place.
-void whiten(const Whitener& t, float* w, uint64_t rows);
-void unwhiten(const Whitener& t, float* w, uint64_t rows);
+// On `threads` threads (0: as many as the OpenMP runtime gives).
+void whiten(const Whitener& t, float* w, uint64_t rows, int threads = 0);
+void unwhiten(const Whitener& t, float* w, uint64_t rows, int threads = 0);
 
 // Whether whitened values W~ (finite, rows x dim) come back through FP8 and T^-1 inside
 // fp32's range: near FLT_MAX, whitening then unwhitening can overflow to Inf, and an encoder
