@@ -146,9 +146,9 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   }
   // Where a processor is free, a second buffer: each piece is written behind (write(2)'s copy
   // on that processor) while the next one is decoded into the other buffer. Not for tensors in
-  // GIFT coordinates, whose inverse whitening runs on every processor, and whose bands are up
-  // to 16 times larger; nor where that buffer cannot be had (a bound on memory). Made before
-  // the output, so that they outlive any write still running when it is freed.
+  // GIFT coordinates, whose bands are up to 16 times larger (8 MiB more for the second); nor
+  // where that buffer cannot be had (a bound on memory). Made before the output, so that they
+  // outlive any write still running when it is freed.
   std::unique_ptr<uint8_t[]> buffer[2];
   buffer[0].reset(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
   if (behind_bytes && threads < omp_get_num_procs())
