@@ -421,13 +421,12 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const bool behind = spare_processor(&ctx_) && codes_bytes <= kMostTileRowElems;
   CodesInTurn codes_in_turn(codes_bytes, behind);
   // A tensor's scales are held up to held_scale_bytes; more go to a scratch file beside the
-  // scratch data or the output as they are made, and into the sink after the codes.
+  // scratch data or the output (bands have a sink: the one or the other) as they are made,
+  // and into the sink after the codes.
   ScalesBuffer scales(scale_bytes);
   if (scale_bytes > held_scale_bytes) {
-    if (const giftResult_t r = scales.spill_to(scratch_.is_open() ? scratch_.dir()
-                                               : stream_          ? stream_->folder()
-                                                                  : "."))
-      return r;
+    const std::string dir = scratch_.is_open() ? scratch_.dir() : stream_->folder();
+    if (const giftResult_t r = scales.spill_to(dir)) return r;
   }
   // Non-finite input fails after the census of every band, so the message counts them all.
   giftQuantParams kept = p;
