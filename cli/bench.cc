@@ -118,7 +118,7 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   const std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx(raw_ctx, giftCtxFree);
   check(giftCtxSetThreads(ctx.get(), o.threads));
   const giftDType_t dt = parse_dtype(o.dtype);
-  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const int threads = giftCtxThreads(ctx.get());
   const uint64_t width = giftDTypeSize(dt);
   const uint64_t n = parse_bytes(o.size, "--size", 1, uint64_t(1) << 40) / width;
   if (n < 1024) throw Failure(kUsage, "--size: at least 4 KiB");
@@ -165,9 +165,11 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
                      out.data(), GIFT_DTYPE_F32));
   });
   const uint64_t buffers = src.size() + copy.size() + codes.size() + scales.size() + out.size();
-  report(o, p, dt, rows, cols,
-         {t_copy, t_enc, t_dec, std::to_string(threads) + " threads, " + giftCpuTargetName(),
-          "memcpy", peak_rss_bytes(), buffers});
+  report(
+      o, p, dt, rows, cols,
+      {t_copy, t_enc, t_dec,
+       std::to_string(threads) + (threads == 1 ? " thread, " : " threads, ") + giftCpuTargetName(),
+       "memcpy", peak_rss_bytes(), buffers});
 }
 
 }  // namespace

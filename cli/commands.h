@@ -17,8 +17,11 @@ void add_fit(CLI::App& app, Verbosity& v);
 // --fsync, of the commands that write files (open_output's `sync`).
 void add_fsync_flag(CLI::App* command, bool* fsync);
 
-// --threads N, of the commands that code (0 or none: all the processors), refused when
-// negative.
+// --threads N, of the commands that code (0 or none: all the processors giftc may use),
+// refused when negative.
 void add_threads_option(CLI::App* command, int* threads);
+
+// The threads the library codes on for --threads `asked`: giftCtxThreads.
+int codec_threads(int asked);
 
 }  // namespace giftc

@@ -334,12 +334,23 @@ int open_device(const std::string& path, bool force) {
 }
 
 void add_threads_option(CLI::App* command, int* threads) {
-  command->add_option("--threads", *threads, "Threads (default: all)")
+  command
+      ->add_option("--threads", *threads,
+                   "Threads (default: every processor giftc may use, as its CPU affinity and "
+                   "cgroup CPU quota allow)")
       ->check(CLI::Validator(
           [](const std::string& v) {
             return !v.empty() && v[0] == '-' ? "must not be negative" : "";
           },
           "", "non-negative"));
+}
+
+int codec_threads(int asked) {
+  giftCtx* raw = nullptr;
+  check(giftCtxCreate(&raw));
+  const std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx(raw, giftCtxFree);
+  check(giftCtxSetThreads(ctx.get(), asked));
+  return giftCtxThreads(ctx.get());
 }
 
 void add_fsync_flag(CLI::App* command, bool* fsync) {

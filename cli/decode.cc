@@ -1,6 +1,5 @@
 // giftc decode: a GIFT frame back to a tensor file, tensor by tensor and band by band
 // through one reused buffer, so memory does not grow with the output.
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,9 +127,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
 
   // A buffer for every piece of every tensor, sized for the largest piece: bands of rows,
   // or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole rows,
-  // of its basis' width). Threads as asked (the library runs at most one per processor; the
-  // budget's cap covers the difference).
-  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  // of its basis' width), for the threads the library will run.
+  const int threads = codec_threads(o.threads);
   uint64_t buffer_bytes = 0, behind_bytes = 0;
   std::vector<Pieces> pieces;
   for (uint64_t i = 0; i < n; ++i) {
@@ -151,7 +149,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   // outlive any write still running when it is freed.
   std::unique_ptr<uint8_t[]> buffer[2];
   buffer[0].reset(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
-  if (behind_bytes && threads < omp_get_num_procs())
+  if (behind_bytes && threads < giftProcessors())
     buffer[1].reset(new (std::nothrow) uint8_t[behind_bytes]);
 
   const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(target.path, o.force) : -1;

@@ -796,6 +796,79 @@ class Giftc(unittest.TestCase):
         self.assertEqual(p.wait(timeout=60), 0)
         self.assertEqual(tasks, 1)
 
+    def one_processor_cgroup(self):
+        """A new cgroup whose CPU quota is one processor's time, made for this test and removed
+        after it; returns a preexec_fn that moves the child process into it. Skips the test where
+        none can be made (not root, or no cpu controller that can be written)."""
+        for line in open("/proc/self/mountinfo"):
+            f = line.split()
+            if "-" not in f[6:]:
+                continue
+            dash = f.index("-", 6)
+            fstype, point = f[dash + 1], f[4].replace("\\040", " ")
+            if fstype == "cgroup" and "cpu" in f[dash + 3].split(","):
+                quota = {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"}
+            elif fstype == "cgroup2":
+                try:
+                    with open(os.path.join(point, "cgroup.subtree_control")) as c:
+                        if "cpu" not in c.read().split():
+                            continue
+                except OSError:
+                    continue
+                quota = {"cpu.max": "100000 100000"}
+            else:
+                continue
+            path = os.path.join(point, f"giftc-test-{os.getpid()}")
+            try:
+                os.mkdir(path)
+            except OSError:
+                continue
+            self.addCleanup(os.rmdir, path)
+            try:
+                for name, value in quota.items():
+                    with open(os.path.join(path, name), "w") as q:
+                        q.write(value)
+            except OSError:
+                continue
+
+            def join(procs=os.path.join(path, "cgroup.procs")):
+                with open(procs, "w") as j:
+                    j.write(str(os.getpid()))
+            return join
+        self.skipTest("no cgroup with a CPU quota can be made here (needs root and a cpu controller)")
+
+    def test_default_threads_keep_to_the_cgroup_cpu_quota(self):
+        # OpenMP counts the processors of the affinity only; giftc's default is one thread in a
+        # cgroup allowed one processor's time: bench says so, and a decode blocked writing into a
+        # FIFO that is not read runs no other thread (no OpenMP worker, and no writer behind,
+        # since no processor is spare). Outside it, the same decode has more than one.
+        procs = len(os.sched_getaffinity(0))
+        if not os.path.isdir("/proc/self/task") or procs < 2:
+            self.skipTest("needs /proc and two processors")
+        join = self.one_processor_cgroup()
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        env.pop("OMP_NUM_THREADS", None)
+        src, frame = self.path("q.safetensors"), self.path("q.gift")
+        save_file({"w": np.random.default_rng(6).standard_normal((2048, 2048)).astype(np.float32)}, src)
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        tasks = {}
+        for where, preexec in (("quota", join), ("free", None)):
+            r = subprocess.run([GIFTC, "bench", "--size", "4M"], env=env, capture_output=True,
+                               text=True, preexec_fn=preexec)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(" 1 thread, " if preexec else f" {procs} threads, ", r.stdout)
+            fifo = self.path(f"{where}.fifo")
+            os.mkfifo(fifo)
+            p = subprocess.Popen([GIFTC, "decode", frame, "-o", fifo, "-q"], env=env,
+                                 preexec_fn=preexec)
+            with open(fifo, "rb") as reader:
+                time.sleep(1.0)  # the header and the first 64 KiB of the first band fill the pipe
+                tasks[where] = len(os.listdir(f"/proc/{p.pid}/task"))
+                reader.read()
+            self.assertEqual(p.wait(timeout=60), 0)
+        self.assertEqual(tasks["quota"], 1, tasks)
+        self.assertGreater(tasks["free"], 1, tasks)
+
     def test_a_reader_that_goes_away_ends_it_as_sigpipe(self):
         # As gzip -dc | head: giftc ends by SIGPIPE, silently, when its standard output's reader
         # stops reading, whether the write was made on the main thread or behind (decode on

@@ -151,6 +151,14 @@ GIFT_API giftResult_t giftCtxCreate(giftCtx** ctx);
 GIFT_API void giftCtxFree(giftCtx* ctx);
 /* 0: the default; otherwise at most this many threads (capped at the processors). */
 GIFT_API giftResult_t giftCtxSetThreads(giftCtx* ctx, int threads);
+/* The threads a call with `ctx` (NULL: the defaults) runs on, as the calling thread asks now:
+ * the count set, or the default, capped at giftProcessors(). */
+GIFT_API int giftCtxThreads(const giftCtx* ctx);
+/* The processors this process may keep busy: those its CPU affinity allows, fewer where its
+ * cgroup's CPU quota is lower (ceil(quota / period), the lowest from its cgroup up, cgroup v1
+ * cpu.cfs_quota_us or v2 cpu.max), which OpenMP runtimes do not count; at least 1. The quota
+ * is read once, at the first call of any function that uses threads. */
+GIFT_API int giftProcessors(void);
 
 /* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same
  * order as the input) and the scales. `stats` may be NULL. `src` must be aligned to its

@@ -9,6 +9,7 @@
 
 #include "common/ctx.h"
 #include "common/error.h"
+#include "common/processors.h"
 #include "common/sized.h"
 #include "gift/gift.h"
 #include "numerics/groups.h"
@@ -62,12 +63,15 @@ giftResult_t gift::check_codec_buffers(const giftQuantParams& p, const void* dat
 int gift::thread_count(const giftCtx* ctx) {
   // More threads than processors never helps a streaming pass, and an unbounded request
   // could make the OpenMP runtime fail to start them.
-  const int procs = std::max(1, omp_get_num_procs());
   const int want = ctx && ctx->threads > 0 ? ctx->threads : omp_get_max_threads();
-  return std::min(want, procs);
+  return std::min(want, processors());
 }
 
-bool gift::spare_processor(const giftCtx* ctx) { return thread_count(ctx) < omp_get_num_procs(); }
+bool gift::spare_processor(const giftCtx* ctx) { return thread_count(ctx) < processors(); }
+
+int giftCtxThreads(const giftCtx* ctx) { return gift::thread_count(ctx); }
+
+int giftProcessors(void) { return gift::processors(); }
 
 namespace {
 

@@ -1,7 +1,5 @@
 #include "coords/low_rank_update.h"
 
-#include <omp.h>
-
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -12,6 +10,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "common/ctx.h"
 #include "numerics/fp_env.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -146,7 +145,7 @@ void LowRankUpdate(const float* v, const float* c, uint32_t dim, uint32_t rank, 
   constexpr size_t kBand = 8;
   const int64_t bands = int64_t(rows / kBand), total = int64_t(rows);
 #pragma omp parallel if (rows * dim >= (uint64_t(1) << 16)) \
-    num_threads(threads > 0 ? threads : omp_get_max_threads())
+    num_threads(threads > 0 ? threads : thread_count(nullptr))
   {
     // Whitened values reach FP8 codes, and the device plan's whitener must give these bits:
     // IEEE arithmetic (subnormals kept) whatever the caller's environment, on every thread.

@@ -13,7 +13,7 @@
 
 namespace gift::coords {
 
-// On `threads` threads (0: as many as the OpenMP runtime gives), as the caller's context says.
+// On `threads` threads (0: the default, thread_count(nullptr)), as the caller's context says.
 void low_rank_update(const float* v, const float* c, uint32_t dim, uint32_t rank, const float* pre,
                      const float* post, float* x, uint64_t rows, int threads = 0);
 

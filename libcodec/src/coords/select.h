@@ -19,7 +19,7 @@ struct SelectOptions {
   uint32_t sample_rows = 256;  // rows the estimate encodes (all rows of smaller tensors)
   uint32_t min_dim = 16;       // both dimensions at least this to be eligible
   double flops_budget = 0;     // per tensor, 0 for no limit
-  int threads = 0;             // the trial encodes' and whitenings' (0: the runtime's count)
+  int threads = 0;             // the trial encodes' and whitenings' (0: the default)
 };
 
 // Decides for one rows x cols fp32 tensor. The estimates encode and decode a deterministic,

@@ -30,7 +30,7 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
                            const std::vector<double>& diag, uint32_t dim, Whitener* out);
 
 // W~ = W T and W = W~ T^-1 for rows x dim row-major data, in place.
-// On `threads` threads (0: as many as the OpenMP runtime gives).
+// On `threads` threads (0: the default, thread_count(nullptr)).
 void whiten(const Whitener& t, float* w, uint64_t rows, int threads = 0);
 void unwhiten(const Whitener& t, float* w, uint64_t rows, int threads = 0);
 
