@@ -772,19 +772,41 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", src + ".gift", "-o", self.path("x.npy"), "--threads", "-1").returncode, 1)
 
     def test_threads_bound_the_whitening_too(self):
-        # --threads 1 whitens on one thread too: decode of a tensor in GIFT coordinates, blocked
-        # writing into a FIFO that is not read, after its band's inverse whitening, has no other
-        # thread (OpenMP's workers stay once started; OpenBLAS's are held to one by its variable).
+        # --threads 1 whitens on one thread too. OpenMP's workers stay once started, so a count of
+        # threads taken after the whitening sees them (OpenBLAS's are held to one by its
+        # variable): while an encode in GIFT coordinates runs, no thread but the main one and the
+        # output's writer behind (named gift-write); and decode, blocked writing into a FIFO that
+        # is not read after its band's inverse whitening, has no other thread.
         if not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2:
             self.skipTest("needs /proc and two processors")
+
+        def codec_threads(pid):
+            n = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/comm") as c:
+                        n += c.read().strip() != "gift-write"
+                except OSError:  # ended meanwhile
+                    pass
+            return n
+
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         w = np.random.default_rng(5).standard_normal((4096, 512)).astype(np.float32)
         src, basis, frame = self.path("t.safetensors"), self.path("t.giftb"), self.path("t.gift")
         save_file({"w": w}, src)
-        for args in (["fit", src, "-o", basis], ["encode", src, "--basis", basis, "--coords", "gift",
-                                                 "-o", frame]):
-            r = subprocess.run([GIFTC, *args, "-q"], env=env, capture_output=True)
-            self.assertEqual(r.returncode, 0, r.stderr)
+        r = subprocess.run([GIFTC, "fit", src, "-o", basis, "-q"], env=env, capture_output=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        p = subprocess.Popen([GIFTC, "encode", src, "--basis", basis, "--coords", "gift", "-o", frame,
+                              "--threads", "1", "-q"], env=env)
+        most = 0
+        while p.poll() is None:
+            try:
+                most = max(most, codec_threads(p.pid))
+            except OSError:  # ended meanwhile
+                break
+            time.sleep(0.0005)
+        self.assertEqual(p.returncode, 0)
+        self.assertEqual(most, 1)
         fifo = self.path("out.fifo")
         os.mkfifo(fifo)
         p = subprocess.Popen([GIFTC, "decode", frame, "--basis", basis, "-o", fifo, "--threads", "1",

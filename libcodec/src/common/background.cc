@@ -46,6 +46,8 @@ giftResult_t BackgroundJob::start(std::function<giftResult_t()> job) {
       started_ = pthread_attr_setstacksize(&attr, kStackBytes) == 0 &&
                  pthread_create(&thread_, &attr, &BackgroundJob::run, this) == 0;
       pthread_attr_destroy(&attr);
+      // Named, so that top -H, gdb and giftc's tests tell it from the codec's threads.
+      if (started_) pthread_setname_np(thread_, "gift-write");
     }
     pthread_sigmask(SIG_SETMASK, &before, nullptr);
     inline_ = !started_;
