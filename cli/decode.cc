@@ -129,7 +129,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   // or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole rows,
   // of its basis' width), for the threads the library will run.
   const int threads = codec_threads(o.threads);
-  uint64_t buffer_bytes = 0, behind_bytes = 0;
+  uint64_t buffer_bytes = 0;
   std::vector<Pieces> pieces;
   for (uint64_t i = 0; i < n; ++i) {
     const bool gift = infos[i].coords == GIFT_COORDS_GIFT;
@@ -138,19 +138,16 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
         gift ? kMostBandBytes : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes);
     pieces.emplace_back(infos[i].rows, infos[i].cols, infos[i].row_align, infos[i].col_align,
                         budget / size);
-    const uint64_t bytes = pieces.back().piece_elements() * size;
-    buffer_bytes = std::max(buffer_bytes, bytes);
-    if (!gift) behind_bytes = std::max(behind_bytes, bytes);
+    buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
   }
   // Where a processor is free, a second buffer: each piece is written behind (write(2)'s copy
-  // on that processor) while the next one is decoded into the other buffer. Not for tensors in
-  // GIFT coordinates, whose bands are up to 16 times larger (8 MiB more for the second); nor
-  // where that buffer cannot be had (a bound on memory). Made before the output, so that they
-  // outlive any write still running when it is freed.
+  // on that processor) while the next one is decoded into the other buffer; not where that
+  // buffer cannot be had (a bound on memory). Made before the output, so that they outlive any
+  // write still running when it is freed.
   std::unique_ptr<uint8_t[]> buffer[2];
   buffer[0].reset(new uint8_t[std::max<uint64_t>(1, buffer_bytes)]);
-  if (behind_bytes && threads < giftProcessors())
-    buffer[1].reset(new (std::nothrow) uint8_t[behind_bytes]);
+  if (buffer_bytes && threads < giftProcessors())
+    buffer[1].reset(new (std::nothrow) uint8_t[buffer_bytes]);
 
   const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(target.path, o.force) : -1;
   const OutputPtr out = open_output(target.path, fd, o.fsync, o.force);
@@ -162,13 +159,12 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   check(giftOutputReserve(out.get(), total));
   check(giftOutputWrite(out.get(), head.data(), head.size()));
   Progress progress("decode", n, v);
+  const bool behind = bool(buffer[1]);
   uint64_t turn = 0;
   for (uint64_t i = 0; i < n; ++i) {
     const giftDType_t dt = headers[i].dtype;
-    const bool behind = buffer[1] && infos[i].coords != GIFT_COORDS_GIFT;
     pieces[i].each([&](uint64_t r0, uint64_t rows, uint64_t c0, uint64_t cols) {
       const uint64_t bytes = rows * cols * giftDTypeSize(dt);
-      if (!behind) check(giftOutputWait(out.get()));  // buffer[0] may still be being written
       uint8_t* into = buffer[behind ? turn++ % 2 : 0].get();
       try {
         pieces[i].decode(f.get(), i, basis.get(), r0, rows, c0, cols, into, dt);

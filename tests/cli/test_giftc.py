@@ -774,9 +774,9 @@ class Giftc(unittest.TestCase):
     def test_threads_bound_the_whitening_too(self):
         # --threads 1 whitens on one thread too. OpenMP's workers stay once started, so a count of
         # threads taken after the whitening sees them (OpenBLAS's are held to one by its
-        # variable): while an encode in GIFT coordinates runs, no thread but the main one and the
-        # output's writer behind (named gift-write); and decode, blocked writing into a FIFO that
-        # is not read after its band's inverse whitening, has no other thread.
+        # variable): while an encode in GIFT coordinates runs, and while a decode is blocked
+        # writing into a FIFO that is not read, after its band's inverse whitening, no thread but
+        # the main one and the output's writer behind (named gift-write).
         if not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2:
             self.skipTest("needs /proc and two processors")
 
@@ -813,7 +813,7 @@ class Giftc(unittest.TestCase):
                               "-q"], env=env)
         with open(fifo, "rb") as reader:
             time.sleep(1.0)  # the header and the first 64 KiB of the band fill the pipe
-            tasks = len(os.listdir(f"/proc/{p.pid}/task"))
+            tasks = codec_threads(p.pid)
             reader.read()
         self.assertEqual(p.wait(timeout=60), 0)
         self.assertEqual(tasks, 1)

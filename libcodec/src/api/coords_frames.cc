@@ -184,13 +184,22 @@ giftResult_t decode_rows_in_basis(const container::FrameReader& r, size_t index,
     return rc;
   const Whitener* t = nullptr;
   if (const giftResult_t rc = resolve_whitener(r, index, basis, &t)) return rc;
-  // The inverse whitening acts on each row by itself: a band maps back alone.
-  std::vector<float> v(rows * e.cols);
-  if (const giftResult_t rc = r.decode_rows(index, first_row, rows, v.data(), v.size() * 4,
-                                            GIFT_DTYPE_F32, true, cache))
+  // The inverse whitening acts on each row by itself: a band maps back alone. It is done in
+  // place in an fp32 output (aligned as floats); another output gets the fp32 rows converted
+  // from a buffer, left uninitialized (the decode writes every element: a zero-filled one cost
+  // a pass more).
+  const uint64_t n = rows * e.cols;
+  std::unique_ptr<float[]> temporary;
+  float* v = static_cast<float*>(dst);
+  if (dst_dtype != GIFT_DTYPE_F32 || reinterpret_cast<uintptr_t>(dst) % alignof(float) != 0) {
+    temporary.reset(new float[n]);
+    v = temporary.get();
+  }
+  if (const giftResult_t rc =
+          r.decode_rows(index, first_row, rows, v, n * 4, GIFT_DTYPE_F32, true, cache))
     return rc;
-  unwhiten(*t, v.data(), rows, r.threads());
-  convert_elements(v.data(), GIFT_DTYPE_F32, dst, dst_dtype, v.size());
+  unwhiten(*t, v, rows, r.threads());
+  if (temporary) convert_elements(v, GIFT_DTYPE_F32, dst, dst_dtype, n);
   return GIFT_OK;
 }
 
