@@ -336,8 +336,8 @@ int open_device(const std::string& path, bool force) {
 void add_threads_option(CLI::App* command, int* threads) {
   command
       ->add_option("--threads", *threads,
-                   "Threads (default: every processor giftc may use, as its CPU affinity and "
-                   "cgroup CPU quota allow)")
+                   "Threads, at most one per processor (default: every processor giftc may "
+                   "use, as its CPU affinity and cgroup CPU quota allow)")
       ->check(CLI::Validator(
           [](const std::string& v) {
             return !v.empty() && v[0] == '-' ? "must not be negative" : "";

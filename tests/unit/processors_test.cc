@@ -40,7 +40,8 @@ class FakeRoot {
   std::string dir_;
 };
 
-// A cgroup v2 system as a container with its own cgroup namespace sees it.
+// A cgroup v2 system: cgroupfs at /sys/fs/cgroup, its root the hierarchy's (a host's, or a
+// container's own cgroup namespace's).
 constexpr const char* kV2Mounts =
     "25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw\n"
     "30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 "
@@ -119,6 +120,22 @@ TEST(Processors, ACgroupOutsideTheMountIsNotRead) {
   EXPECT_EQ(r.limit(), 2);
 }
 
+// A process outside its cgroup namespace's root (moved there after the namespace was made, or
+// entered with nsenter without its cgroup) reads "/.." and below: no folder it sees is its
+// cgroup or above it, so the namespace root's quota is not its own.
+TEST(Processors, ACgroupAboveTheNamespacesRootIsNotRead) {
+  FakeRoot r;
+  r.put("/proc/self/mountinfo", kV2Mounts);
+  r.put("/sys/fs/cgroup/cpu.max", "100000 100000\n");
+  r.put("/sys/fs/cgroup/user.slice/x/cpu.max", "200000 100000\n");
+  for (const char* path : {"0::/..\n", "0::/../../user.slice/x\n", "0::/a/../..\n"}) {
+    r.put("/proc/self/cgroup", path);
+    EXPECT_EQ(r.limit(), 0) << path;
+  }
+  r.put("/proc/self/cgroup", "0::/user.slice/x\n");
+  EXPECT_EQ(r.limit(), 1);
+}
+
 TEST(Processors, NothingReadableOrDamagedFilesMeanNoLimit) {
   FakeRoot r;
   EXPECT_EQ(r.limit(), 0);  // no /proc at all
@@ -151,12 +168,35 @@ TEST(Processors, ThreadCountsAreCappedAtTheProcessors) {
   giftCtx* raw = nullptr;
   ASSERT_EQ(giftCtxCreate(&raw), GIFT_OK);
   const std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx(raw, giftCtxFree);
-  EXPECT_EQ(giftCtxThreads(ctx.get()), std::min(omp_get_max_threads(), procs));
+  EXPECT_EQ(giftCtxThreads(ctx.get()),
+            std::min({omp_get_max_threads(), procs, omp_get_thread_limit()}));
   EXPECT_EQ(giftCtxThreads(nullptr), giftCtxThreads(ctx.get()));
   ASSERT_EQ(giftCtxSetThreads(ctx.get(), 1), GIFT_OK);
   EXPECT_EQ(giftCtxThreads(ctx.get()), 1);
   ASSERT_EQ(giftCtxSetThreads(ctx.get(), 100000), GIFT_OK);
-  EXPECT_EQ(giftCtxThreads(ctx.get()), procs);
+  EXPECT_EQ(giftCtxThreads(ctx.get()), std::min(procs, omp_get_thread_limit()));
+}
+
+// Inside a parallel region of two threads where the runtime allows no nested one, a call's
+// regions get teams of one, and giftCtxThreads says so.
+TEST(Processors, ANestedCallCountsTheOneThreadItGets) {
+  const int levels = omp_get_max_active_levels();
+  omp_set_max_active_levels(1);
+  int inside[2] = {0, 0}, team[2] = {0, 0};
+#pragma omp parallel num_threads(2)
+  {
+    const int t = omp_get_thread_num();
+    inside[t] = giftCtxThreads(nullptr);
+#pragma omp parallel num_threads(4)
+#pragma omp single
+    team[t] = omp_get_num_threads();
+  }
+  omp_set_max_active_levels(levels);
+  if (team[1] == 0) GTEST_SKIP() << "the runtime gave the outer region one thread";
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(team[t], 1);
+    EXPECT_EQ(inside[t], 1);
+  }
 }
 
 }  // namespace

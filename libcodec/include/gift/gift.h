@@ -151,13 +151,16 @@ GIFT_API giftResult_t giftCtxCreate(giftCtx** ctx);
 GIFT_API void giftCtxFree(giftCtx* ctx);
 /* 0: the default; otherwise at most this many threads (capped at the processors). */
 GIFT_API giftResult_t giftCtxSetThreads(giftCtx* ctx, int threads);
-/* The threads a call with `ctx` (NULL: the defaults) runs on, as the calling thread asks now:
- * the count set, or the default, capped at giftProcessors(). */
+/* The threads a call with `ctx` (NULL: the defaults) made from the calling thread now runs on:
+ * the count set, or the default (OpenMP's omp_get_max_threads()), capped at giftProcessors()
+ * and at OpenMP's thread limit; 1 inside an OpenMP parallel region where the runtime allows no
+ * nested one. */
 GIFT_API int giftCtxThreads(const giftCtx* ctx);
 /* The processors this process may keep busy: those its CPU affinity allows, fewer where its
- * cgroup's CPU quota is lower (ceil(quota / period), the lowest from its cgroup up, cgroup v1
- * cpu.cfs_quota_us or v2 cpu.max), which OpenMP runtimes do not count; at least 1. The quota
- * is read once, at the first call of any function that uses threads. */
+ * cgroup's CPU quota is lower (ceil(quota / period), the lowest from its cgroup up to the root
+ * of the hierarchy it sees mounted; cgroup v1 cpu.cfs_quota_us or v2 cpu.max), which OpenMP
+ * runtimes do not count; at least 1. The quota is read once, at the first call of any function
+ * that uses threads: a later move to another cgroup, or a new quota, is not seen. */
 GIFT_API int giftProcessors(void);
 
 /* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same

@@ -61,10 +61,13 @@ giftResult_t gift::check_codec_buffers(const giftQuantParams& p, const void* dat
 }
 
 int gift::thread_count(const giftCtx* ctx) {
-  // More threads than processors never helps a streaming pass, and an unbounded request
-  // could make the OpenMP runtime fail to start them.
+  // A region inside an active one gets a team of one where the runtime allows no more levels,
+  // and no team exceeds the runtime's thread limit: counted here, so that buffers are sized
+  // and processors deemed spare for the threads that run. More threads than processors never
+  // helps a streaming pass, and an unbounded request could make the runtime fail to start them.
+  if (omp_get_active_level() >= omp_get_max_active_levels()) return 1;
   const int want = ctx && ctx->threads > 0 ? ctx->threads : omp_get_max_threads();
-  return std::min(want, processors());
+  return std::min({want, processors(), omp_get_thread_limit()});
 }
 
 bool gift::spare_processor(const giftCtx* ctx) { return thread_count(ctx) < processors(); }

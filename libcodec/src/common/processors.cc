@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <exception>
 #include <fstream>
 #include <vector>
 
@@ -59,7 +60,7 @@ uint64_t limit_of(const std::string& dir, bool v2) {
 
 }  // namespace
 
-int cgroup_cpu_limit(const std::string& root) {
+int cgroup_cpu_limit(const std::string& root) try {
   // This process's cgroup in the hierarchy that holds cgroup v1's cpu controller, and in the
   // unified one ("0::"); on a hybrid system both appear, and only the one with the controller
   // has the files.
@@ -70,6 +71,9 @@ int cgroup_cpu_limit(const std::string& root) {
     if (a == std::string::npos || b == std::string::npos || line.compare(b + 1, 1, "/") != 0)
       continue;  // the kernel writes absolute paths
     const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    // A cgroup outside the cgroup namespace's root reads "/..": not below any folder this
+    // process sees, so its quota is unknown here.
+    if (has(split(path, '/'), "..")) continue;
     if (line.compare(0, a, "0") == 0 && controllers.empty()) v2_path = path;
     if (has(split(controllers, ','), "cpu")) v1_path = path;
   }
@@ -85,7 +89,8 @@ int cgroup_cpu_limit(const std::string& root) {
     const bool v1 = dash[1] == "cgroup" && has(split(dash[3], ','), "cpu") && !v1_path.empty();
     if (!v1 && !v2) continue;
     // The cgroup's folder under the mount: its path less the mount's root, which a container
-    // without its own cgroup namespace sees as its cgroup; a cgroup outside it is not there.
+    // without its own cgroup namespace sees as its cgroup; a cgroup outside it is not there
+    // (nor is any where a namespace did not mount cgroupfs again: its mounts' root is "/..").
     const std::string& path = v2 ? v2_path : v1_path;
     const std::string mount_root = unescape(f[3]), mount_point = root + unescape(f[4]);
     std::string rel;
@@ -107,6 +112,8 @@ int cgroup_cpu_limit(const std::string& root) {
     }
   }
   return static_cast<int>(std::min<uint64_t>(limit, INT_MAX));
+} catch (const std::exception&) {  // std::bad_alloc: no limit known, as for unreadable files
+  return 0;
 }
 
 int processors() {
