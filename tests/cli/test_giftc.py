@@ -671,6 +671,36 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("encode", noext, "-q").returncode, 0)
         names = [t["name"] for t in json.loads(run("inspect", noext + ".gift", "--json").stdout)["tensors"]]
         self.assertEqual(names, ["plain"])
+        # Deflated members (savez_compressed) are checked as they are read for the encode, after
+        # the members before them: one whose CRC-32 or deflate data is damaged still fails the
+        # encode, as numpy fails to load it, and leaves no output.
+        comp = self.path("z.npz")
+        np.savez_compressed(comp, a=np.ones((4, 64), np.float32),
+                            w=np.arange(4096, dtype=np.float32).reshape(64, 64))
+        self.assertEqual(run("encode", comp, "-o", self.path("z.gift"), "-q").returncode, 0)
+        with open(comp, "rb") as f:
+            data = f.read()
+        with zipfile.ZipFile(comp) as z:
+            w = z.getinfo("w.npy")
+        entry = [i for i in range(len(data)) if data.startswith(b"PK\x01\x02", i)
+                 and data[i + 46:i + 46 + 5] == b"w.npy"][0]
+        local = w.header_offset
+        start = local + 30 + sum(struct.unpack("<HH", data[local + 26:local + 30]))  # name, extra
+        for what, at in (("CRC-32", entry + 16), ("deflate data", start + w.compress_size // 2)):
+            damaged = bytearray(data)
+            damaged[at] ^= 0x10
+            bad = self.path("z_bad.npz")
+            with open(bad, "wb") as f:
+                f.write(damaged)
+            with self.assertRaises(Exception, msg=what):  # numpy's own verdict
+                np.load(bad)["w"]
+            before = sorted(os.listdir(self.dir))
+            out = self.path("z_bad.gift")
+            r = run("encode", bad, "-o", out)
+            self.assertEqual(r.returncode, 2, (what, r.stderr))
+            self.assertRegex(r.stderr, r"z_bad\.npz: member 'w\.npy': bad (CRC-32|deflate data)",
+                             what)
+            self.assertEqual(sorted(os.listdir(self.dir)), before, what)
 
     def test_gift_coordinates_never_turn_finite_input_into_inf(self):
         w = (np.random.default_rng(0).standard_normal((64, 64)) * 1e37).astype(np.float32)
