@@ -154,6 +154,36 @@ void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
   out->tensors.push_back(std::move(t));
 }
 
+// Names reach frames, output files and JSON reports as C strings, so they must be UTF-8
+// without NUL. The JSON library's encoder holds strings to strict UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF) and refuses the rest.
+bool utf8_without_nul(const std::string& s) {
+  if (s.find('\0') != std::string::npos) return false;
+  try {
+    (void)nlohmann::json(s).dump();
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+  return true;
+}
+
+// For messages about a string that is not: printable ASCII kept, other bytes as \xNN.
+std::string ascii_escaped(const std::string& s) {
+  std::string out;
+  for (const char ch : s) {
+    const unsigned c = uint8_t(ch);
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += c >= 0x20 && c < 0x7F && c != '\\' ? std::string(1, ch) : std::string(hex);
+  }
+  return out;
+}
+
+// A name as messages show it: as it is where valid, else escaped (a NUL would end the message).
+std::string shown(const std::string& name) {
+  return utf8_without_nul(name) ? name : ascii_escaped(name);
+}
+
 // Inflates a deflated member of `usize` raw bytes, handing them to put in order, in pieces
 // of at most 1 MiB, and stops once it has handed `upto` (> 0) of them; false on bad deflate
 // data or another size.
@@ -181,7 +211,7 @@ bool inflate_member(const uint8_t* deflated, uint64_t csize, uint64_t usize, con
 
 // One member of a ZIP archive as its central directory and local header describe it.
 struct ZipMember {
-  std::string name;
+  std::string name, shown;  // shown: as messages show it
   uint64_t method, csize, usize, local, data;
   uint32_t crc;
 };
@@ -223,13 +253,14 @@ void zip_members(const uint8_t* b, uint64_t size, const std::string& path,
     m.local = load_le(b + p + 42, 4);
     if (p + 46 + nlen > cd_off + cd_size) bad(path, "damaged central directory");
     m.name.assign(reinterpret_cast<const char*>(b + p + 46), nlen);
+    m.shown = shown(m.name);
     p += 46 + nlen + xlen + clen;
     if (m.local + 30 > size || load_le(b + m.local, 4) != 0x04034b50) {
-      bad(path, "member '" + m.name + "': bad local header");
+      bad(path, "member '" + m.shown + "': bad local header");
     }
     m.data = m.local + 30 + load_le(b + m.local + 26, 2) + load_le(b + m.local + 28, 2);
     if (m.data > size || m.csize > size - m.data)
-      bad(path, "member '" + m.name + "' out of bounds");
+      bad(path, "member '" + m.shown + "' out of bounds");
     out->push_back(std::move(m));
   }
   std::vector<std::pair<uint64_t, uint64_t>> extents;
@@ -249,7 +280,7 @@ uLong add_crc(uLong crc, const uint8_t* data, uint64_t n) {
 }
 
 void check_crc(uLong crc, const ZipMember& m, const std::string& path) {
-  if (uint32_t(crc) != m.crc) bad(path, "member '" + m.name + "': bad CRC-32 (damaged data)");
+  if (uint32_t(crc) != m.crc) bad(path, "member '" + m.shown + "': bad CRC-32 (damaged data)");
 }
 
 // .npz: a ZIP archive of .npy members, stored or deflated (numpy.savez and savez_compressed).
@@ -258,17 +289,17 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
   zip_members(b, size, path, &members);
   for (const ZipMember& m : members) {
     // numpy.load names a member without the .npy suffix by its whole name.
-    const std::string where = path + ":" + m.name;
+    const std::string where = path + ":" + m.shown;
     const std::string tensor =
         ends_with(m.name, ".npy") ? m.name.substr(0, m.name.size() - 4) : m.name;
     if (m.method == 0) {
-      if (m.csize != m.usize) bad(path, "member '" + m.name + "': stored sizes differ");
+      if (m.csize != m.usize) bad(path, "member '" + m.shown + "': stored sizes differ");
       check_crc(add_crc(crc32(0L, Z_NULL, 0), b + m.data, m.csize), m, path);
       add_npy(b + m.data, m.csize, where, tensor, out);
     } else if (m.method == 8) {
       // usize comes from the archive, so a hostile archive could claim up to 4 GiB; deflate
       // cannot expand more than about 1032:1, so cap it by that.
-      if (m.usize / 1032 > m.csize + 1) bad(path, "member '" + m.name + "': impossible size");
+      if (m.usize / 1032 > m.csize + 1) bad(path, "member '" + m.shown + "': impossible size");
       // Only its .npy header is inflated here. The whole member is inflated when the tensor is
       // asked for (TensorRef::data), one at a time, and its deflate data and CRC-32 are checked
       // then, before data() returns: inflating it here too, to check it first, took as long as
@@ -281,7 +312,7 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
               b + m.data, m.csize, m.usize,
               [&](const uint8_t* p, uint64_t n) { head.insert(head.end(), p, p + n); },
               std::min<uint64_t>(m.usize, kNpyMostHeaderBytes)))
-        bad(path, "member '" + m.name + "': bad deflate data");
+        bad(path, "member '" + m.shown + "': bad deflate data");
       TensorRef t{tensor, {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}};
       uint64_t offset = 0;
       parse_npy_header(head.data(), m.usize, where, &t.shape, &t.dtype, &offset);
@@ -296,40 +327,15 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
               seen += n;
               if (n > drop) put(p + drop, n - drop);
             });
-        if (!ok) bad(path, "member '" + m.name + "': bad deflate data");
+        if (!ok) bad(path, "member '" + m.shown + "': bad deflate data");
         check_crc(crc, m, path);
       };
       out->tensors.push_back(std::move(t));
     } else {
-      bad(path, "member '" + m.name + "': unsupported ZIP compression method " +
+      bad(path, "member '" + m.shown + "': unsupported ZIP compression method " +
                     std::to_string(m.method));
     }
   }
-}
-
-// Names reach frames, output files and JSON reports as C strings, so they must be UTF-8
-// without NUL. The JSON library's encoder holds strings to strict UTF-8 (no overlong forms,
-// surrogates or code points past U+10FFFF) and refuses the rest.
-bool utf8_without_nul(const std::string& s) {
-  if (s.find('\0') != std::string::npos) return false;
-  try {
-    (void)nlohmann::json(s).dump();
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-  return true;
-}
-
-// For messages about a string that is not: printable ASCII kept, other bytes as \xNN.
-std::string ascii_escaped(const std::string& s) {
-  std::string out;
-  for (const char ch : s) {
-    const unsigned c = uint8_t(ch);
-    char hex[5];
-    std::snprintf(hex, sizeof hex, "\\x%02x", c);
-    out += c >= 0x20 && c < 0x7F && c != '\\' ? std::string(1, ch) : std::string(hex);
-  }
-  return out;
 }
 
 // Names become frame tensor names and keys of output files: non-empty, valid as above, each
@@ -511,7 +517,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
       }
       continue;
     }
-    const std::string tn = "tensor '" + it.key() + "': ";
+    const std::string tn = "tensor '" + shown(it.key()) + "': ";
     const nlohmann::json& t = *it;
     if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") ||
         !t.contains("data_offsets")) {

@@ -1504,6 +1504,18 @@ class Giftc(unittest.TestCase):
         r = run("encode", bad_name)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("n.npz: tensor name 'w\\xff' is not UTF-8 without NUL", r.stderr)
+        # Such a name in a message about its member shows escaped, a NUL too (which would
+        # otherwise end the message): here a member whose .npy magic is damaged.
+        nul_name = self.path("z0.npz")
+        with zipfile.ZipFile(nul_name, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("x.npy", b"\x93NUMPX" + member[6:])
+        with open(nul_name, "rb") as f:
+            data = f.read().replace(b"x.npy", b"\0.npy")
+        with open(nul_name, "wb") as f:
+            f.write(data)
+        r = run("encode", nul_name)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("z0.npz:\\x00.npy: not a supported .npy file: no .npy magic", r.stderr)
         # Two entries of the central directory pointing at one deflated member.
         def duplicate_entry(d):
             eocd = d.rindex(b"PK\x05\x06")
