@@ -62,6 +62,8 @@ class Source {
     uint64_t rows, cols, row_align, col_align;
   };
   const std::vector<Entry>& entries() const { return entries_; }
+  // Tensors no read() has checked (gift::io::check_unread); a frame was checked when opened.
+  void check_unread() const { gift::io::check_unread(file_); }
 
   // The piece of `pieces` rows [r0, r0 + n), or with n = 1 columns [c0, c0 + cols) of row r0.
   void read(const Pieces& pieces, size_t i, uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols,
@@ -184,6 +186,10 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
                                  " tensors, " + o.reference + " holds " +
                                  std::to_string(ref.entries().size()));
   }
+  // Tensors of one file only, and activations of no compared tensor, are checked too.
+  ref.check_unread();
+  dec.check_unread();
+  gift::io::check_unread(acts);
   doc["total"] = row(total);
   if (o.json) {
     std::printf("%s\n", doc.dump(2).c_str());

@@ -132,12 +132,15 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   uint64_t buffer_bytes = 0;
   std::vector<Pieces> pieces;
   for (uint64_t i = 0; i < n; ++i) {
-    const bool gift = infos[i].coords == GIFT_COORDS_GIFT;
     const uint64_t size = giftDTypeSize(headers[i].dtype);
-    const uint64_t budget =
-        gift ? kMostBandBytes : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes);
+    // A tensor in GIFT coordinates is whitened back in fp32 (in place, or for a 16-bit output
+    // in an fp32 copy of the band the library makes): its bands are counted in fp32 bytes.
+    const uint64_t elements =
+        infos[i].coords == GIFT_COORDS_GIFT
+            ? kMostBandBytes / sizeof(float)
+            : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes) / size;
     pieces.emplace_back(infos[i].rows, infos[i].cols, infos[i].row_align, infos[i].col_align,
-                        budget / size);
+                        elements);
     buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
   }
   // Where a processor is free, a second buffer: each piece is written behind (write(2)'s copy

@@ -151,6 +151,9 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   uint64_t size = 0;
   check(giftBasisSerialize(basis.get(), o.zstd, &bytes, &size));
   const std::unique_ptr<void, decltype(&giftFree)> bytes_owner(bytes, giftFree);
+  // Tensors the basis did not need (older dumps, a fixed damping's, 1-D ones) are checked too.
+  for (const gift::io::TensorFile& f : dumps) gift::io::check_unread(f);
+  gift::io::check_unread(acts);
   write_output(o.output, bytes, size, o.fsync, o.force);
   if (!v.quiet) {
     // The rank each whitener got: --rank, or less for a narrower matrix.

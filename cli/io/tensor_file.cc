@@ -146,7 +146,7 @@ std::string stem_of(const std::string& path) {
 
 void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
              const std::string& tensor_name, TensorFile* out) {
-  TensorRef t{tensor_name, {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}};
+  TensorRef t{tensor_name, {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}, {}};
   uint64_t offset = 0;
   parse_npy_header(b, size, where, &t.shape, &t.dtype, &offset);
   t.mapped = b + offset;
@@ -300,24 +300,30 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
       // usize comes from the archive, so a hostile archive could claim up to 4 GiB; deflate
       // cannot expand more than about 1032:1, so cap it by that.
       if (m.usize / 1032 > m.csize + 1) bad(path, "member '" + m.shown + "': impossible size");
-      // Only its .npy header is inflated here. The whole member is inflated when the tensor is
-      // asked for (TensorRef::data), one at a time, and its deflate data and CRC-32 are checked
-      // then, before data() returns: inflating it here too, to check it first, took as long as
-      // the rest of an encode (a 64 MiB savez_compressed archive, 0.85 s to about 0.45 s).
-      // Callers fetch every tensor before their outputs are complete, so a damaged member
-      // still leaves no output.
+      // Only its .npy header is inflated here (a member no larger than that whole, and
+      // checked). A larger one is inflated whole when the tensor is asked for
+      // (TensorRef::data), one at a time, and its deflate data and CRC-32 are checked then,
+      // before data() returns, or by check_unread: inflating it here too, to check it first,
+      // took as long as the rest of an encode (a 64 MiB savez_compressed archive, 0.85 s to
+      // about 0.45 s).
+      const auto bad_deflate = [path, shown = m.shown] {
+        bad(path, "member '" + shown + "': bad deflate data");
+      };
       std::vector<uint8_t> head;
+      const uint64_t head_bytes = std::min<uint64_t>(m.usize, kNpyMostHeaderBytes);
       if (m.usize > 0 &&
           !inflate_member(
               b + m.data, m.csize, m.usize,
-              [&](const uint8_t* p, uint64_t n) { head.insert(head.end(), p, p + n); },
-              std::min<uint64_t>(m.usize, kNpyMostHeaderBytes)))
-        bad(path, "member '" + m.shown + "': bad deflate data");
-      TensorRef t{tensor, {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}};
+              [&](const uint8_t* p, uint64_t n) { head.insert(head.end(), p, p + n); }, head_bytes))
+        bad_deflate();
+      auto checked = std::make_shared<bool>(head_bytes == m.usize);
+      if (*checked) check_crc(add_crc(crc32(0L, Z_NULL, 0), head.data(), head.size()), m, path);
+      TensorRef t{tensor, {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}, checked};
       uint64_t offset = 0;
       parse_npy_header(head.data(), m.usize, where, &t.shape, &t.dtype, &offset);
       t.bytes = m.usize - offset;
-      t.fetch = [deflated = b + m.data, m, offset, path](const FetchPut& put) {
+      t.fetch = [deflated = b + m.data, m, offset, path, bad_deflate,
+                 checked](const FetchPut& put) {
         uLong crc = crc32(0L, Z_NULL, 0);
         uint64_t seen = 0;  // raw bytes so far, the header's dropped
         const bool ok =
@@ -327,8 +333,9 @@ void parse_npz(const uint8_t* b, uint64_t size, const std::string& path, TensorF
               seen += n;
               if (n > drop) put(p + drop, n - drop);
             });
-        if (!ok) bad(path, "member '" + m.shown + "': bad deflate data");
+        if (!ok) bad_deflate();
         check_crc(crc, m, path);
+        *checked = true;
       };
       out->tensors.push_back(std::move(t));
     } else {
@@ -523,7 +530,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
         !t.contains("data_offsets")) {
       bad(name, tn + "needs dtype, shape and data_offsets");
     }
-    TensorRef ref{it.key(), {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}};
+    TensorRef ref{it.key(), {}, GIFT_DTYPE_F32, nullptr, 0, 0, {}, {}, {}};
     if (!t["dtype"].is_string() || !dtype_of_name(t["dtype"].get<std::string>(), &ref.dtype)) {
       bad(name, tn + "unsupported dtype " + t["dtype"].dump() + " (supported: F32, BF16, F16)");
     }
@@ -617,6 +624,11 @@ FileKind sniff_kind(const uint8_t* b, uint64_t size) {
   if (size >= 6 && std::memcmp(b, "\x93NUMPY", 6) == 0) return FileKind::kNpy;
   if (size >= 4 && std::memcmp(b, "PK\x03\x04", 4) == 0) return FileKind::kNpz;
   return FileKind::kSafetensors;
+}
+
+void check_unread(const TensorFile& f) {
+  for (const TensorRef& t : f.tensors)
+    if (t.checked && !*t.checked) t.fetch([](const uint8_t*, uint64_t) {});
 }
 
 void read_tensor_file(const std::string& path, TensorFile* out) {

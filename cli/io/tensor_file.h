@@ -50,6 +50,9 @@ struct TensorRef {
   // hands its `bytes` bytes to put, which data() keeps in `fetched`.
   std::function<void(const FetchPut& put)> fetch;
   std::shared_ptr<FetchedTensor> fetched;
+  // A deflated .npz member larger than its .npy header: whether a fetch has checked its
+  // deflate data and CRC-32 yet (check_unread does it for the rest). Null for other tensors.
+  std::shared_ptr<bool> checked;
 
   uint64_t elements() const;
   // Its little-endian elements in C order at an aligned address, valid while the file is
@@ -79,6 +82,11 @@ inline const char* const kStdinName = "standard input";
 // kind told by its first bytes). Errors are giftc::Failure naming the file (and tensor):
 // kIoError for files that cannot be read, kBadInput for malformed or unsupported ones.
 void read_tensor_file(const std::string& path, TensorFile* out);
+
+// Fetches, only to check them, the tensors of `f` not checked yet (deflated .npz members whose
+// data() no call has read): a damaged member fails the command, kBadInput, even where it goes
+// unused. Commands that may leave tensors unread call it before their outputs are complete.
+void check_unread(const TensorFile& f);
 
 // What read_tensor_file does once it holds a file's bytes: the tensors point into `bytes` (or
 // into out->storage); `name` stands for the file in messages, and a .npy file's one tensor is

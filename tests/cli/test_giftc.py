@@ -702,6 +702,50 @@ class Giftc(unittest.TestCase):
                              what)
             self.assertEqual(sorted(os.listdir(self.dir)), before, what)
 
+    def test_npz_members_no_command_reads_are_checked_too(self):
+        # A deflated member's CRC-32 is checked as the member is read, and members a command
+        # has no use for are read to be checked before its output is complete: fit with a fixed
+        # damping reads no gradient, compare no activations of a tensor it does not compare;
+        # an empty tensor, no larger than its .npy header, is checked as the file is opened.
+        def damaged(src, member):
+            with open(src, "rb") as f:
+                data = bytearray(f.read())
+            entry = [i for i in range(len(data)) if data.startswith(b"PK\x01\x02", i)
+                     and data[i + 46:i + 46 + len(member)] == member.encode()][0]
+            data[entry + 16] ^= 0x10  # its CRC-32 in the central directory
+            bad = src.replace(".npz", "_bad.npz")
+            with open(bad, "wb") as f:
+                f.write(data)
+            with self.assertRaises(Exception, msg=member):  # numpy's own verdict
+                np.load(bad)[member[:-4]]
+            return bad
+
+        rng = np.random.default_rng(8)
+        x = rng.standard_normal((512, 128)).astype(np.float32)
+        grads, acts = self.path("g.npz"), self.path("a.npz")
+        np.savez_compressed(grads, q=rng.standard_normal((256, 128)).astype(np.float32))
+        np.savez_compressed(acts, q=x.T @ x / 512, unused=np.eye(256, dtype=np.float32))
+        basis = self.path("b.giftb")
+        cases = [
+            ("fit", damaged(grads, "q.npy"), "--activations", acts, "--damping", "0.01", "-o", basis),
+            ("compare", grads, grads, "--activations", damaged(acts, "unused.npy")),
+        ]
+        empty = self.path("e.npz")
+        np.savez_compressed(empty, e=np.zeros((0, 16), np.float32), w=np.ones((4, 16), np.float32))
+        cases.append(("encode", damaged(empty, "e.npy"), "-o", self.path("e.gift")))
+        for args in cases:
+            before = sorted(os.listdir(self.dir))
+            r = run(*args)
+            self.assertEqual(r.returncode, 2, (args, r.stdout, r.stderr))
+            self.assertIn("bad CRC-32", r.stderr, args)
+            self.assertEqual(r.stdout, "", args)
+            self.assertEqual(sorted(os.listdir(self.dir)), before, args)
+        # The same commands on the undamaged files succeed.
+        self.assertEqual(run("fit", grads, "--activations", acts, "--damping", "0.01", "-o", basis,
+                             "-q").returncode, 0)
+        self.assertEqual(run("compare", grads, grads, "--activations", acts).returncode, 0)
+        self.assertEqual(run("encode", empty, "-q").returncode, 0)
+
     def test_gift_coordinates_never_turn_finite_input_into_inf(self):
         w = (np.random.default_rng(0).standard_normal((64, 64)) * 1e37).astype(np.float32)
         w[0, 0] = np.float32(3.0e38)

@@ -1,5 +1,7 @@
 #include "coords/low_rank_update.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -144,19 +146,20 @@ void LowRankUpdate(const float* v, const float* c, uint32_t dim, uint32_t rank, 
   const Operands o{vp.data(), vt.data(), c, pre, post, dim, rank, rp};
   constexpr size_t kBand = 8;
   const int64_t bands = int64_t(rows / kBand), total = int64_t(rows);
-#pragma omp parallel if (rows * dim >= (uint64_t(1) << 16)) \
-    num_threads(threads > 0 ? threads : thread_count(nullptr))
+  const int team = threads > 0 ? threads : thread_count(nullptr);
+  // Each thread's rows of products, made here: a std::bad_alloc thrown inside the parallel
+  // region would end the process (std::terminate) instead of reaching the caller.
+  std::vector<float> products(size_t(team) * kBand * rp);
+#pragma omp parallel if (rows * dim >= (uint64_t(1) << 16)) num_threads(team)
   {
     // Whitened values reach FP8 codes, and the device plan's whitener must give these bits:
     // IEEE arithmetic (subnormals kept) whatever the caller's environment, on every thread.
     const num::FpEnvGuard fp_env;
-    std::vector<float> p(kBand * rp);
+    float* p = products.data() + size_t(omp_get_thread_num()) * kBand * rp;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < bands; ++b) Rows<kBand>(o, x + uint64_t(b) * kBand * dim, p.data());
+    for (int64_t b = 0; b < bands; ++b) Rows<kBand>(o, x + uint64_t(b) * kBand * dim, p);
 #pragma omp for schedule(static)
-    for (int64_t r = bands * int64_t(kBand); r < total; ++r) {
-      Rows<1>(o, x + uint64_t(r) * dim, p.data());
-    }
+    for (int64_t r = bands * int64_t(kBand); r < total; ++r) Rows<1>(o, x + uint64_t(r) * dim, p);
   }
 }
 
