@@ -1,5 +1,4 @@
 // giftc bench: encode and decode throughput against memcpy, measured in the same run.
-#include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
