@@ -111,7 +111,6 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   p.kind = parse_fp8(o.fp8);
   parse_scale(o.scale, &p);
   p.scale_dtype = parse_scale_dtype(o.scale_dtype);
-  if (o.threads < 0) throw Failure(kUsage, "--threads must not be negative");
   giftCtx* raw_ctx = nullptr;
   check(giftCtxCreate(&raw_ctx));
   const std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx(raw_ctx, giftCtxFree);
@@ -184,7 +183,7 @@ void add_bench(CLI::App& app, Verbosity& v) {
   c->add_option("--scale", o->scale, "Scale groups: tensor, row, block:N or tile:RxC")
       ->capture_default_str();
   c->add_option("--scale-dtype", o->scale_dtype, "Scale type: f32 or e8m0")->capture_default_str();
-  c->add_option("--threads", o->threads, "Threads (default: all)");
+  add_threads_option(c, &o->threads);
   c->add_option("--device", o->device,
                 "cpu, or cuda: the device's kernels against a device-to-device copy")
       ->capture_default_str();

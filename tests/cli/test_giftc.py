@@ -1062,6 +1062,9 @@ class Giftc(unittest.TestCase):
         r = run("bench", "--size", "-1")
         self.assertEqual(r.returncode, 1)
         self.assertIn("not a byte count", r.stderr)
+        r = run("bench", "--threads", "-1")  # the same option as the other commands'
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("negative", r.stderr)
         for size, why in (("4X", "not a byte count"), ("M", "not a byte count"),
                           ("4 M", "not a byte count"), ("", "not a byte count"),
                           ("0K", "less than 1 byte"), ("0", "less than 1 byte"),

@@ -88,7 +88,7 @@ giftResult_t find_whitener(const giftBasis* basis, const char* name, uint64_t co
   return GIFT_OK;
 }
 
-// The public calls take no context: the OpenMP runtime's thread count.
+// The public calls take no context: the default thread count (thread_count(nullptr)).
 template <void (*Apply)(const gift::coords::Whitener&, float*, uint64_t, int)>
 giftResult_t apply(const giftBasis* basis, const char* name, float* w, uint64_t rows, uint64_t cols,
                    const char* what) {
