@@ -32,6 +32,20 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_FLAGS MATCHES "-fsanitize=
   list(APPEND GIFT_CXX_FLAGS -Wno-maybe-uninitialized)
 endif()
 
+# The libFuzzer harnesses (tests/fuzz), with Clang. GIFT_FUZZ_FLAGS instruments for libFuzzer's
+# coverage the code that takes untrusted bytes apart (libcodec and cli/io apply it to theirs);
+# the project's other executables run that code too, the sanitizer runtimes defining the
+# callbacks. scripts/sanitized-build.sh turns it on in its ASan tree, whose tests and fuzzers
+# thus share one build.
+option(GIFT_FUZZERS "Build the libFuzzer harnesses, instrumenting the readers for them (Clang)" OFF)
+set(GIFT_FUZZ_FLAGS "")
+if(GIFT_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "GIFT_FUZZERS=ON needs Clang (configure with CC=clang CXX=clang++)")
+  endif()
+  set(GIFT_FUZZ_FLAGS -fsanitize=fuzzer-no-link)
+endif()
+
 # Headers that configuring generates (gift/gift_version.h, libcodec/CMakeLists.txt); whatever
 # includes gift.h needs this folder.
 set(GIFT_GENERATED_INCLUDE_DIR ${PROJECT_BINARY_DIR}/include)

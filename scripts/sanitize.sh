@@ -1,39 +1,20 @@
 #!/usr/bin/env bash
 # The CPU library, giftc and their tests built twice more and run; any report fails:
 # - Clang under AddressSanitizer and UndefinedBehaviorSanitizer: the unit, compatibility and
-#   all-reduce local-step tests, and giftc's end-to-end tests on the sanitized giftc (the main
-#   build is GCC's, so Clang's warnings are checked here too);
+#   all-reduce local-step tests, giftc's end-to-end tests on the sanitized giftc (the main
+#   build is GCC's, so Clang's warnings are checked here too), and the two fuzzers, built in
+#   the same tree (tests/fuzz/README.md);
 # - Clang under ThreadSanitizer with LLVM's OpenMP runtime, whose Archer tool tells TSan
 #   about OpenMP's barriers and tasks (GCC's libgomp is not instrumented): the tests that run
 #   the codec, the frame writer and reader, an output's writes behind, and the all-reduce's
 #   local steps on several threads.
-# SANITIZE_BUILD_DIR picks the folder that holds the two build trees.
+# SANITIZE_BUILD_DIR picks the folder that holds the two build trees (scripts/sanitized-build.sh
+# configures and builds them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${SANITIZE_BUILD_DIR:-$root/build-sanitize}
-asan="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-tsan="-fsanitize=thread -fno-omit-frame-pointer"
 
 "$root/scripts/setup.sh"
-
-# Configures (once) and builds the given targets of one sanitized tree:
-#   DIR CC CXX OPTIMIZATION FLAGS TARGET...
-# Line tables only (-g1): stacks still name file and line, and compiling takes less time.
-sanitized_build() {
-  local dir=$1 cc=$2 cxx=$3 opt=$4 flags=$5
-  shift 5
-  if [ ! -f "$dir/CMakeCache.txt" ]; then
-    CC=$cc CXX=$cxx cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DGIFT_WITH_CUDA=OFF -DGIFT_WITH_MPI=OFF -DGIFT_WITH_NCCL=OFF -DGIFT_PYTHON=OFF \
-      -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt -g1 -DNDEBUG" \
-      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt -g1 -DNDEBUG" \
-      -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
-      -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
-  fi
-  local start=$SECONDS
-  cmake --build "$dir" --parallel "$(nproc)" --target "$@"
-  echo "sanitize: built $(basename "$dir") in $((SECONDS - start)) s"
-}
 
 failed=0
 # Runs one test command under a label; a failure is counted, and the other runs still happen.
@@ -76,7 +57,8 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export OMP_WAIT_POLICY=passive
 
 clang_asan=$build/clang-asan
-sanitized_build "$clang_asan" clang clang++ -O2 "$asan" unit_tests compat_tests transport_tests giftc
+"$root/scripts/sanitized-build.sh" asan "$clang_asan" unit_tests compat_tests transport_tests giftc \
+  frame_fuzzer tensor_file_fuzzer make_seeds
 for bin in unit_tests compat/compat_tests mpi/transport_tests; do
   run "clang asan+ubsan $(basename "$bin")" sharded "$clang_asan/tests/$bin" --gtest_brief=1
 done
@@ -110,6 +92,23 @@ save_file({"w": np.linspace(-3, 3, 4096, dtype=np.float32).reshape(32, 128),
 }
 run "clang and gcc giftc write the same bytes" same_bytes_as_gcc
 
+# The two fuzzers side by side, each on one processor (run_fuzz.sh replays its regression
+# inputs, then fuzzes for 60 s, the tensor files for 30), each one's output printed once both
+# have ended.
+fuzz_both() {
+  local logs frame rc=0
+  logs=$(mktemp -d)
+  GIFT_FUZZ_BUILT=1 "$root/tests/fuzz/run_fuzz.sh" "$clang_asan" frame >"$logs/frame" 2>&1 &
+  frame=$!
+  GIFT_FUZZ_BUILT=1 "$root/tests/fuzz/run_fuzz.sh" "$clang_asan" tensor_file \
+    >"$logs/tensor_file" 2>&1 || rc=1
+  wait "$frame" || rc=1
+  cat "$logs/frame" "$logs/tensor_file"
+  rm -rf "$logs"
+  return $rc
+}
+run "libFuzzer on the frame and tensor-file readers" fuzz_both
+
 # Archer ships with LLVM's OpenMP runtime, next to clang's own libraries.
 archer=$(cd "$(clang -print-resource-dir)/../.." && pwd)/libarcher.so
 [ -f "$archer" ] || {
@@ -117,7 +116,7 @@ archer=$(cd "$(clang -print-resource-dir)/../.." && pwd)/libarcher.so
   exit 1
 }
 clang_tsan=$build/clang-tsan
-sanitized_build "$clang_tsan" clang clang++ -O1 "$tsan" unit_tests transport_tests
+"$root/scripts/sanitized-build.sh" tsan "$clang_tsan" unit_tests transport_tests
 # LLVM's OpenMP runtime is not instrumented itself: Archer reports its barriers and joins to
 # TSan, which ignores the runtime's own accesses (without both, every parallel loop would be
 # reported). Two codec threads, as on CI's two cores (more are capped at the processors

@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
-# Builds the fuzzers with clang (ASan, UBSan, libFuzzer) in their own build folder, replays one
-# fuzzer's regression inputs, then fuzzes it for a bounded time from its seeds.
+# Builds the fuzzers (libFuzzer, under ASan and UBSan: the ASan tree of
+# scripts/sanitized-build.sh), replays one fuzzer's regression inputs, then fuzzes it for a
+# bounded time from its seeds.
 #
-#   tests/fuzz/run_fuzz.sh [BUILD_DIR] [TARGET]   (default: build-fuzz at the repository's root)
+#   tests/fuzz/run_fuzz.sh [BUILD_DIR] [TARGET]
 #
-# TARGET  frame (default): frame_fuzzer, the GIFT frame and basis readers, from seeds that
-#           make_seeds writes and the golden frames;
-#         tensor_file: tensor_file_fuzzer, giftc's safetensors, .npy and .npz readers, from the
-#           committed corpus in corpus/tensor_file.
+# BUILD_DIR  the ASan tree (default: build-sanitize/clang-asan at the repository's root, the
+#            one scripts/sanitize.sh builds and runs these from)
+# TARGET     frame (default): frame_fuzzer, the GIFT frame and basis readers, from seeds that
+#              make_seeds writes and the golden frames;
+#            tensor_file: tensor_file_fuzzer, giftc's safetensors, .npy and .npz readers, from
+#              the committed corpus in corpus/tensor_file.
 # GIFT_FUZZ_SECONDS   fuzzing time in seconds (default 60 for frame, 30 for tensor_file; 0 only
 #                     replays the regressions)
-# GIFT_FUZZ_CXX/CC    the compilers (default clang++ and clang)
+# GIFT_FUZZ_BUILT=1   BUILD_DIR's fuzzers are built already (scripts/sanitize.sh builds them
+#                     once and runs both targets side by side)
 #
 # Exit status: 0 clean; 1 a regression input or a new input crashed (new ones are copied into
 # tests/fuzz/regressions/TARGET/ to be committed), or the build failed; 77 clang or libFuzzer
-# is missing (ctest reports the test as skipped).
+# is missing.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-build=${1:-$root/build-fuzz}
+build=${1:-$root/build-sanitize/clang-asan}
 target=${2:-frame}
 case "$target" in
   frame) default_seconds=60 ;;
@@ -31,8 +35,6 @@ case "$target" in
 esac
 seconds=${GIFT_FUZZ_SECONDS:-$default_seconds}
 regressions=$here/regressions/$target
-cc=${GIFT_FUZZ_CC:-clang}
-cxx=${GIFT_FUZZ_CXX:-clang++}
 
 skip() {
   echo "run_fuzz: SKIPPED: $*" >&2
@@ -43,34 +45,24 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/gift-fuzz.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 # clang, and the runtimes of libFuzzer and the sanitizers (Debian: libclang-rt-<N>-dev).
-command -v "$cxx" >/dev/null 2>&1 || skip "$cxx not found (Debian: apt-get install clang)"
-command -v "$cc" >/dev/null 2>&1 || skip "$cc not found (Debian: apt-get install clang)"
+command -v clang++ >/dev/null 2>&1 || skip "clang++ not found (Debian: apt-get install clang)"
 printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
   >"$tmp/probe.cc"
-if ! "$cxx" -fsanitize=fuzzer,address,undefined "$tmp/probe.cc" -o "$tmp/probe" 2>"$tmp/probe.err"; then
-  skip "$cxx cannot link -fsanitize=fuzzer,address,undefined (libclang-rt-dev missing?): $(head -c 300 "$tmp/probe.err")"
+if ! clang++ -fsanitize=fuzzer,address,undefined "$tmp/probe.cc" -o "$tmp/probe" 2>"$tmp/probe.err"; then
+  skip "clang++ cannot link -fsanitize=fuzzer,address,undefined (libclang-rt-dev missing?): $(head -c 300 "$tmp/probe.err")"
 fi
 
-# The fuzz build: its own folder, its own compilers; configured once, then only rebuilt.
-start=$(date +%s)
-config=()
-if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then config+=(-G Ninja); fi
-cmake -S "$here" -B "$build" "${config[@]}" \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
-  -DGIFT_WITH_CUDA=OFF -DGIFT_WITH_MPI=OFF -DGIFT_WITH_NCCL=OFF -DBUILD_TESTING=OFF \
-  >"$tmp/configure.log" 2>&1 || {
-  cat "$tmp/configure.log" >&2
-  echo "run_fuzz: FAILED: configuring $build" >&2
-  exit 1
-}
-cmake --build "$build" --parallel "$(nproc)" >"$tmp/build.log" 2>&1 || {
-  tail -n 80 "$tmp/build.log" >&2
-  echo "run_fuzz: FAILED: building $build" >&2
-  exit 1
-}
-echo "run_fuzz: fuzz build ready in $(($(date +%s) - start)) s ($build)"
+if [ "${GIFT_FUZZ_BUILT:-0}" != 1 ]; then
+  "$root/scripts/sanitized-build.sh" asan "$build" frame_fuzzer tensor_file_fuzzer make_seeds \
+    >"$tmp/build.log" 2>&1 || {
+    tail -n 80 "$tmp/build.log" >&2
+    echo "run_fuzz: FAILED: building $build" >&2
+    exit 1
+  }
+  tail -n 1 "$tmp/build.log" | sed 's/^sanitized-build/run_fuzz/'
+fi
 
-fuzzer=$build/${target}_fuzzer
+fuzzer=$build/tests/fuzz/${target}_fuzzer
 # Tiny tensors decode fastest on one thread. Any UBSan report stops the fuzzer (a crash to
 # libFuzzer): halt_on_error=1 comes last, so it wins over a caller's UBSAN_OPTIONS.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -101,15 +93,12 @@ echo "run_fuzz: replayed ${#replay[@]} regression inputs, all clean"
 # (b) Seeds, gathered in a temporary folder (new corpus entries go to another).
 mkdir -p "$tmp/seeds" "$tmp/corpus" "$tmp/artifacts"
 if [ "$target" = frame ]; then
-  # Valid frames of every kind, and the golden frames when there are any. The writer is not
-  # under test here: its UBSan reports are listed, not fatal (see README.md).
-  if ! UBSAN_OPTIONS=print_stacktrace=0:halt_on_error=0 "$build/make_seeds" "$tmp/seeds" \
-    2>"$tmp/seeds.log"; then
+  # Valid frames of every kind (written under the same sanitizers), and the golden frames.
+  if ! "$build/tests/fuzz/make_seeds" "$tmp/seeds" 2>"$tmp/seeds.log"; then
     cat "$tmp/seeds.log" >&2
     echo "run_fuzz: FAILED: make_seeds" >&2
     exit 1
   fi
-  grep -E 'runtime error' "$tmp/seeds.log" | sort -u | sed 's/^/run_fuzz: note: writer: /' || true
   if [ -d "$root/format/testdata" ]; then
     find "$root/format/testdata" -type f -name '*.gift' -size -65537c -print0 |
       while IFS= read -r -d '' f; do cp "$f" "$tmp/seeds/golden_$(basename "$(dirname "$f")")_$(basename "$f")"; done
