@@ -43,6 +43,11 @@ if(GIFT_FUZZERS)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     message(FATAL_ERROR "GIFT_FUZZERS=ON needs Clang (configure with CC=clang CXX=clang++)")
   endif()
+  # Without a sanitizer runtime nothing defines the coverage callbacks.
+  if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize=")
+    message(FATAL_ERROR "GIFT_FUZZERS=ON needs a sanitizer in CMAKE_CXX_FLAGS "
+                        "(scripts/sanitized-build.sh asan configures one)")
+  endif()
   set(GIFT_FUZZ_FLAGS -fsanitize=fuzzer-no-link)
 endif()
 

@@ -36,6 +36,7 @@ sharded() {
   procs=$(nproc)
   shards=$((4 * procs))
   logs=$(mktemp -d)
+  # wait -n takes whichever child ends: this shell has no other job running meanwhile.
   for ((i = 0; i < shards; i++)); do
     if [ "$running" -eq "$procs" ]; then
       wait -n || rc=1

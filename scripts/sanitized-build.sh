@@ -34,8 +34,11 @@ case "$kind" in
     ;;
 esac
 
-# Configured once; again where an older tree was configured without the fuzzers.
-if ! grep -qx "GIFT_FUZZERS:BOOL=$fuzzers" "$dir/CMakeCache.txt" 2>/dev/null; then
+# Configured once; again where a tree was configured otherwise (by hand, or by an older
+# version of this script).
+if ! grep -qxF "GIFT_FUZZERS:BOOL=$fuzzers" "$dir/CMakeCache.txt" 2>/dev/null ||
+  ! grep -qxF "CMAKE_CXX_FLAGS:STRING=$flags" "$dir/CMakeCache.txt" ||
+  ! grep -qxF "CMAKE_CXX_FLAGS_RELWITHDEBINFO:STRING=$opt -g1 -DNDEBUG" "$dir/CMakeCache.txt"; then
   CC=clang CXX=clang++ cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DGIFT_WITH_CUDA=OFF -DGIFT_WITH_MPI=OFF -DGIFT_WITH_NCCL=OFF -DGIFT_PYTHON=OFF \
     -DGIFT_FUZZERS=$fuzzers \

@@ -229,8 +229,8 @@ bool repair(std::vector<uint8_t>& f) {
 
 }  // namespace
 
-// UBSan's checks are compiled recoverable (the seed generator must get past the writer's
-// reports); in the fuzzer every report is fatal, so libFuzzer keeps the input as a crash.
+// Every UBSan report is fatal, so that libFuzzer keeps the input as a crash: the sanitized
+// tree compiles the checks so already, and a build with recoverable ones halts here too.
 extern "C" const char* __ubsan_default_options() { return "halt_on_error=1:print_stacktrace=1"; }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

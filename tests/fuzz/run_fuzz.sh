@@ -5,8 +5,8 @@
 #
 #   tests/fuzz/run_fuzz.sh [BUILD_DIR] [TARGET]
 #
-# BUILD_DIR  the ASan tree (default: build-sanitize/clang-asan at the repository's root, the
-#            one scripts/sanitize.sh builds and runs these from)
+# BUILD_DIR  the ASan tree (default: clang-asan in SANITIZE_BUILD_DIR, else in build-sanitize at
+#            the repository's root: the one scripts/sanitize.sh builds and runs these from)
 # TARGET     frame (default): frame_fuzzer, the GIFT frame and basis readers, from seeds that
 #              make_seeds writes and the golden frames;
 #            tensor_file: tensor_file_fuzzer, giftc's safetensors, .npy and .npz readers, from
@@ -23,7 +23,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-build=${1:-$root/build-sanitize/clang-asan}
+build=${1:-${SANITIZE_BUILD_DIR:-$root/build-sanitize}/clang-asan}
 target=${2:-frame}
 case "$target" in
   frame) default_seconds=60 ;;
@@ -44,15 +44,16 @@ skip() {
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gift-fuzz.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-# clang, and the runtimes of libFuzzer and the sanitizers (Debian: libclang-rt-<N>-dev).
-command -v clang++ >/dev/null 2>&1 || skip "clang++ not found (Debian: apt-get install clang)"
-printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
-  >"$tmp/probe.cc"
-if ! clang++ -fsanitize=fuzzer,address,undefined "$tmp/probe.cc" -o "$tmp/probe" 2>"$tmp/probe.err"; then
-  skip "clang++ cannot link -fsanitize=fuzzer,address,undefined (libclang-rt-dev missing?): $(head -c 300 "$tmp/probe.err")"
-fi
-
 if [ "${GIFT_FUZZ_BUILT:-0}" != 1 ]; then
+  # clang, and the runtimes of libFuzzer and the sanitizers (Debian: libclang-rt-<N>-dev).
+  command -v clang++ >/dev/null 2>&1 || skip "clang++ not found (Debian: apt-get install clang)"
+  printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+    >"$tmp/probe.cc"
+  if ! clang++ -fsanitize=fuzzer,address,undefined "$tmp/probe.cc" -o "$tmp/probe" 2>"$tmp/probe.err"; then
+    skip "clang++ cannot link -fsanitize=fuzzer,address,undefined (libclang-rt-dev missing?): $(head -c 300 "$tmp/probe.err")"
+  fi
+  # One build at a time in a tree: two runs of this script on one tree build in turn, or the
+  # second is given GIFT_FUZZ_BUILT=1 (as scripts/sanitize.sh does).
   "$root/scripts/sanitized-build.sh" asan "$build" frame_fuzzer tensor_file_fuzzer make_seeds \
     >"$tmp/build.log" 2>&1 || {
     tail -n 80 "$tmp/build.log" >&2
@@ -63,6 +64,10 @@ if [ "${GIFT_FUZZ_BUILT:-0}" != 1 ]; then
 fi
 
 fuzzer=$build/tests/fuzz/${target}_fuzzer
+[ -x "$fuzzer" ] || {
+  echo "run_fuzz: FAILED: no $fuzzer (a tree configured without GIFT_FUZZERS?)" >&2
+  exit 1
+}
 # Tiny tensors decode fastest on one thread. Any UBSan report stops the fuzzer (a crash to
 # libFuzzer): halt_on_error=1 comes last, so it wins over a caller's UBSAN_OPTIONS.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

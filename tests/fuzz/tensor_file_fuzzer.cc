@@ -58,8 +58,7 @@ void exercise(gift::io::FileKind kind, const uint8_t* data, size_t size) {
 
 }  // namespace
 
-// UBSan's checks are compiled recoverable (see frame_fuzzer.cc); here every report is fatal,
-// so libFuzzer keeps the input as a crash, also when the fuzzer is run by hand.
+// Every UBSan report is fatal (see frame_fuzzer.cc), so libFuzzer keeps the input as a crash.
 extern "C" const char* __ubsan_default_options() { return "halt_on_error=1:print_stacktrace=1"; }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -2,16 +2,11 @@
 // coords/low_rank_update.cc) are compiled for: every target but the scalable ones (SVE, RVV).
 // The kernels keep vectors in arrays and members (four widened vectors for StoreCodes4, a
 // band's accumulators), which sizeless vector types cannot form; machines with scalable
-// vectors take their fixed-width target (NEON on Arm64). A build leaves out more targets with
-// GIFT_MORE_DISABLED_TARGETS (the fuzz build does, to compile faster). Include this before
-// any Highway header.
+// vectors take their fixed-width target (NEON on Arm64). Include this before any Highway
+// header.
 #pragma once
 
 #ifdef HWY_DISABLED_TARGETS
-#error "numerics/hwy_targets.h sets HWY_DISABLED_TARGETS; set GIFT_MORE_DISABLED_TARGETS instead"
+#error "numerics/hwy_targets.h sets HWY_DISABLED_TARGETS"
 #endif
-#ifndef GIFT_MORE_DISABLED_TARGETS
-#define GIFT_MORE_DISABLED_TARGETS 0
-#endif
-#define HWY_DISABLED_TARGETS \
-  (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV | GIFT_MORE_DISABLED_TARGETS)
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
