@@ -106,6 +106,7 @@ void report(const BenchOptions& o, const giftQuantParams& p, giftDType_t dt, uin
 }
 
 void run_bench(const BenchOptions& o, const Verbosity&) {
+  bound_threads(o.threads);
   giftQuantParams p;
   giftQuantParamsInit(&p);
   p.kind = parse_fp8(o.fp8);

@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <fcntl.h>
+#include <omp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -249,7 +250,6 @@ bool file_exists(const std::string& path) {
 }
 
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs) {
-  if (path == "-") throw Failure(kUsage, "-: writing to standard output is not supported");
   struct stat out;
   if (::lstat(path.c_str(), &out) != 0) return;
   if (!S_ISREG(out.st_mode)) {
@@ -353,15 +353,38 @@ int codec_threads(int asked) {
   return giftCtxThreads(ctx.get());
 }
 
+// OpenBLAS's own calls (its pthreads build, Debian's default), referenced weakly: with another
+// BLAS they are null.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
+void end_blas_threads() {
+  if (blas_thread_shutdown_) blas_thread_shutdown_();
+}
+
+void bound_threads(int asked) {
+  const int threads = codec_threads(asked);
+  omp_set_num_threads(threads);
+  if (!openblas_set_num_threads || std::getenv("OPENBLAS_NUM_THREADS") ||
+      std::getenv("GOTO_NUM_THREADS"))
+    return;
+  // OpenBLAS counts neither --threads nor a cgroup's CPU quota: on its own it runs one thread
+  // per processor of the affinity. Setting the count may start threads in its pool, which
+  // ending the pool again removes (Debian's 0.3.21: with 1 thread, no worker is left); its
+  // next threaded call starts the pool again, that size.
+  openblas_set_num_threads(threads);
+  end_blas_threads();
+}
+
 void add_fsync_flag(CLI::App* command, bool* fsync) {
   command->add_flag("--fsync", *fsync,
                     "Sync the output and its folder to the disk before the command ends "
                     "(slower; the output then survives a crash of the machine)");
 }
 
-void write_output(const std::string& path, const void* data, uint64_t size, bool sync,
+void write_output(const std::string& path, int fd, const void* data, uint64_t size, bool sync,
                   bool replace) {
-  const OutputPtr out = open_output(path, -1, sync, replace);
+  const OutputPtr out = open_output(path, fd, sync, replace);
   check(giftOutputReserve(out.get(), size));
   check(giftOutputWrite(out.get(), data, size));
   check(giftOutputCommit(out.get()));

@@ -75,8 +75,8 @@ bool file_exists(const std::string& path);
 
 // Refuses an existing output unless `force` (usage error, nothing touched); never replaces
 // what is not a regular file (a device, a FIFO, a link, a folder), nor any of `inputs`
-// (compared by device and inode, so another name of an input is caught too), and refuses
-// "-" (the commands that write standard output check for it first).
+// (compared by device and inode, so another name of an input is caught too). "-" is standard
+// output, which every command that writes checks for first.
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs = {});
 
 // The pieces a rows x cols tensor is worked through within `budget` elements: bands of whole
@@ -133,8 +133,9 @@ OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace);
 int open_device(const std::string& path, bool force);
 bool is_device(const std::string& path);
 
-// `size` bytes as the file `path`, through open_output.
-void write_output(const std::string& path, const void* data, uint64_t size, bool sync,
+// `size` bytes as the file `path`, or into `fd` (standard output, a device or a FIFO, named
+// `path` in messages), through open_output.
+void write_output(const std::string& path, int fd, const void* data, uint64_t size, bool sync,
                   bool replace);
 
 // "label: i/n" on standard error while it is a terminal and not quiet.

@@ -92,6 +92,7 @@ uint64_t lcm(uint64_t a, uint64_t b) {
 }
 
 void run_compare(const CompareOptions& o, const Verbosity&) {
+  bound_threads(o.threads);
   if (o.reference == "-" && o.decoded == "-")
     throw Failure(kUsage, "standard input (-) can be one of the two files, not both");
   const BasisPtr basis = read_basis(o.basis);

@@ -82,6 +82,7 @@ Target target_of(const DecodeOptions& o) {
 }
 
 void run_decode(const DecodeOptions& o, const Verbosity& v) {
+  bound_threads(o.threads);
   Target target = target_of(o);
   // Standard output, or a device or FIFO named by -o (opened once the input has been read:
   // a FIFO blocks until its reader comes): written as the bytes come.

@@ -53,6 +53,7 @@ void refuse_nonfinite(const gift::io::TensorRef& t, const std::string& file) {
 }
 
 void run_encode(const EncodeOptions& o, const Verbosity& v) {
+  bound_threads(o.threads);
   giftQuantParams p;
   giftQuantParamsInit(&p);
   p.kind = parse_fp8(o.fp8);

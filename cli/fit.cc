@@ -1,4 +1,6 @@
 // giftc fit: a basis (.giftb) from gradient dumps, or from activation statistics.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +21,7 @@ struct FitCliOptions {
   std::string damping = "auto";
   bool damping_absolute = false, force = false, fsync = false;
   int zstd = 0;
+  int threads = 0;
 };
 
 // A d_in x d_in moment in fp64 is 8 d_in^2 bytes: 8 GiB at this bound.
@@ -80,13 +83,22 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
 }
 
 void run_fit(const FitCliOptions& o, const Verbosity& v) {
+  bound_threads(o.threads);
   if (!(o.decay >= 0 && o.decay < 1)) throw Failure(kUsage, "--decay must be in [0, 1)");
   const std::vector<double> dampings = parse_dampings(o);
   if (o.rank == 0) throw Failure(kUsage, "--rank must be positive");
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
-  std::vector<std::string> inputs = o.inputs;
-  inputs.push_back(o.activations);
-  check_output(o.output, o.force, inputs);
+  // Standard output (-), or a device or FIFO: the basis is written once it is whole.
+  const bool std_out = o.output == "-", to_device = !std_out && is_device(o.output);
+  const std::string out = std_out ? "standard output" : o.output;
+  if (std_out) {
+    if (::isatty(STDOUT_FILENO) && !o.force)
+      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
+  } else if (!to_device) {
+    std::vector<std::string> inputs = o.inputs;
+    inputs.push_back(o.activations);
+    check_output(o.output, o.force, inputs);
+  }
   // Inputs stay mapped; each tensor's moment is built, fitted and dropped in turn, so memory
   // holds one d_in x d_in matrix at a time.
   std::vector<gift::io::TensorFile> dumps(o.inputs.size());
@@ -154,7 +166,8 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   // Tensors the basis did not need (older dumps, a fixed damping's, 1-D ones) are checked too.
   for (const gift::io::TensorFile& f : dumps) gift::io::check_unread(f);
   gift::io::check_unread(acts);
-  write_output(o.output, bytes, size, o.fsync, o.force);
+  const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(out, o.force) : -1;
+  write_output(out, fd, bytes, size, o.fsync, o.force);
   if (!v.quiet) {
     // The rank each whitener got: --rank, or less for a narrower matrix.
     uint32_t rank = 0;
@@ -164,7 +177,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
       rank = std::max(rank, e.rank);
     }
     std::fprintf(stderr, "%s: %zu whiteners (rank up to %u, %s damping %s, from %s), basis %s\n",
-                 o.output.c_str(), size_t(giftBasisEntryCount(basis.get())), rank,
+                 out.c_str(), size_t(giftBasisEntryCount(basis.get())), rank,
                  o.damping_absolute ? "absolute" : "relative",
                  o.damping == "auto" ? "measured per tensor" : o.damping.c_str(), source.c_str(),
                  basis_id_hex(giftBasisGetId(basis.get())).c_str());
@@ -178,7 +191,8 @@ void add_fit(CLI::App& app, Verbosity& v) {
   CLI::App* c = app.add_subcommand(
       "fit", "Fit a GIFT basis (.giftb) to gradient dumps or activation statistics");
   c->add_option("IN", o->inputs, "Gradient dumps, oldest first")->required();
-  c->add_option("-o,--output", o->output, "Output basis (.giftb)")->required();
+  c->add_option("-o,--output", o->output, "Output basis (.giftb; - for standard output)")
+      ->required();
   c->add_option("--rank", o->rank, "Rank r of each whitener")->capture_default_str();
   c->add_option(
       "--activations", o->activations,
@@ -190,8 +204,10 @@ void add_fit(CLI::App& app, Verbosity& v) {
       ->capture_default_str();
   c->add_flag("--damping-absolute", o->damping_absolute, "Take --damping as an absolute value");
   c->add_flag("--zstd{3}", o->zstd, "Compress the basis with zstd (--zstd=LEVEL)");
-  c->add_flag("-f,--force", o->force, "Overwrite an existing output");
+  c->add_flag("-f,--force", o->force,
+              "Overwrite an existing output; write binary data to a terminal");
   add_fsync_flag(c, &o->fsync);
+  add_threads_option(c, &o->threads);
   c->callback([o, &v] { run_fit(*o, v); });
 }
 

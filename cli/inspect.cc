@@ -33,6 +33,7 @@ std::string estimate_text(const nlohmann::ordered_json& e) {
 const char* coords_name(giftCoords_t c) { return c == GIFT_COORDS_GIFT ? "gift" : "euclidean"; }
 
 void run_inspect(const InspectOptions& o, const Verbosity& v) {
+  bound_threads(o.threads);
   const FramePtr f = open_frame(o.input);
   check(giftFrameSetThreads(f.get(), o.threads));
   // The library's verdict, the same call every embedder makes.

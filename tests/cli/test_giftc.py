@@ -159,6 +159,13 @@ class Giftc(unittest.TestCase):
         r = run("decode", frame, "-c", "-o", self.path("x.safetensors"))
         self.assertEqual(r.returncode, 1)
         self.assertIn("-c and -o", r.stderr)
+        # fit writes its basis to standard output (-o -) as it writes the file.
+        basis = self.path("g.giftb")
+        self.assertEqual(run("fit", src, "-o", basis, "-q").returncode, 0)
+        r = subprocess.run([GIFTC, "fit", src, "-o", "-", "-q"], capture_output=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, pathlib.Path(basis).read_bytes())
+        self.assertFalse(os.path.exists("-"))
         # compare reads a tensor file or a frame from standard input, told apart as encode does
         want = run("compare", src, frame, "--json")
         self.assertEqual(want.returncode, 0, want.stderr)
@@ -846,11 +853,13 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", src + ".gift", "-o", self.path("x.npy"), "--threads", "-1").returncode, 1)
 
     def test_threads_bound_the_whitening_too(self):
-        # --threads 1 whitens on one thread too. OpenMP's workers stay once started, so a count of
-        # threads taken after the whitening sees them (OpenBLAS's are held to one by its
-        # variable): while an encode in GIFT coordinates runs, and while a decode is blocked
-        # writing into a FIFO that is not read, after its band's inverse whitening, no thread but
-        # the main one and the output's writer behind (named gift-write).
+        # --threads 1 fits and whitens on one thread, OpenBLAS's included (which on its own runs
+        # one thread per processor). OpenMP's and OpenBLAS's workers stay once started, so a
+        # count of threads taken at the end sees them: while fit, an encode in GIFT coordinates
+        # and a decode are blocked writing into a FIFO that is not read (fit and encode once
+        # done, decode after its first band's inverse whitening), no thread but the main one and
+        # the output's writer behind (named gift-write). OPENBLAS_NUM_THREADS, where set, gives
+        # OpenBLAS's count.
         if not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2:
             self.skipTest("needs /proc and two processors")
 
@@ -864,33 +873,35 @@ class Giftc(unittest.TestCase):
                     pass
             return n
 
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        fifo = self.path("out.fifo")
+        os.mkfifo(fifo)
+
+        def threads_at_the_output(args, env):
+            p = subprocess.Popen([GIFTC, *args, "-o", fifo, "--threads", "1", "-q"], env=env)
+            with open(fifo, "rb") as reader:
+                time.sleep(1.0)  # the output fills the pipe
+                tasks = codec_threads(p.pid)
+                written = reader.read()
+            self.assertEqual(p.wait(timeout=60), 0, args)
+            return tasks, written
+
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
         w = np.random.default_rng(5).standard_normal((4096, 512)).astype(np.float32)
         src, basis, frame = self.path("t.safetensors"), self.path("t.giftb"), self.path("t.gift")
         save_file({"w": w}, src)
-        r = subprocess.run([GIFTC, "fit", src, "-o", basis, "-q"], env=env, capture_output=True)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        p = subprocess.Popen([GIFTC, "encode", src, "--basis", basis, "--coords", "gift", "-o", frame,
-                              "--threads", "1", "-q"], env=env)
-        most = 0
-        while p.poll() is None:
-            try:
-                most = max(most, codec_threads(p.pid))
-            except OSError:  # ended meanwhile
-                break
-            time.sleep(0.0005)
-        self.assertEqual(p.returncode, 0)
-        self.assertEqual(most, 1)
-        fifo = self.path("out.fifo")
-        os.mkfifo(fifo)
-        p = subprocess.Popen([GIFTC, "decode", frame, "--basis", basis, "-o", fifo, "--threads", "1",
-                              "-q"], env=env)
-        with open(fifo, "rb") as reader:
-            time.sleep(1.0)  # the header and the first 64 KiB of the band fill the pipe
-            tasks = codec_threads(p.pid)
-            reader.read()
-        self.assertEqual(p.wait(timeout=60), 0)
+        tasks, written = threads_at_the_output(["fit", src], env)
         self.assertEqual(tasks, 1)
+        with open(basis, "wb") as f:
+            f.write(written)
+        self.assertEqual(threads_at_the_output(["fit", src], dict(env, OPENBLAS_NUM_THREADS="2"))[0],
+                         2)
+        tasks, written = threads_at_the_output(
+            ["encode", src, "--basis", basis, "--coords", "gift"], env)
+        self.assertEqual(tasks, 1)
+        with open(frame, "wb") as f:
+            f.write(written)
+        self.assertEqual(threads_at_the_output(["decode", frame, "--basis", basis], env)[0], 1)
 
     def one_processor_cgroup(self):
         """A new cgroup whose CPU quota is one processor's time, made for this test and removed
