@@ -26,11 +26,9 @@ int codec_threads(int asked);
 
 // The process's threads held to those of --threads `asked` (codec_threads), each command's
 // first step: OpenMP's default, which the library's calls that take no count run on (fit's
-// measurements of the damping), and OpenBLAS's (fit, GIFT coordinates), unless
-// OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS names its own.
+// measurements of the damping), and the count OpenBLAS works on (fit, GIFT coordinates),
+// unless OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS gives its own; OpenBLAS's pool, started as
+// giftc was loaded, is ended until its next threaded call.
 void bound_threads(int asked);
-
-// OpenBLAS's pool of threads ended (see giftc.cc); it starts again at its next threaded call.
-void end_blas_threads();
 
 }  // namespace giftc

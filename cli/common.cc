@@ -356,24 +356,38 @@ int codec_threads(int asked) {
 // OpenBLAS's own calls (its pthreads build, Debian's default), referenced weakly: with another
 // BLAS they are null.
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads(void) __attribute__((weak));
 extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 
-void end_blas_threads() {
-  if (blas_thread_shutdown_) blas_thread_shutdown_();
+namespace {
+
+// Whether OpenBLAS's count comes from its own variables: a count of at least 1, as OpenBLAS
+// reads them (an empty or smaller value counts as unset).
+bool blas_count_given() {
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"}) {
+    const char* v = std::getenv(name);
+    if (v && std::atoi(v) >= 1) return true;
+  }
+  return false;
 }
+
+}  // namespace
 
 void bound_threads(int asked) {
   const int threads = codec_threads(asked);
   omp_set_num_threads(threads);
-  if (!openblas_set_num_threads || std::getenv("OPENBLAS_NUM_THREADS") ||
-      std::getenv("GOTO_NUM_THREADS"))
-    return;
-  // OpenBLAS counts neither --threads nor a cgroup's CPU quota: on its own it runs one thread
-  // per processor of the affinity. Setting the count may start threads in its pool, which
-  // ending the pool again removes (Debian's 0.3.21: with 1 thread, no worker is left); its
-  // next threaded call starts the pool again, that size.
-  openblas_set_num_threads(threads);
-  end_blas_threads();
+  // OpenBLAS counts neither --threads nor a cgroup's CPU quota: on its own it works on one
+  // thread per processor of the affinity. Its count is only ever lowered here: a higher one
+  // adds threads to its pool, each reserving its buffer, which under a ulimit -v OpenBLAS
+  // 0.3.21 retries forever (OMP_NUM_THREADS=1, the man page's advice there, keeps it at 1).
+  // Its pool keeps its size; with 1 thread it is not used at all.
+  if (openblas_set_num_threads && openblas_get_num_threads && !blas_count_given())
+    openblas_set_num_threads(std::min(threads, openblas_get_num_threads()));
+  // The pool started as giftc was loaded, and its threads spin for work for about 0.1 s, as
+  // long as a whole encode of 512 MiB: on 2 cores, giftc encode with both threads then took
+  // 0.10 or 0.20 s by turns, and 0.10 s every time with the pool ended first. Ending it costs
+  // nothing: OpenBLAS starts it again at its first threaded call (fit, GIFT coordinates).
+  if (blas_thread_shutdown_) blas_thread_shutdown_();
 }
 
 void add_fsync_flag(CLI::App* command, bool* fsync) {

@@ -73,12 +73,6 @@ namespace {
 
 int run(int argc, char** argv) {
   using namespace giftc;
-  // OpenBLAS (its pthreads build, Debian's default) starts a pool of threads as it is loaded,
-  // and they spin for work for about 0.1 s, as long as a whole encode of 512 MiB: on 2 cores,
-  // giftc encode with both threads then took 0.10 or 0.20 s by turns, and 0.10 s every time
-  // with the pool ended first. Ending it costs nothing: OpenBLAS starts it again at its first
-  // threaded call (fit, GIFT coordinates), on the threads that the command allows it.
-  end_blas_threads();
   struct sigaction bus = {};
   bus.sa_handler = input_vanished;
   ::sigaction(SIGBUS, &bus, nullptr);

@@ -853,15 +853,17 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", src + ".gift", "-o", self.path("x.npy"), "--threads", "-1").returncode, 1)
 
     def test_threads_bound_the_whitening_too(self):
-        # --threads 1 fits and whitens on one thread, OpenBLAS's included (which on its own runs
-        # one thread per processor). OpenMP's and OpenBLAS's workers stay once started, so a
-        # count of threads taken at the end sees them: while fit, an encode in GIFT coordinates
-        # and a decode are blocked writing into a FIFO that is not read (fit and encode once
-        # done, decode after its first band's inverse whitening), no thread but the main one and
-        # the output's writer behind (named gift-write). OPENBLAS_NUM_THREADS, where set, gives
-        # OpenBLAS's count.
-        if not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2:
+        # --threads 1 fits and whitens on one thread, OpenBLAS's included (which on its own works
+        # on one thread per processor). OpenMP's and OpenBLAS's workers stay once started, so a
+        # count of threads taken after the work sees them: while fit, an encode in GIFT
+        # coordinates and a decode are blocked writing into a FIFO whose pipe holds one page
+        # (fit and encode write once done; decode's first tensor bytes come after its first
+        # band's inverse whitening), no thread but the main one and the output's writer behind
+        # (named gift-write). OPENBLAS_NUM_THREADS, where set, gives OpenBLAS's count.
+        if not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2:
             self.skipTest("needs /proc and two processors")
+        import fcntl
+        import select
 
         def codec_threads(pid):
             n = 0
@@ -876,32 +878,62 @@ class Giftc(unittest.TestCase):
         fifo = self.path("out.fifo")
         os.mkfifo(fifo)
 
-        def threads_at_the_output(args, env):
+        def threads_at_the_output(args, env, skip=0):
+            """Threads of giftc ARGS -o FIFO once `skip` + 1 bytes of its output have come, and
+            all that it wrote."""
+            fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # never blocks, giftc or not
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 4096)
             p = subprocess.Popen([GIFTC, *args, "-o", fifo, "--threads", "1", "-q"], env=env)
-            with open(fifo, "rb") as reader:
-                time.sleep(1.0)  # the output fills the pipe
-                tasks = codec_threads(p.pid)
-                written = reader.read()
+            got, deadline, tasks = b"", time.monotonic() + 120, None
+            try:
+                while True:
+                    select.select([fd], [], [], 0.05)
+                    try:
+                        chunk = os.read(fd, 1 if tasks is None and len(got) <= skip else 1 << 16)
+                    except BlockingIOError:
+                        chunk = None
+                    if chunk:
+                        got += chunk
+                        if tasks is None and len(got) > skip:
+                            time.sleep(0.2)  # the writer fills the page and waits
+                            tasks = codec_threads(p.pid)
+                            self.assertIsNone(p.poll(), f"{args}: ended before it was counted")
+                    elif chunk == b"" and p.poll() is not None:
+                        break
+                    self.assertLess(time.monotonic(), deadline, args)
+            finally:
+                os.close(fd)
             self.assertEqual(p.wait(timeout=60), 0, args)
-            return tasks, written
+            self.assertIsNotNone(tasks, args)
+            return tasks, got
 
         env = {k: v for k, v in os.environ.items()
                if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
-        w = np.random.default_rng(5).standard_normal((4096, 512)).astype(np.float32)
+        rng = np.random.default_rng(5)
+        w = rng.standard_normal((4096, 512)).astype(np.float32)
         src, basis, frame = self.path("t.safetensors"), self.path("t.giftb"), self.path("t.gift")
-        save_file({"w": w}, src)
+        save_file({"w": w, "v": rng.standard_normal((2048, 256)).astype(np.float32)}, src)
         tasks, written = threads_at_the_output(["fit", src], env)
         self.assertEqual(tasks, 1)
         with open(basis, "wb") as f:
             f.write(written)
-        self.assertEqual(threads_at_the_output(["fit", src], dict(env, OPENBLAS_NUM_THREADS="2"))[0],
-                         2)
         tasks, written = threads_at_the_output(
             ["encode", src, "--basis", basis, "--coords", "gift"], env)
         self.assertEqual(tasks, 1)
         with open(frame, "wb") as f:
             f.write(written)
-        self.assertEqual(threads_at_the_output(["decode", frame, "--basis", basis], env)[0], 1)
+        # The safetensors header, then the first tensor's first bytes.
+        header = 8 + struct.unpack("<Q", pathlib.Path(src).read_bytes()[:8])[0]
+        self.assertEqual(threads_at_the_output(["decode", frame, "--basis", basis], env,
+                                               skip=header)[0], 1)
+        # OPENBLAS_NUM_THREADS gives OpenBLAS's count, where giftc's BLAS is a threaded OpenBLAS.
+        blas = re.search(r"(\S*libopenblas\S*) \(", subprocess.run(
+            ["ldd", GIFTC], capture_output=True, text=True).stdout)
+        if blas:
+            import ctypes
+            if ctypes.CDLL(blas.group(1)).openblas_get_parallel() == 1:
+                self.assertEqual(threads_at_the_output(
+                    ["fit", src], dict(env, OPENBLAS_NUM_THREADS="2"))[0], 2)
 
     def one_processor_cgroup(self):
         """A new cgroup whose CPU quota is one processor's time, made for this test and removed
