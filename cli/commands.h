@@ -21,14 +21,11 @@ void add_fsync_flag(CLI::App* command, bool* fsync);
 // refused when negative.
 void add_threads_option(CLI::App* command, int* threads);
 
-// The threads the library codes on for --threads `asked`: giftCtxThreads.
-int codec_threads(int asked);
-
-// The process's threads held to those of --threads `asked` (codec_threads), each command's
-// first step: OpenMP's default, which the library's calls that take no count run on (fit's
-// measurements of the damping), and the count OpenBLAS works on (fit, GIFT coordinates),
-// unless OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS gives its own; OpenBLAS's pool, started as
-// giftc was loaded, is ended until its next threaded call.
-void bound_threads(int asked);
+// The threads the library codes on for --threads `asked` (giftCtxThreads), returned, and the
+// process's threads held to them, each command's first step: OpenMP's default, which the library's
+// calls that take no count run on (fit's measurements of the damping), and the count OpenBLAS works
+// on (fit, GIFT coordinates), unless OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS gives its own;
+// OpenBLAS's pool, started as giftc was loaded, is ended until its next threaded call.
+int bound_threads(int asked);
 
 }  // namespace giftc

@@ -322,8 +322,23 @@ bool is_device(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
 }
 
-int open_device(const std::string& path, bool force) {
-  if (!is_device(path)) return -1;
+OutputTarget check_target(const std::string& path, bool std_out, bool force,
+                          const std::vector<std::string>& inputs) {
+  OutputTarget t;
+  t.std_out = std_out;
+  t.device = !std_out && is_device(path);
+  if (std_out) {
+    if (::isatty(STDOUT_FILENO) && !force)
+      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
+  } else if (!t.device) {
+    check_output(path, force, inputs);
+  }
+  return t;
+}
+
+int OutputTarget::open_fd(const std::string& path, bool force) const {
+  if (std_out) return STDOUT_FILENO;
+  if (!device) return -1;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) throw Failure(kIoError, path + ": cannot open: " + std::strerror(errno));
   if (::isatty(fd) && !force) {
@@ -345,6 +360,8 @@ void add_threads_option(CLI::App* command, int* threads) {
           "", "non-negative"));
 }
 
+namespace {
+
 int codec_threads(int asked) {
   giftCtx* raw = nullptr;
   check(giftCtxCreate(&raw));
@@ -352,6 +369,8 @@ int codec_threads(int asked) {
   check(giftCtxSetThreads(ctx.get(), asked));
   return giftCtxThreads(ctx.get());
 }
+
+}  // namespace
 
 // OpenBLAS's own calls (its pthreads build, Debian's default), referenced weakly: with another
 // BLAS they are null.
@@ -373,7 +392,7 @@ bool blas_count_given() {
 
 }  // namespace
 
-void bound_threads(int asked) {
+int bound_threads(int asked) {
   const int threads = codec_threads(asked);
   omp_set_num_threads(threads);
   // OpenBLAS counts neither --threads nor a cgroup's CPU quota: on its own it works on one
@@ -388,6 +407,7 @@ void bound_threads(int asked) {
   // 0.10 or 0.20 s by turns, and 0.10 s every time with the pool ended first. Ending it costs
   // nothing: OpenBLAS starts it again at its first threaded call (fit, GIFT coordinates).
   if (blas_thread_shutdown_) blas_thread_shutdown_();
+  return threads;
 }
 
 void add_fsync_flag(CLI::App* command, bool* fsync) {

@@ -127,10 +127,21 @@ using OutputPtr = std::unique_ptr<giftOutput, decltype(&giftOutputFree)>;
 // the work, and a file made there meanwhile is kept (the command fails).
 OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace);
 
-// A character device or a FIFO named as the output (/dev/null, a named pipe), which a rename
-// cannot replace: opened for writing, to be written as standard output is (fd for
-// open_output); -1 where `path` is no such thing. A terminal is refused unless forced.
-int open_device(const std::string& path, bool force);
+// Where a command writes `path`: standard output (std_out), a character device or a FIFO
+// named as the output (/dev/null, a named pipe), which a rename cannot replace and which is
+// written as the bytes come, as standard output is; or a file.
+struct OutputTarget {
+  bool std_out = false, device = false;
+  bool streamed() const { return std_out || device; }
+  // The descriptor for open_output: standard output's; the device's, opened for writing
+  // (a FIFO blocks until its reader comes, so commands call this once their input is read;
+  // a terminal is refused unless `force`); -1 for a file.
+  int open_fd(const std::string& path, bool force) const;
+};
+// Checked before any work: standard output refused while it is a terminal unless `force`; a
+// file as check_output says.
+OutputTarget check_target(const std::string& path, bool std_out, bool force,
+                          const std::vector<std::string>& inputs);
 bool is_device(const std::string& path);
 
 // `size` bytes as the file `path`, or into `fd` (standard output, a device or a FIFO, named

@@ -1,7 +1,5 @@
 // giftc decode: a GIFT frame back to a tensor file, tensor by tensor and band by band
 // through one reused buffer, so memory does not grow with the output.
-#include <unistd.h>
-
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -82,19 +80,11 @@ Target target_of(const DecodeOptions& o) {
 }
 
 void run_decode(const DecodeOptions& o, const Verbosity& v) {
-  bound_threads(o.threads);
+  const int threads = bound_threads(o.threads);
   Target target = target_of(o);
-  // Standard output, or a device or FIFO named by -o (opened once the input has been read:
-  // a FIFO blocks until its reader comes): written as the bytes come.
-  const bool std_out = target.to_stdout, to_device = !std_out && is_device(target.path);
-  if (std_out) {
-    if (::isatty(STDOUT_FILENO) && !o.force) {
-      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
-    }
-  } else if (!to_device) {
-    check_output(target.path, o.force, {o.input, o.basis});
-  }
-  target.to_stdout = std_out || to_device;
+  const OutputTarget where =
+      check_target(target.path, target.to_stdout, o.force, {o.input, o.basis});
+  target.to_stdout = where.streamed();
   const Device device = parse_device(o.device);
   const BasisPtr basis = read_basis(o.basis);
   const FramePtr f = open_frame(o.input);
@@ -129,7 +119,6 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   // A buffer for every piece of every tensor, sized for the largest piece: bands of rows,
   // or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole rows,
   // of its basis' width), for the threads the library will run.
-  const int threads = codec_threads(o.threads);
   uint64_t buffer_bytes = 0;
   std::vector<Pieces> pieces;
   for (uint64_t i = 0; i < n; ++i) {
@@ -153,8 +142,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   if (buffer_bytes && threads < giftProcessors())
     buffer[1].reset(new (std::nothrow) uint8_t[buffer_bytes]);
 
-  const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(target.path, o.force) : -1;
-  const OutputPtr out = open_output(target.path, fd, o.fsync, o.force);
+  const OutputPtr out =
+      open_output(target.path, where.open_fd(target.path, o.force), o.fsync, o.force);
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()));

@@ -1,6 +1,4 @@
 // giftc encode: a tensor file to a GIFT frame.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -77,15 +75,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   const std::string out = std_out            ? "standard output"
                           : o.output.empty() ? o.input + ".gift"
                                              : o.output;
-  // Standard output, or a device or FIFO named by -o (opened once the input has been read:
-  // a FIFO blocks until its reader comes): written as the bytes come.
-  const bool to_device = !std_out && is_device(out), to_stdout = std_out || to_device;
-  if (std_out) {
-    if (::isatty(STDOUT_FILENO) && !o.force)
-      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
-  } else if (!to_stdout) {
-    check_output(out, o.force, {o.input, o.basis});
-  }
+  const OutputTarget target = check_target(out, std_out, o.force, {o.input, o.basis});
+  const bool to_stdout = target.streamed();
 
   giftSelectParams select = GIFT_SELECT_PARAMS_INIT;
   if (!(o.margin >= 0 && o.margin < 1)) throw Failure(kUsage, "--margin must be in [0, 1)");
@@ -140,8 +131,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     names[i] = t.name.c_str();
     ndims[i] = uint32_t(t.shape.size());
   }
-  const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(out, o.force) : -1;
-  const OutputPtr output = open_output(out, fd, o.fsync, o.force);
+  const OutputPtr output = open_output(out, target.open_fd(out, o.force), o.fsync, o.force);
   giftOutput* sink = output.get();
   // A file gets the sections as they are made, its header written in front at the end. The
   // sections wait in the scratch file for a pipe, and where the header's length is known

@@ -1,6 +1,4 @@
 // giftc fit: a basis (.giftb) from gradient dumps, or from activation statistics.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -89,16 +87,11 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   if (o.rank == 0) throw Failure(kUsage, "--rank must be positive");
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
   // Standard output (-), or a device or FIFO: the basis is written once it is whole.
-  const bool std_out = o.output == "-", to_device = !std_out && is_device(o.output);
+  const bool std_out = o.output == "-";
   const std::string out = std_out ? "standard output" : o.output;
-  if (std_out) {
-    if (::isatty(STDOUT_FILENO) && !o.force)
-      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
-  } else if (!to_device) {
-    std::vector<std::string> inputs = o.inputs;
-    inputs.push_back(o.activations);
-    check_output(o.output, o.force, inputs);
-  }
+  std::vector<std::string> inputs = o.inputs;
+  inputs.push_back(o.activations);
+  const OutputTarget target = check_target(out, std_out, o.force, inputs);
   // Inputs stay mapped; each tensor's moment is built, fitted and dropped in turn, so memory
   // holds one d_in x d_in matrix at a time.
   std::vector<gift::io::TensorFile> dumps(o.inputs.size());
@@ -166,8 +159,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   // Tensors the basis did not need (older dumps, a fixed damping's, 1-D ones) are checked too.
   for (const gift::io::TensorFile& f : dumps) gift::io::check_unread(f);
   gift::io::check_unread(acts);
-  const int fd = std_out ? STDOUT_FILENO : to_device ? open_device(out, o.force) : -1;
-  write_output(out, fd, bytes, size, o.fsync, o.force);
+  write_output(out, target.open_fd(out, o.force), bytes, size, o.fsync, o.force);
   if (!v.quiet) {
     // The rank each whitener got: --rank, or less for a narrower matrix.
     uint32_t rank = 0;
