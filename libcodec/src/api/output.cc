@@ -46,7 +46,7 @@ giftResult_t giftOutputWriteBehind(giftOutput* out, const void* data, uint64_t s
   if (!out || (size && !data))
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputWriteBehind: null");
   if (const giftResult_t r = out->file.check_not_streaming()) return r;
-  return out->file.write_behind(data, size);
+  return out->file.write_behind(data, size, nullptr);
 }
 
 giftResult_t giftOutputWait(giftOutput* out) {

@@ -232,11 +232,15 @@ giftResult_t OutputFile::write(const void* data, uint64_t size) {
   return GIFT_OK;
 }
 
-giftResult_t OutputFile::write_behind(const void* data, uint64_t size) {
+giftResult_t OutputFile::write_behind(const void* data, uint64_t size,
+                                      std::function<void()> first) {
   if (const giftResult_t r = settle()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   written_ += size;
-  return behind_.start([this, data, size] { return put_bytes(data, size); });
+  return behind_.start([this, data, size, first = std::move(first)] {
+    if (first) first();
+    return put_bytes(data, size);
+  });
 }
 
 // Touches only the descriptor, the writeback's own fields and broken_pipe_, so that it may run

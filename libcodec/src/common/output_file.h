@@ -24,7 +24,12 @@ class SectionFile {
   virtual giftResult_t write(const void* data, uint64_t size) = 0;
   // The same, perhaps on a background thread: `data` must stay as it is until the next call
   // on this file returns. Every other call waits for it first (and reports its failure).
-  virtual giftResult_t write_behind(const void* data, uint64_t size) { return write(data, size); }
+  // `first`, if set, runs just before the write, on the same thread: work on the same bytes
+  // (a section's checksum) that then leaves the caller's thread too.
+  virtual giftResult_t write_behind(const void* data, uint64_t size, std::function<void()> first) {
+    if (first) first();
+    return write(data, size);
+  }
   // Waits for a write_behind: its result.
   virtual giftResult_t settle() { return GIFT_OK; }
   // Drops the bytes from `size` on; the next write goes there.
@@ -59,7 +64,7 @@ class OutputFile : public SectionFile {
   giftResult_t reserve(uint64_t total);
   giftResult_t write(const void* data, uint64_t size) override;
   // write(2) runs on a background thread while the caller makes the next bytes.
-  giftResult_t write_behind(const void* data, uint64_t size) override;
+  giftResult_t write_behind(const void* data, uint64_t size, std::function<void()> first) override;
   giftResult_t settle() override;
   // Appends `size` bytes of the file `fd` from `offset`, in the kernel where it can.
   giftResult_t append_from(int fd, uint64_t offset, uint64_t size);

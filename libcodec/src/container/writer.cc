@@ -386,9 +386,10 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length, c
   sink_->allocate_ahead(raw_length);
   s->zstd = false;
   s->stored_length = raw_length;
-  // With `behind`, each piece is written behind (the next one made meanwhile), as Put allows;
-  // all of them are written before the pieces' buffers go, whatever ends the walk (a failure
-  // of that last write changing neither the result nor the message of the one that ended it).
+  // With `behind`, each piece is written behind (the next one made meanwhile), as Put allows,
+  // its checksum taken there too; all of them are written before the pieces' buffers and the
+  // checksum go, whatever ends the walk (a failure of that last write changing neither the
+  // result nor the message of the one that ended it).
   struct Settled {
     SectionFile* file;
     ~Settled() {
@@ -397,8 +398,9 @@ giftResult_t FrameWriter::spill_section(StoredSection* s, uint64_t raw_length, c
     }
   } settled{sink_};
   if (const giftResult_t r = pieces([&](const void* p, uint64_t n) {
+        if (behind) return sink_->write_behind(p, n, [&sum, p, n] { sum.update(p, n); });
         sum.update(p, n);
-        return behind ? sink_->write_behind(p, n) : sink_->write(p, n);
+        return sink_->write(p, n);
       }))
     return r;
   if (const giftResult_t r = sink_->settle()) return r;
