@@ -317,35 +317,51 @@ OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace) 
   return owned;
 }
 
-bool is_device(const std::string& path) {
+namespace {
+
+// 'c' for a character device, 'p' for a FIFO, else 0.
+char device_kind(const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return S_ISCHR(st.st_mode) ? 'c' : S_ISFIFO(st.st_mode) ? 'p' : 0;
 }
 
-OutputTarget check_target(const std::string& path, bool std_out, bool force,
-                          const std::vector<std::string>& inputs) {
-  OutputTarget t;
-  t.std_out = std_out;
-  t.device = !std_out && is_device(path);
-  if (std_out) {
-    if (::isatty(STDOUT_FILENO) && !force)
-      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
-  } else if (!t.device) {
-    check_output(path, force, inputs);
-  }
-  return t;
-}
-
-int OutputTarget::open_fd(const std::string& path, bool force) const {
-  if (std_out) return STDOUT_FILENO;
-  if (!device) return -1;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+// `path` opened for writing, refused while it is a terminal unless `force`.
+int open_not_terminal(const std::string& path, bool force) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) throw Failure(kIoError, path + ": cannot open: " + std::strerror(errno));
   if (::isatty(fd) && !force) {
     ::close(fd);
     throw Failure(kUsage, path + ": not writing binary data to a terminal (or -f)");
   }
   return fd;
+}
+
+}  // namespace
+
+bool is_device(const std::string& path) { return device_kind(path) != 0; }
+
+OutputTarget check_target(const std::string& path, bool std_out, bool force,
+                          const std::vector<std::string>& inputs) {
+  OutputTarget t;
+  t.std_out = std_out;
+  const char kind = std_out ? 0 : device_kind(path);
+  t.device = kind != 0;
+  if (std_out) {
+    if (::isatty(STDOUT_FILENO) && !force)
+      throw Failure(kUsage, "not writing binary data to a terminal (redirect it, or -f)");
+  } else if (!t.device) {
+    check_output(path, force, inputs);
+  } else if (kind == 'c') {
+    t.device_fd = open_not_terminal(path, force);
+  }
+  return t;
+}
+
+int OutputTarget::open_fd(const std::string& path, bool force) const {
+  if (std_out) return STDOUT_FILENO;
+  if (device_fd >= 0) return device_fd;
+  return device ? open_not_terminal(path, force) : -1;
 }
 
 void add_threads_option(CLI::App* command, int* threads) {

@@ -132,14 +132,16 @@ OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace);
 // written as the bytes come, as standard output is; or a file.
 struct OutputTarget {
   bool std_out = false, device = false;
+  int device_fd = -1;  // a character device, opened by check_target
   bool streamed() const { return std_out || device; }
-  // The descriptor for open_output: standard output's; the device's, opened for writing
-  // (a FIFO blocks until its reader comes, so commands call this once their input is read;
-  // a terminal is refused unless `force`); -1 for a file.
+  // The descriptor for open_output: standard output's; the device's; a FIFO's, opened for
+  // writing now (that blocks until its reader comes, so commands call this once their input
+  // is read); -1 for a file.
   int open_fd(const std::string& path, bool force) const;
 };
-// Checked before any work: standard output refused while it is a terminal unless `force`; a
-// file as check_output says.
+// Checked before any work: standard output, or a character device named as the output (opened
+// now, as a shell's redirection would), refused while it is a terminal unless `force`; a file
+// as check_output says.
 OutputTarget check_target(const std::string& path, bool std_out, bool force,
                           const std::vector<std::string>& inputs);
 bool is_device(const std::string& path);

@@ -121,6 +121,53 @@ class Giftc(unittest.TestCase):
         self.assertTrue(os.path.islink(link))
         np.testing.assert_array_equal(np.load(src), np.ones((4, 64), np.float32))
 
+    def test_a_terminal_named_as_the_output_is_refused_before_the_work(self):
+        # As standard output is: checked before the input is read (the input here is standard
+        # input from a pipe that never gets a byte, so reading it first would hang the command),
+        # and written into with -f. Its reader is the pty's other side, in raw mode so the
+        # bytes come unchanged.
+        import pty
+        import threading
+        import tty
+
+        src, frame = self.path("t.npy"), self.path("t.gift")
+        np.save(src, np.ones((4, 64), np.float32))
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        silent, held = os.pipe()  # held open, never written: reads block
+        master, slave = pty.openpty()
+        tty.setraw(slave)
+        terminal = os.ttyname(slave)
+        try:
+            for command in ("encode", "decode", "fit"):
+                r = subprocess.run([GIFTC, command, "-", "-o", terminal], stdin=silent,
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 1, command)
+                self.assertIn(terminal + ": not writing binary data to a terminal", r.stderr)
+            got = bytearray()
+
+            def read_all():
+                while True:
+                    try:
+                        data = os.read(master, 65536)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    got.extend(data)
+
+            reader = threading.Thread(target=read_all, daemon=True)
+            reader.start()
+            r = run("encode", src, "-o", terminal, "-f", "-q")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            os.close(slave)
+            slave = -1
+            reader.join(timeout=60)
+            self.assertEqual(bytes(got), pathlib.Path(frame).read_bytes())
+        finally:
+            for fd in (silent, held, master, slave):
+                if fd >= 0:
+                    os.close(fd)
+
     def test_standard_input_and_output_give_the_files_bytes(self):
         src = self.path("g.safetensors")
         rng = np.random.default_rng(5)
