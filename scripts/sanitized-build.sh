@@ -34,6 +34,12 @@ case "$kind" in
     ;;
 esac
 
+# One configuration and build at a time in a tree: a second run (run_fuzz.sh by hand beside
+# scripts/sanitize.sh) waits for the first, then finds the tree built.
+mkdir -p "$dir"
+exec 9>"$dir/.sanitized-build.lock"
+flock 9
+
 # Configured once; again where a tree was configured otherwise (by hand, or by an older
 # version of this script).
 if ! grep -qxF "GIFT_FUZZERS:BOOL=$fuzzers" "$dir/CMakeCache.txt" 2>/dev/null ||

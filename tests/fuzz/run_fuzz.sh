@@ -52,8 +52,8 @@ if [ "${GIFT_FUZZ_BUILT:-0}" != 1 ]; then
   if ! clang++ -fsanitize=fuzzer,address,undefined "$tmp/probe.cc" -o "$tmp/probe" 2>"$tmp/probe.err"; then
     skip "clang++ cannot link -fsanitize=fuzzer,address,undefined (libclang-rt-dev missing?): $(head -c 300 "$tmp/probe.err")"
   fi
-  # One build at a time in a tree: two runs of this script on one tree build in turn, or the
-  # second is given GIFT_FUZZ_BUILT=1 (as scripts/sanitize.sh does).
+  # One build at a time in a tree (sanitized-build.sh takes the tree's lock): two runs of this
+  # script on one tree build in turn.
   "$root/scripts/sanitized-build.sh" asan "$build" frame_fuzzer tensor_file_fuzzer make_seeds \
     >"$tmp/build.log" 2>&1 || {
     tail -n 80 "$tmp/build.log" >&2
