@@ -602,7 +602,7 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 // The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
 // per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
 // short last blocks, runs read as four parts on AVX-512 (blocks of 16 to 128; the last part
-// shorter; fp32 blocks of 16 to 64 and 16-bit ones of 32 to 128 are taken 16 at a time
+// shorter; fp32 blocks of 16 to 64 and 16-bit ones of 16 to 128 are taken 16 at a time
 // instead, and only the rest of the run in parts: blocks of 48, 80 and 100 and fp32 blocks
 // of 128 keep the parts) and
 // in order (every run on narrower targets; blocks of 256: three batches; of 4096: one),

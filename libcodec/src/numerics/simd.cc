@@ -1085,39 +1085,47 @@ HWY_INLINE uint32_t EncodeBlock(const T* x, size_t len, float factor, bool recip
 // The amax of 16 small blocks at once (AVX-512): each block's lanes folded into one vector by
 // AmaxPart, then MaxOfEach16 reduces the 16 vectors across lanes together, in 45 instructions
 // where a reduction per block takes about 9 each (with its loads, the amax per block was about
-// a third of the encode of blocks of 32). Blocks whose bytes are one, two or four vectors.
+// a third of the encode of blocks of 32). Blocks whose bytes are half a vector (16-bit
+// sources' blocks of 16), one, two or four vectors.
 #undef GIFT_AMAX_OF_16
 #if GIFT_X86_PACKS && HWY_TARGET <= HWY_AVX3
 #define GIFT_AMAX_OF_16 1
-// The lanes of one block of kVectors * 64 bytes at p folded into one vector of int32 lanes
-// whose largest is the block's largest sign-cleared pattern: fp32 patterns, or for 16-bit
-// sources the 16-bit pattern in the high half of a lane (AmaxOf16 takes it out).
-template <typename T, size_t kVectors>
+// The lanes of one block of kBytes bytes at p folded into one vector of int32 lanes whose
+// largest is the block's largest sign-cleared pattern: fp32 patterns, or for 16-bit sources
+// the 16-bit pattern in the high half of a lane (AmaxOf16 takes it out). Half a vector is
+// loaded into the low half, the high half zero: below every magnitude but that of a zero.
+template <typename T, size_t kBytes>
 HWY_INLINE __m512i AmaxPart(const T* p) {
+  static_assert(kBytes >= 64 || (kBytes == 32 && sizeof(T) == 2), "a 16-bit half vector at least");
   const char* bytes = reinterpret_cast<const char*>(p);
+  const auto load = [bytes](size_t k) {
+    if constexpr (kBytes == 32) {
+      return _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+    } else {
+      return _mm512_loadu_si512(bytes + 64 * k);
+    }
+  };
+  constexpr size_t kVectors = kBytes < 64 ? 1 : kBytes / 64;
   if constexpr (sizeof(T) == 4) {
     const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF);
-    __m512i m = _mm512_and_si512(_mm512_loadu_si512(bytes), mask);
-    for (size_t k = 1; k < kVectors; ++k)
-      m = _mm512_max_epi32(m, _mm512_and_si512(_mm512_loadu_si512(bytes + 64 * k), mask));
+    __m512i m = _mm512_and_si512(load(0), mask);
+    for (size_t k = 1; k < kVectors; ++k) m = _mm512_max_epi32(m, _mm512_and_si512(load(k), mask));
     return m;
   } else {
     const __m512i mask = _mm512_set1_epi16(0x7FFF);
-    __m512i m = _mm512_and_si512(_mm512_loadu_si512(bytes), mask);
-    for (size_t k = 1; k < kVectors; ++k)
-      m = _mm512_max_epi16(m, _mm512_and_si512(_mm512_loadu_si512(bytes + 64 * k), mask));
+    __m512i m = _mm512_and_si512(load(0), mask);
+    for (size_t k = 1; k < kVectors; ++k) m = _mm512_max_epi16(m, _mm512_and_si512(load(k), mask));
     // The larger of each pair to the high half of its 32-bit lane (the low half keeps the
     // low element, below it in the int32 order).
     return _mm512_max_epi16(m, _mm512_slli_epi32(m, 16));
   }
 }
 
-// The parts of 16 blocks of kVectors vectors each, from p on, placed as AmaxOf16 takes them.
-template <typename T, size_t kVectors>
+// The parts of 16 blocks of kBytes each, from p on, placed as AmaxOf16 takes them.
+template <typename T, size_t kBytes>
 HWY_INLINE void AmaxParts16(const T* p, __m512i (&parts)[16]) {
-  constexpr size_t kBlock = kVectors * 64 / sizeof(T);
-  for (size_t j = 0; j < 16; ++j)
-    parts[4 * (j % 4) + j / 4] = AmaxPart<T, kVectors>(p + j * kBlock);
+  constexpr size_t kBlock = kBytes / sizeof(T);
+  for (size_t j = 0; j < 16; ++j) parts[4 * (j % 4) + j / 4] = AmaxPart<T, kBytes>(p + j * kBlock);
 }
 
 // Lane 4 * (j % 4) + j / 4 of the result is the largest lane of v[j] (a transposition of the
@@ -1281,16 +1289,16 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
 constexpr uint64_t kSmallFetchAhead = 4096;
 
 // Blocks that EncodeSmallBlocks takes: one, two, four or eight vectors of fp32 lanes whose
-// source bytes are one, two or four whole vectors (fp32: 16, 32 or 64 elements; 16-bit: 32,
-// 64 or 128). Against EncodeBlocksBatched, giftc bench --threads 1, of memcpy, the two builds
-// interleaved (Zen 4): bf16 blocks of 128 0.150 to 0.162 in cache (2 MiB), 0.504 to 0.52 from
-// memory (256 MiB); fp32 blocks of 64 0.213 to 0.228 and 0.61 to 0.68. fp32 blocks of 128 are
-// left to EncodeBlocksBatched: 0.255 to 0.233 this way in cache, 0.77 to 0.58 from memory,
-// where its parts (kReadStreams) read faster.
+// source bytes are half a vector or one, two or four whole vectors (fp32: 16, 32 or 64
+// elements; 16-bit: 16, 32, 64 or 128). 16-bit blocks of 16 took 0.09 of memcpy the other way
+// (giftc bench --threads 1, bf16 and f16, Xeon), against 0.45 for blocks of 32. Against
+// EncodeBlocksBatched, giftc bench --threads 1, of memcpy, the two builds interleaved (Zen 4): bf16
+// blocks of 128 0.150 to 0.162 in cache (2 MiB), 0.504 to 0.52 from memory (256 MiB); fp32 blocks
+// of 64 0.213 to 0.228 and 0.61 to 0.68. fp32 blocks of 128 are left to EncodeBlocksBatched: 0.255
+// to 0.233 this way in cache, 0.77 to 0.58 from memory, where its parts (kReadStreams) read faster.
 template <typename T>
 HWY_INLINE bool SmallBlocksApply(uint32_t block) {
-  return (block == 16 || block == 32 || block == 64 || block == 128) && block * sizeof(T) >= 64 &&
-         block * sizeof(T) <= 256;
+  return (block == 16 || block == 32 || block == 64 || block == 128) && block * sizeof(T) <= 256;
 }
 
 // The run's first blocks in batches of 16 whole blocks, consecutive in memory (*done blocks in
@@ -1319,14 +1327,17 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
     PrefetchBytes(bytes, ahead, std::min(ahead + batch_bytes, run_bytes), fetch_to);
     __m512i parts[16];
     switch (block * sizeof(T)) {
+      case 32:
+        if constexpr (sizeof(T) == 2) AmaxParts16<T, 32>(src + e0, parts);
+        break;
       case 64:
-        AmaxParts16<T, 1>(src + e0, parts);
+        AmaxParts16<T, 64>(src + e0, parts);
         break;
       case 128:
-        AmaxParts16<T, 2>(src + e0, parts);
+        AmaxParts16<T, 128>(src + e0, parts);
         break;
       default:
-        AmaxParts16<T, 4>(src + e0, parts);
+        AmaxParts16<T, 256>(src + e0, parts);
         break;
     }
     AmaxOf16<T>(parts, amax);
