@@ -163,6 +163,23 @@ std::string describe(const giftQuantParams& p, Shape s) {
          std::to_string(s.cols);
 }
 
+// Decode is code * scale in fp32, exactly.
+void expect_code_times_scale(const giftQuantParams& p, Shape s, const Encoded& e) {
+  const std::vector<float> y = decode(p, e, s);
+  for (uint64_t i = 0; i < y.size(); ++i) {
+    const uint64_t g = group_of(p, s, i / s.cols, i % s.cols);
+    float sc;
+    if (p.scale_dtype == GIFT_SCALE_DTYPE_F32) {
+      std::memcpy(&sc, e.scales.data() + 4 * g, 4);
+    } else {
+      sc = float(std::ldexp(1.0, int(e.scales[g]) - 127));
+    }
+    const float v = p.kind == GIFT_FP8_E4M3 ? gift::num::fp8_to_float<Fp8::kE4M3>(e.codes[i])
+                                            : gift::num::fp8_to_float<Fp8::kE5M2>(e.codes[i]);
+    ASSERT_EQ(y[i], v * sc) << describe(p, s) << " i=" << i;
+  }
+}
+
 TEST(Codec, MatchesPerElementReferenceForEveryLayout) {
   const std::vector<Shape> shapes = {{1, 1}, {1, 37}, {7, 300}, {33, 128}, {5, 4099}, {64, 64}};
   std::vector<giftQuantParams> ps;
@@ -185,21 +202,23 @@ TEST(Codec, MatchesPerElementReferenceForEveryLayout) {
         const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
         ASSERT_EQ(got.scales, want.scales) << describe(p, s);
         ASSERT_EQ(got.codes, want.codes) << describe(p, s);
-        // Decode is code * scale in fp32, exactly.
-        const std::vector<float> y = decode(p, got, s);
-        for (uint64_t i = 0; i < x.size(); ++i) {
-          const uint64_t g = group_of(p, s, i / s.cols, i % s.cols);
-          float sc;
-          if (p.scale_dtype == GIFT_SCALE_DTYPE_F32) {
-            std::memcpy(&sc, got.scales.data() + 4 * g, 4);
-          } else {
-            sc = float(std::ldexp(1.0, int(got.scales[g]) - 127));
-          }
-          const float v = p.kind == GIFT_FP8_E4M3
-                              ? gift::num::fp8_to_float<Fp8::kE4M3>(got.codes[i])
-                              : gift::num::fp8_to_float<Fp8::kE5M2>(got.codes[i]);
-          ASSERT_EQ(y[i], v * sc) << describe(p, s) << " i=" << i;
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_code_times_scale(p, s, got));
+      }
+}
+
+// Tile rows are decoded in pieces of about 64K elements (codec.cc, decode_tile_rows): rows
+// longer than that, with tiles that do not divide them nor the rows into whole tiles.
+TEST(Codec, WideTileRowsDecodeInPieces) {
+  const Shape s{5, 140003};
+  const std::vector<float> x = gradient_like(s, 17);
+  for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
+    for (auto [tr, tc] : {std::pair{3u, 32u}, std::pair{2u, 100u}, std::pair{4u, 70001u}})
+      for (int threads : {1, 2}) {
+        use_threads(threads);
+        const giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_TILE, sd, 128, tr, tc);
+        const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
+        ASSERT_EQ(got.scales, reference_encode(p, x, s).scales) << describe(p, s);
+        ASSERT_NO_FATAL_FAILURE(expect_code_times_scale(p, s, got));
       }
 }
 

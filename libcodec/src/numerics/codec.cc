@@ -252,6 +252,35 @@ Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void
   return census;
 }
 
+// Tile layout: row by row, a row being a run of blocks of tile_cols whose scales are its row of
+// tiles', in the block decoder (rows cut into pieces of about kChunkElems for the threads).
+// Tile by tile, each tile's row of tile_cols elements was a call of its own: tiles of 32 x 32
+// decoded at 0.07 of memcpy (giftc bench --threads 1, Xeon), where blocks of 32 reach 0.7.
+void decode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const uint8_t* codes,
+                      const void* scales, uint8_t* out, giftDType_t dst_dtype, int threads,
+                      bool stream) {
+  giftQuantParams rows_of_blocks = p;
+  rows_of_blocks.block = p.tile_cols;
+  const uint64_t piece = std::max<uint64_t>(1, kChunkElems / p.tile_cols) * p.tile_cols;
+  const uint64_t pieces_per_row = std::max<uint64_t>(1, ceil_div(grid.cols, piece));
+  const int64_t tasks = static_cast<int64_t>(grid.rows * pieces_per_row);
+  const size_t width = dtype_size(dst_dtype);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t t = 0; t < tasks; ++t) {
+      const num::FpEnvGuard fp_env;
+      const uint64_t r = uint64_t(t) / pieces_per_row, c0 = uint64_t(t) % pieces_per_row * piece;
+      const uint64_t n = std::min(piece, grid.cols - c0), e = r * grid.cols + c0;
+      const uint64_t g = r / grid.height * grid.grid_cols + c0 / grid.width;
+      simd::decode_blocks(block_run(rows_of_blocks, nullptr, dst_dtype, g, e, n,
+                                    const_cast<uint8_t*>(codes), const_cast<void*>(scales), stream),
+                          out + e * width, dst_dtype);
+    }
+    if (stream) simd::stream_fence();  // each thread, before the region's closing barrier
+  }
+}
+
 bool split_groups(const GroupGrid& grid, int threads) {
   return grid.width >= grid.cols && grid.count() < uint64_t(threads) * 4 &&
          grid.height * grid.cols >= kSplitGroupElems;
@@ -347,6 +376,10 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
                               out + e * width, dst_dtype);
         },
         fence);
+    return;
+  }
+  if (p.layout == GIFT_SCALE_TILE) {
+    decode_tile_rows(p, grid, codes, scales, out, dst_dtype, threads, stream);
     return;
   }
   auto scale_of = [&](uint64_t g) {
