@@ -206,6 +206,36 @@ TEST(Codec, MatchesPerElementReferenceForEveryLayout) {
       }
 }
 
+// Groups of every magnitude, their scales subnormal or zero included (a scale rounded down by
+// half a subnormal step leaves values up to 1.5 times the FP8 maximum over it), in the layouts
+// other than blocks, which convert a group's finite values as bounded (codec.cc, convert_span).
+TEST(Codec, GroupsOfEveryMagnitudeMatchTheReference) {
+  const Shape s{600, 96};
+  std::mt19937 gen(23);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(s.rows * s.cols);
+  for (uint64_t r = 0; r < s.rows; ++r) {
+    // 64 mantissas in each binade from 2^-136 to 2^-133, where E5M2's fp32 scale is subnormal
+    // (amax from 1.75 x 2^-134 to 1.3125 x 2^-133 gives one rounded down below amax / 57344);
+    // then a binade a row from 2^-160 (scales of zero) up to fp32's largest.
+    const float amax =
+        r < 256 ? std::ldexp(1.0f + float(r % 64) / 64, -136 + int(r) / 64)
+                : std::ldexp(1.0f + float(gen() % 1024) / 1024, std::min(-160 + int(r) - 256, 127));
+    for (uint64_t c = 0; c < s.cols; ++c) x[r * s.cols + c] = amax * u(gen);
+    x[r * s.cols + r % s.cols] = r % 3 ? amax : -amax;
+  }
+  for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+    for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
+      for (const giftQuantParams& p :
+           {params(kind, GIFT_SCALE_ROW, sd), params(kind, GIFT_SCALE_TILE, sd, 128, 1, 48),
+            params(kind, GIFT_SCALE_TILE, sd, 128, 2, 96)}) {
+        const Encoded want = reference_encode(p, x, s);
+        const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s);
+        ASSERT_EQ(got.scales, want.scales) << describe(p, s);
+        ASSERT_EQ(got.codes, want.codes) << describe(p, s);
+      }
+}
+
 // Tile rows are decoded in pieces of about 64K elements (codec.cc, decode_tile_rows): rows
 // longer than that, with tiles that do not divide them nor the rows into whole tiles.
 TEST(Codec, WideTileRowsDecodeInPieces) {

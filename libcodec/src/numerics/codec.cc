@@ -83,7 +83,11 @@ void convert_span(const giftQuantParams& p, const void* src, giftDType_t dtype, 
   if (!has_nonfinite && gs.zero) {  // all-zero groups are common (unused embedding rows)
     if (n) std::memset(codes + begin, 0, n);
   } else if (p.rounding == GIFT_ROUND_NEAREST && !has_nonfinite) {
-    simd::quantize_rn(at(src, dtype, begin), dtype, n, gs.factor, gs.divide, p.kind, codes + begin);
+    // Finite values over a nonzero scale made from an amax at least theirs: below 1.5 times
+    // the FP8 maximum in magnitude (the scale rounded down by at most half a subnormal step),
+    // in the bounded conversion's domain, as in the block encoder.
+    simd::quantize_rn_bounded(at(src, dtype, begin), dtype, n, gs.factor, gs.divide, p.kind,
+                              codes + begin);
   } else if (p.kind == GIFT_FP8_E4M3) {
     convert_span_scalar<Fp8::kE4M3>(p, src, dtype, begin, n, gs, origin, codes);
   } else {
