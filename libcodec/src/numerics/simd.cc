@@ -668,6 +668,28 @@ uint32_t AbsMaxBits(const void* src, giftDType_t dtype, size_t n) {
   return WithSource(src, dtype, [&](const auto* s) { return AbsMaxBitsT(s, n); });
 }
 
+void BlocksAbsMaxBits(const void* src, giftDType_t dtype, size_t n, uint32_t block,
+                      uint32_t* bits) {
+  WithSource(src, dtype, [&](const auto* s) {
+    for (size_t k = 0, i = 0; i < n; ++k, i += block)
+      bits[k] = std::max(bits[k], AbsMaxBitsT(s + i, std::min<size_t>(block, n - i)));
+  });
+}
+
+void QuantizeBlocksRNBounded(const void* src, giftDType_t dtype, size_t n, uint32_t block,
+                             const float* factor, bool divide, giftFp8Kind_t kind, uint8_t* codes) {
+  WithSource(src, dtype, [&](const auto* s) {
+    for (size_t k = 0, i = 0; i < n; ++k, i += block) {
+      const size_t len = std::min<size_t>(block, n - i);
+      if (factor[k] > 0.0f) {
+        QuantizeOf<true>(s + i, len, factor[k], divide, kind, codes + i);
+      } else {
+        memset(codes + i, 0, len);
+      }
+    }
+  });
+}
+
 void QuantizeRN(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
                 giftFp8Kind_t kind, uint8_t* codes) {
   QuantizeDispatch<false>(src, dtype, n, factor, divide, kind, codes);
@@ -1570,6 +1592,8 @@ bool reciprocal_division_chosen() {
 int set_reciprocal_division_for_test(int mode) { return g_reciprocal_division.exchange(mode); }
 
 HWY_EXPORT(AbsMaxBits);
+HWY_EXPORT(BlocksAbsMaxBits);
+HWY_EXPORT(QuantizeBlocksRNBounded);
 HWY_EXPORT(AbsMaxAddSquares);
 HWY_EXPORT(AddSquaresChunks);
 HWY_EXPORT(QuantizeRN);
@@ -1603,6 +1627,17 @@ void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, boo
 void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
                          giftFp8Kind_t kind, uint8_t* codes) {
   HWY_DYNAMIC_DISPATCH(QuantizeRNBounded)(src, dtype, n, factor, divide, kind, codes);
+}
+
+void blocks_abs_max_bits(const void* src, giftDType_t dtype, size_t n, uint32_t block,
+                         uint32_t* bits) {
+  HWY_DYNAMIC_DISPATCH(BlocksAbsMaxBits)(src, dtype, n, block, bits);
+}
+
+void quantize_blocks_rn_bounded(const void* src, giftDType_t dtype, size_t n, uint32_t block,
+                                const float* factor, bool divide, giftFp8Kind_t kind,
+                                uint8_t* codes) {
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksRNBounded)(src, dtype, n, block, factor, divide, kind, codes);
 }
 
 void dequantize(const uint8_t* codes, size_t n, float scale, giftFp8Kind_t kind, void* dst,

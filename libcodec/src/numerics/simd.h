@@ -41,6 +41,17 @@ void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, boo
 void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
                          giftFp8Kind_t kind, uint8_t* codes);
 
+// The n elements at src as blocks of `block` (the last may be short), in one call (a row's share
+// of a row of tiles): bits[k] = max(bits[k], abs_max_bits of block k).
+void blocks_abs_max_bits(const void* src, giftDType_t dtype, size_t n, uint32_t block,
+                         uint32_t* bits);
+
+// quantize_rn_bounded of each block k of those with its own factor[k], or +0 codes where
+// factor[k] is not above 0 (an all-zero group).
+void quantize_blocks_rn_bounded(const void* src, giftDType_t dtype, size_t n, uint32_t block,
+                                const float* factor, bool divide, giftFp8Kind_t kind,
+                                uint8_t* codes);
+
 // dst[i] = fp8_to_float(codes[i]) * scale, stored as `dtype` (bf16/fp16 round to nearest even).
 // With stream, through non-temporal stores where dst is 16-byte aligned (fp16 too where the
 // instruction set converts it), as BlockRun::stream says.
