@@ -36,9 +36,14 @@ esac
 
 # One configuration and build at a time in a tree: a second run (run_fuzz.sh by hand beside
 # scripts/sanitize.sh) waits for the first, then finds the tree built.
+# The lock's descriptor is closed in the commands run under it (9>&-): a process they leave
+# running would hold it.
 mkdir -p "$dir"
 exec 9>"$dir/.sanitized-build.lock"
-flock 9
+if ! flock -n 9; then
+  echo "sanitized-build: waiting for another build of $dir" >&2
+  flock 9
+fi
 
 # Configured once; again where a tree was configured otherwise (by hand, or by an older
 # version of this script).
@@ -51,8 +56,8 @@ if ! grep -qxF "GIFT_FUZZERS:BOOL=$fuzzers" "$dir/CMakeCache.txt" 2>/dev/null ||
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt -g1 -DNDEBUG" \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt -g1 -DNDEBUG" \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
-    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null 9>&-
 fi
 start=$SECONDS
-cmake --build "$dir" --parallel "$(nproc)" --target "$@"
+cmake --build "$dir" --parallel "$(nproc)" --target "$@" 9>&-
 echo "sanitized-build: built $(basename "$dir") in $((SECONDS - start)) s"

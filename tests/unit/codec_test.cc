@@ -253,11 +253,12 @@ TEST(Codec, WideTileRowsDecodeInPieces) {
 }
 
 TEST(Codec, LargeGroupsSplitAcrossThreadsGiveTheSameBytes) {
-  // Tensor and row scales on a tensor large enough that one group spans many threads' chunks.
+  // Tensor, row and tile scales (tiles as wide as the tensor) on a tensor large enough that one
+  // group spans many threads' chunks.
   const Shape s{3, 400000};
   const std::vector<float> x = gradient_like(s, 99);
-  for (auto layout : {GIFT_SCALE_TENSOR, GIFT_SCALE_ROW}) {
-    giftQuantParams p = params(GIFT_FP8_E4M3, layout, GIFT_SCALE_DTYPE_F32);
+  for (auto layout : {GIFT_SCALE_TENSOR, GIFT_SCALE_ROW, GIFT_SCALE_TILE}) {
+    giftQuantParams p = params(GIFT_FP8_E4M3, layout, GIFT_SCALE_DTYPE_F32, 128, 2, 400000);
     const Encoded want = reference_encode(p, x, s);
     for (int threads : {1, 2, 3, 0}) {
       use_threads(threads);

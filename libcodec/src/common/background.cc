@@ -9,7 +9,8 @@
 namespace gift {
 namespace {
 
-// The thread's own stack: its jobs are write(2) calls and messages, and a default 8 MiB stack
+// The thread's own stack: its jobs are write(2) calls, checksums (XXH3's state lives on the
+// heap) and messages, and a default 8 MiB stack
 // counts against RLIMIT_DATA, which callers bound memory with.
 constexpr size_t kStackBytes = size_t(256) << 10;
 

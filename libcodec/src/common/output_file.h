@@ -129,7 +129,7 @@ class OutputFile : public SectionFile {
   uint64_t flushed_ = 0;        // writeback started for [0, flushed_)
   uint64_t hold_ = UINT64_MAX;  // and not from here on
   std::function<void()> lost_;
-  BackgroundJob behind_;           // write_behind's write(2), while nothing else touches the file
+  BackgroundJob behind_;  // write_behind's job and write(2), while nothing else touches the file
   giftResult_t failed_ = GIFT_OK;  // a write_behind's failure, and its message
   std::string failure_;
   bool broken_pipe_ = false;  // that failure was EPIPE on the background thread (SIGPIPE blocked)

@@ -285,11 +285,12 @@ void decode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const uin
   }
 }
 
-// Tile layout, round to nearest: a row of tiles in pieces of about kChunkElems, each piece's
-// rows read in order, each row in one call for its tiles' amax, then (from the cores' caches)
-// one for their codes. Tile by tile, two calls for each row of each tile took 2.8 times as
-// long as the block encoder (tiles of 1 x 128 against blocks of 128, giftc bench --threads 1).
-// A piece holding NaN or Inf is taken tile by tile, as other layouts are.
+// Tile layout, round to nearest: a row of tiles in pieces of about kChunkElems (one tile at
+// least), each piece's rows read in order, each row in one call for its tiles' amax, then
+// (from the cores' caches, for tiles up to kChunkElems) one for their codes. Tile by tile, two
+// calls for each row of each tile took 2.8 times as long as the block encoder (tiles of 1 x 128
+// against blocks of 128, giftc bench --threads 1). A piece holding NaN or Inf is taken tile by
+// tile, as other layouts are.
 Census encode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const void* src,
                         giftDType_t dtype, uint8_t* codes, void* scales, int threads,
                         const BandOrigin& origin) {
@@ -354,13 +355,13 @@ giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const v
   Census total;
   if (p.layout == GIFT_SCALE_BLOCK && p.rounding == GIFT_ROUND_NEAREST) {
     total = encode_blocks(p, grid, src, src_dtype, codes, scales, threads);
-  } else if (p.layout == GIFT_SCALE_TILE && p.rounding == GIFT_ROUND_NEAREST) {
-    total = encode_tile_rows(p, grid, src, src_dtype, codes, scales, threads, origin);
-  } else if (split_groups(grid, threads)) {
+  } else if (split_groups(grid, threads)) {  // tiles as wide as the tensor too: too few for threads
     for (int64_t g = 0; g < groups; ++g) {
       total.merge(
           encode_group_split(p, grid, uint64_t(g), src, src_dtype, codes, scales, threads, origin));
     }
+  } else if (p.layout == GIFT_SCALE_TILE && p.rounding == GIFT_ROUND_NEAREST) {
+    total = encode_tile_rows(p, grid, src, src_dtype, codes, scales, threads, origin);
   } else {
     std::vector<Census> parts(static_cast<size_t>(threads));
 #pragma omp parallel for schedule(static) num_threads(threads)
