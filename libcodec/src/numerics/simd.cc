@@ -1466,25 +1466,29 @@ uint32_t EncodeBlocksRN(const BlockRun& run) {
 template <Fp8 K, Output kOut>
 HWY_INLINE uint64_t DecodeSmallBlockLines(const BlockRun& run, uint64_t from, void* dst,
                                           bool stream) {
-  const size_t per_line = 64 / run.block;
+  // In locals: the stores through dst could otherwise alias run, which was read again for
+  // every block.
+  const uint64_t block = run.block, n = run.n;
+  const uint8_t* codes = run.codes;
+  const void* scales = run.scales;
+  const size_t per_line = 64 / block;
   const bool e8m0 = run.scale_dtype == GIFT_SCALE_DTYPE_E8M0;
   uint64_t i = from;
-  for (; i + 64 <= run.n; i += 64) {
-    FetchAhead(run.codes + i);
-    if (HasSpecial64<K>(run.codes + i)) break;
+  for (; i + 64 <= n; i += 64) {
+    FetchAhead(codes + i);
+    if (HasSpecial64<K>(codes + i)) break;
     float su[4];
     bool clean = true;
     for (size_t g = 0; g < per_line; ++g) {
-      const float s = num::stored_scale(run.scales, e8m0, i / run.block + g);
+      const float s = num::stored_scale(scales, e8m0, i / block + g);
       su[g] = s * num::float_of(kUpBits<K>);
       clean =
           clean && std::isfinite(su[g]) && (kOut != Output::kBf16Native || NativeBf16Applies<K>(s));
     }
     if (!clean) break;
     for (size_t g = 0; g < per_line; ++g) {
-      const uint64_t b0 = i + g * run.block;
-      DecodeCleanVectors<K, kOut>(run.codes, b0, b0 + run.block, hn::Set(DF(), su[g]), dst, 0,
-                                  stream);
+      const uint64_t b0 = i + g * block;
+      DecodeCleanVectors<K, kOut>(codes, b0, b0 + block, hn::Set(DF(), su[g]), dst, 0, stream);
     }
   }
   return i;
