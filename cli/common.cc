@@ -376,6 +376,12 @@ void add_threads_option(CLI::App* command, int* threads) {
           "", "non-negative"));
 }
 
+// OpenBLAS's own calls (its pthreads build, Debian's default), referenced weakly: with another
+// BLAS they are null.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads(void) __attribute__((weak));
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
 namespace {
 
 int codec_threads(int asked) {
@@ -385,16 +391,6 @@ int codec_threads(int asked) {
   check(giftCtxSetThreads(ctx.get(), asked));
   return giftCtxThreads(ctx.get());
 }
-
-}  // namespace
-
-// OpenBLAS's own calls (its pthreads build, Debian's default), referenced weakly: with another
-// BLAS they are null.
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));
-extern "C" int openblas_get_num_threads(void) __attribute__((weak));
-extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
-
-namespace {
 
 // Whether OpenBLAS's count comes from its own variables: a count of at least 1, as OpenBLAS
 // reads them (an empty or smaller value counts as unset).
