@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <random>
@@ -17,6 +18,7 @@
 
 #include "coords/low_rank_update.h"
 #include "numerics/elementwise.h"
+#include "numerics/pair_sums.h"
 #include "numerics/simd.h"
 
 namespace gift {
@@ -549,6 +551,99 @@ TEST_P(ForEachTarget, AbsMaxAddSquaresEqualsScalarRules) {
               0x7F800000u)
         << at;
   }
+}
+
+// The metrics' sums in pair_sums.h's order, written out here once more: lengths around the
+// step of eight pairs and the chunk, values like gradients' and from fp32 subnormals to 2^100
+// (products that only double holds exactly), and NaN and Inf pairs, left out and counted, in
+// a chunk's vector steps and in the last chunk's tail.
+TEST_P(ForEachTarget, PairSumsFollowTheirOrder) {
+  constexpr size_t kChunk = simd::kPairChunk;
+  std::mt19937 gen(23);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> exponent(-140, 100);
+  const size_t most = 3 * kChunk + 21;
+  std::vector<float> ref(most), approx(most);
+  // Two chunks of values like gradients', then magnitudes at random.
+  for (size_t i = 0; i < most; ++i) {
+    const bool wide = i >= 2 * kChunk;
+    ref[i] = wide ? std::ldexp(nd(gen), exponent(gen)) : nd(gen);
+    approx[i] = i % 5 == 0 ? ref[i]
+                : wide     ? ref[i] * (1 + 0.01f * nd(gen)) + std::ldexp(nd(gen), exponent(gen))
+                : i % 2    ? ref[i] + 0.03f * nd(gen)
+                           : std::ldexp(nd(gen), -30);
+  }
+  const auto reference = [&](const std::vector<float>& r_in, const std::vector<float>& x_in,
+                             size_t n) {
+    simd::PairSums want;
+    double* sums[5] = {&want.err_sq, &want.ref_sq, &want.approx_sq, &want.dot, &want.err};
+    for (size_t at = 0; at < n; at += kChunk) {
+      double lanes[5][8] = {};
+      for (size_t k = 0; k < std::min(kChunk, n - at); ++k) {
+        if (!std::isfinite(r_in[at + k]) || !std::isfinite(x_in[at + k])) {
+          ++want.left_out;
+          continue;
+        }
+        const double r = r_in[at + k], x = x_in[at + k], e = x - r;
+        const double terms[5] = {e * e, r * r, x * x, r * x, e};
+        for (int t = 0; t < 5; ++t) lanes[t][k % 8] += terms[t];
+        want.max_abs = std::max(want.max_abs, std::fabs(e));
+      }
+      for (int t = 0; t < 5; ++t) {
+        const double* l = lanes[t];
+        *sums[t] += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+      }
+    }
+    return want;
+  };
+  const auto bits = [](double v) {
+    uint64_t u;
+    std::memcpy(&u, &v, 8);
+    return u;
+  };
+  const auto expect_equal = [&](const simd::PairSums& got, const simd::PairSums& want,
+                                const std::string& what) {
+    EXPECT_EQ(bits(got.err_sq), bits(want.err_sq)) << what;
+    EXPECT_EQ(bits(got.ref_sq), bits(want.ref_sq)) << what;
+    EXPECT_EQ(bits(got.approx_sq), bits(want.approx_sq)) << what;
+    EXPECT_EQ(bits(got.dot), bits(want.dot)) << what;
+    EXPECT_EQ(bits(got.err), bits(want.err)) << what;
+    EXPECT_EQ(got.max_abs, want.max_abs) << what;
+    EXPECT_EQ(got.left_out, want.left_out) << what;
+  };
+  std::vector<float> bad_ref = ref, bad_approx = approx;
+  const float inf = std::numeric_limits<float>::infinity();
+  bad_ref[3] = std::nanf("");
+  bad_approx[kChunk + 100] = -inf;
+  bad_ref[2 * kChunk + 9] = inf;  // Inf against Inf: e is NaN
+  bad_approx[2 * kChunk + 9] = inf;
+  bad_approx[most - 2] = std::nanf("");
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(15), size_t(17),
+                   kChunk - 1, kChunk, kChunk + 1, 2 * kChunk + 13, most}) {
+    const std::string what = "n " + std::to_string(n);
+    expect_equal(simd::pair_sums(ref.data(), approx.data(), n), reference(ref, approx, n), what);
+    const simd::PairSums bad = simd::pair_sums(bad_ref.data(), bad_approx.data(), n);
+    expect_equal(bad, reference(bad_ref, bad_approx, n), what + ", NaN and Inf");
+    if (n == most) {
+      EXPECT_EQ(bad.left_out, 4u);
+    }
+  }
+  // e^2 is rounded, then added: of 16 pairs (two whole steps), pair 0 adds 1 to lane 0 and
+  // pair 8 an e^2 that rounds, the others nothing, so the sum is lane 0's. The test counts the
+  // trials where a fused multiply-add would have given another sum.
+  int fused_differs = 0;
+  std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    float r16[16] = {}, x16[16] = {};
+    x16[0] = 1.0f;
+    r16[8] = unit(gen);
+    x16[8] = std::ldexp(unit(gen), -30);  // e of more than 26 bits
+    const double e = double(x16[8]) - double(r16[8]);
+    const double want = 1.0 + e * e;
+    fused_differs += std::fma(e, e, 1.0) != want;
+    ASSERT_EQ(simd::pair_sums(r16, x16, 16).err_sq, want) << trial;
+  }
+  EXPECT_GT(fused_differs, 0) << "no trial tells a rounded e^2 from a fused one";
 }
 
 // Spans summed side by side give each span's own sums: every source type, span lengths that

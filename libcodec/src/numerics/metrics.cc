@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "common/error.h"
+#include "numerics/fp_env.h"
+#include "numerics/pair_sums.h"
 
 namespace gift {
 namespace {
@@ -71,30 +73,19 @@ giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t row
   }
   // Pairs holding a NaN or an Inf are left out and counted: one of them would turn every sum
   // into NaN or Inf and hide the error of all the others.
-  double ee = 0, rr = 0, aa = 0, ra = 0, sum_e = 0, max_abs = 0;
-  uint64_t left_out = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    const double r = ref[i], x = approx[i], e = x - r;
-    if (!std::isfinite(r) || !std::isfinite(x)) {
-      ++left_out;
-      continue;
-    }
-    ee += e * e;
-    rr += r * r;
-    aa += x * x;
-    ra += r * x;
-    sum_e += e;
-    max_abs = std::max(max_abs, std::fabs(e));
-  }
-  out->max_abs = max_abs;
-  out->nonfinite = left_out;
+  const simd::PairSums s = [&] {
+    const num::FpEnvGuard fp_env;  // the same sums whatever the caller's rounding mode
+    return simd::pair_sums(ref, approx, n);
+  }();
+  out->max_abs = s.max_abs;
+  out->nonfinite = s.left_out;
   out->rel_anorm = -1.0;
-  out->sum_ref_sq = rr;
-  out->sum_approx_sq = aa;
-  out->sum_err_sq = ee;
-  out->sum_dot = ra;
-  out->sum_err = sum_e;
-  out->count = n - left_out;
+  out->sum_ref_sq = s.ref_sq;
+  out->sum_approx_sq = s.approx_sq;
+  out->sum_err_sq = s.err_sq;
+  out->sum_dot = s.dot;
+  out->sum_err = s.err;
+  out->count = n - s.left_out;
   out->sum_ref_asq = out->sum_err_asq = 0.0;
   finish_ratios(out);
   if (a && n) try {
