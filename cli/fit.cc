@@ -24,6 +24,8 @@ struct FitCliOptions {
 
 // A d_in x d_in moment in fp64 is 8 d_in^2 bytes: 8 GiB at this bound.
 constexpr uint64_t kMaxFitDim = 32768;
+// Elements of activation statistics widened at a time (4 MiB of fp32).
+constexpr uint64_t kWidenBand = uint64_t(1) << 20;
 
 bool eligible(const gift::io::TensorRef& t) {
   return t.shape.size() == 2 && t.shape[0] >= 16 && t.shape[1] >= 16 && t.shape[1] <= kMaxFitDim;
@@ -57,10 +59,20 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
                                   const std::string& name, uint32_t* dim) {
   std::vector<double> a;
   if (acts) {
+    // Widened (exactly) to fp32 a band at a time, then to double: no fp32 copy of the matrix.
     const gift::io::TensorRef* t = find(*acts, name);
-    const std::vector<float> v = gift::io::widen_to_float(*t);
     *dim = uint32_t(t->shape[0]);
-    return std::vector<double>(v.begin(), v.end());
+    a.resize(t->elements());
+    std::vector<float> band(std::min<uint64_t>(a.size(), kWidenBand));
+    const uint8_t* src = static_cast<const uint8_t*>(t->data());
+    for (uint64_t i = 0; i < a.size(); i += band.size()) {
+      const uint64_t n = std::min<uint64_t>(band.size(), a.size() - i);
+      check(
+          giftConvert(src + i * giftDTypeSize(t->dtype), t->dtype, band.data(), GIFT_DTYPE_F32, n),
+          o.activations + ": tensor '" + name + "'");
+      std::copy(band.begin(), band.begin() + ptrdiff_t(n), a.begin() + ptrdiff_t(i));
+    }
+    return a;
   }
   for (size_t k = 0; k < dumps.size(); ++k) {
     const gift::io::TensorRef* t = find(dumps[k], name);

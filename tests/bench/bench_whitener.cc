@@ -31,7 +31,7 @@ const LowRankPlusDiagonal& model() {
     FitOptions o;
     o.exact_max_dim = 0;  // randomized: the exact path at 3456 would dominate set-up
     LowRankPlusDiagonal f;
-    fit_low_rank(gradient_second_moment(w.data(), GIFT_DTYPE_F32, kOut, kIn), kIn, o, &f);
+    fit_low_rank(gradient_second_moment(w.data(), GIFT_DTYPE_F32, kOut, kIn).data(), kIn, o, &f);
     return f;
   }();
   return m;
@@ -81,7 +81,7 @@ void fit_at(benchmark::State& state, uint32_t exact_max_dim) {
   o.exact_max_dim = exact_max_dim;
   for (auto _ : state) {
     LowRankPlusDiagonal f;
-    fit_low_rank(a, d, o, &f);
+    fit_low_rank(a.data(), d, o, &f);
     benchmark::DoNotOptimize(f.l.data());
   }
 }

@@ -1320,6 +1320,37 @@ class Giftc(unittest.TestCase):
             self.assertGreater(errs["w"], 0.0)
             self.assertLess(errs["w"], 0.2)
 
+    def test_fit_from_activations_equal_to_the_gradients_moment_gives_their_basis(self):
+        # A gradient of entries in {-1, 0, 1} over 2^6 rows has a second moment W^T W / 64
+        # exact in double and in fp32: given as activation statistics (fp32 and bf16, whose
+        # values it also holds exactly), the fit must give the gradients' own whitener, bit
+        # for bit. 1100^2 elements are widened in more than one band.
+        rng = np.random.default_rng(5)
+        w = rng.integers(-1, 2, size=(64, 1100)).astype(np.float32)
+        a = (w.astype(np.float64).T @ w.astype(np.float64)) / 64
+        self.assertTrue(np.array_equal(a.astype(np.float32).astype(np.float64), a))
+        self.assertTrue(np.array_equal(a.astype(ml_dtypes.bfloat16).astype(np.float64), a))
+        grads = self.path("g.safetensors")
+        save_file({"proj.weight": w}, grads)
+        bases = {}
+        for source, acts in (("gradients", None), ("fp32", np.float32), ("bf16", ml_dtypes.bfloat16)):
+            args = ["fit", grads, "--damping", "0.01", "--rank", "8", "-q"]
+            if acts is not None:
+                path = self.path(f"a_{source}.safetensors")
+                save_file({"proj.weight": a.astype(acts)}, path)
+                args += ["--activations", path]
+            basis = self.path(f"{source}.giftb")
+            r = run(*args, "-o", basis)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            out = self.path(f"{source}.safetensors")
+            r = run("decode", basis, "-o", out, "-q")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            bases[source] = load_file(out)
+        self.assertEqual(sorted(bases["gradients"]), ["proj.weight#" + p for p in ("c", "c_inv", "d_rsqrt", "d_sqrt", "v")])
+        for source in ("fp32", "bf16"):
+            for name, v in bases["gradients"].items():
+                self.assertEqual(bases[source][name].tobytes(), v.tobytes(), f"{source}: {name}")
+
     def test_fit_and_the_gift_frame(self):
         # A basis fitted on one dump, used on the next: the same low-rank structure with fresh
         # noise (the frame must win), and fresh isotropic noise (it must not be chosen).

@@ -152,7 +152,7 @@ void write_gift_coords(const std::string& dir) {
   fo.rank = 8;
   gift::coords::LowRankPlusDiagonal fit;
   check(gift::coords::fit_low_rank(
-      gift::coords::gradient_second_moment(w.data(), GIFT_DTYPE_F32, rows, uint32_t(cols)),
+      gift::coords::gradient_second_moment(w.data(), GIFT_DTYPE_F32, rows, uint32_t(cols)).data(),
       uint32_t(cols), fo, &fit));
   gift::coords::Basis basis;
   gift::coords::BasisEntry e;

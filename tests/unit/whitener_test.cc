@@ -293,9 +293,9 @@ TEST(Whitener, SyntheticGradientsWhereTheFrameMustWin) {
   const std::vector<float> w = synthetic(rows, dim, 0.01, 11);
   FitOptions fo;  // r = 32, relative damping 1e-3
   LowRankPlusDiagonal fit;
-  ASSERT_EQ(
-      fit_low_rank(gradient_second_moment(w.data(), GIFT_DTYPE_F32, rows, dim), dim, fo, &fit),
-      GIFT_OK);
+  ASSERT_EQ(fit_low_rank(gradient_second_moment(w.data(), GIFT_DTYPE_F32, rows, dim).data(), dim,
+                         fo, &fit),
+            GIFT_OK);
   Whitener t;
   ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
   DenseWhitener ref;
@@ -378,7 +378,7 @@ TEST(Whitener, SyntheticGradientsWithActivationStatistics) {
       a[uint64_t(i) * dim + j] = v;
     }
   LowRankPlusDiagonal fit;
-  ASSERT_EQ(fit_low_rank(a, dim, FitOptions{}, &fit), GIFT_OK);
+  ASSERT_EQ(fit_low_rank(a.data(), dim, FitOptions{}, &fit), GIFT_OK);
   Whitener t;
   ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
   for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
@@ -408,8 +408,8 @@ TEST(Select, ChosenFrameIsNeverWorseBeyondTheSamplingError) {
       LowRankPlusDiagonal fit;
       FitOptions fo;
       fo.damping = 1.0;
-      ASSERT_EQ(fit_low_rank(gradient_second_moment(other.data(), GIFT_DTYPE_F32, rows, dim), dim,
-                             fo, &fit),
+      ASSERT_EQ(fit_low_rank(gradient_second_moment(other.data(), GIFT_DTYPE_F32, rows, dim).data(),
+                             dim, fo, &fit),
                 GIFT_OK);
       Whitener t;
       ASSERT_EQ(make_whitener(fit.u, fit.l, fit.diag, dim, &t), GIFT_OK);
@@ -453,8 +453,8 @@ TEST(Fit, RandomizedSubspaceIterationFindsTheExactTopSpace) {
   exact.rank = randomized.rank = rank;
   randomized.exact_max_dim = 0;
   LowRankPlusDiagonal fe, fr;
-  ASSERT_EQ(fit_low_rank(a, dim, exact, &fe), GIFT_OK);
-  ASSERT_EQ(fit_low_rank(a, dim, randomized, &fr), GIFT_OK);
+  ASSERT_EQ(fit_low_rank(a.data(), dim, exact, &fe), GIFT_OK);
+  ASSERT_EQ(fit_low_rank(a.data(), dim, randomized, &fr), GIFT_OK);
   for (uint32_t j = 0; j < rank; ++j) EXPECT_NEAR(fr.l[j], fe.l[j], 1e-6 * fe.l[0]) << j;
   for (uint32_t i = 0; i < dim; ++i) EXPECT_NEAR(fr.diag[i], fe.diag[i], 1e-3 * fe.diag[i]) << i;
 }

@@ -213,9 +213,7 @@ giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t
     if (rows == 0 || cols == 0 || cols > UINT32_MAX || rows > UINT64_MAX / cols)
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape %llux%llu has no second moment",
                   (unsigned long long)rows, (unsigned long long)cols);
-    const std::vector<double> m =
-        gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols));
-    std::memcpy(a, m.data(), m.size() * sizeof(double));
+    gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols), a);
     return GIFT_OK;
   });
 }
@@ -271,11 +269,10 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
         return fail(GIFT_ERROR_INVALID_ARGUMENT, "'%s': damping %g is not positive", name, d);
     }
     const std::string what = std::string("tensor '") + name + "'";
-    const std::vector<double> moment(a, a + uint64_t(dim) * dim);
     // An eigendecomposition of NaN only says that it failed; say where the NaN is.
     uint64_t bad = 0, first = 0;
-    for (uint64_t k = 0; k < moment.size(); ++k) {
-      if (!std::isfinite(moment[k]) && bad++ == 0) first = k;
+    for (uint64_t k = 0; k < uint64_t(dim) * dim; ++k) {
+      if (!std::isfinite(a[k]) && bad++ == 0) first = k;
     }
     if (bad) {
       return fail(GIFT_ERROR_INVALID_ARGUMENT,
@@ -285,13 +282,13 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
                   (unsigned long long)(first / dim), (unsigned long long)(first % dim));
     }
     gift::coords::LowRankPlusDiagonal fit;
-    if (const giftResult_t r = gift::coords::fit_low_rank(moment, dim, builder->options, &fit))
+    if (const giftResult_t r = gift::coords::fit_low_rank(a, dim, builder->options, &fit))
       return fail(r, "%s: %s", what.c_str(), giftGetLastErrorMessage());
     gift::coords::BasisEntry best;
     double best_error = INFINITY;
     for (const double d : candidates) {
       if (const giftResult_t r =
-              gift::coords::redamp(moment, d, builder->options.damping_relative, &fit))
+              gift::coords::redamp(a, d, builder->options.damping_relative, &fit))
         return fail(r, "%s: %s", what.c_str(), giftGetLastErrorMessage());
       gift::coords::BasisEntry e;
       e.name = name;

@@ -44,16 +44,17 @@ giftResult_t orthonormalize(std::vector<double>* y, uint32_t n, uint32_t k) {
 
 }  // namespace
 
-giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitOptions& o,
+giftResult_t fit_low_rank(const double* a, uint32_t dim, const FitOptions& o,
                           LowRankPlusDiagonal* out) {
-  if (a.size() != uint64_t(dim) * dim || dim == 0)
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: A must be d x d");
+  if (!a || dim == 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: A must be d x d");
   if (!(o.damping > 0)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: damping must be positive");
   const uint32_t rank = std::min(o.rank, dim);
   out->dim = dim;
   out->rank = rank;
   if (dim <= o.exact_max_dim || rank + o.oversample >= dim) {
-    if (const giftResult_t r = top_eigen(a, dim, rank, &out->u, &out->l)) return r;
+    if (const giftResult_t r =
+            top_eigen(std::vector<double>(a, a + uint64_t(dim) * dim), dim, rank, &out->u, &out->l))
+      return r;
   } else {
     // Randomized subspace iteration (Halko, Martinsson, Tropp 2011, alg. 4.4).
     const uint32_t k = rank + o.oversample;
@@ -62,15 +63,15 @@ giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitO
     std::normal_distribution<double> nd;
     for (double& x : omega) x = nd(gen);
     for (uint32_t it = 0; it <= o.power_iterations; ++it) {
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0,
-                  a.data(), int(dim), omega.data(), int(k), 0.0, y.data(), int(k));
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0, a,
+                  int(dim), omega.data(), int(k), 0.0, y.data(), int(k));
       if (const giftResult_t r = orthonormalize(&y, dim, k)) return r;
       omega.swap(y);
     }
     // Rayleigh-Ritz on the subspace: Q^T A Q (k x k).
     std::vector<double> aq(uint64_t(dim) * k), small(uint64_t(k) * k), vecs, vals;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0,
-                a.data(), int(dim), omega.data(), int(k), 0.0, aq.data(), int(k));
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0, a,
+                int(dim), omega.data(), int(k), 0.0, aq.data(), int(k));
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(k), int(k), int(dim), 1.0,
                 omega.data(), int(k), aq.data(), int(k), 0.0, small.data(), int(k));
     if (const giftResult_t r = top_eigen(small, k, rank, &vecs, &vals)) return r;
@@ -82,8 +83,7 @@ giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitO
   return redamp(a, o.damping, o.damping_relative, out);
 }
 
-giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
-                    LowRankPlusDiagonal* out) {
+giftResult_t redamp(const double* a, double damping, bool relative, LowRankPlusDiagonal* out) {
   // Residual diagonal diag(A - U diag(l) U^T), clamped below by the damping.
   const uint32_t dim = out->dim, rank = out->rank;
   double mean_diag = 0;
@@ -104,25 +104,25 @@ giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
   return GIFT_OK;
 }
 
-std::vector<double> gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows,
-                                           uint32_t dim) {
+void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
+                            double* a) {
   // Bands of rows of about kBandElems elements, widened (exactly) and added in turn: memory
-  // for one band, not a double copy of the gradient.
+  // for one band, not a double copy of the gradient. The first band's beta of 0 sets every
+  // element of the upper triangle, which the lower one copies at the end.
   constexpr uint64_t kBandElems = uint64_t(1) << 20;
   const uint64_t band = std::max<uint64_t>(1, kBandElems / dim);
   std::vector<float> wf(std::min(band, rows) * dim);
-  std::vector<double> wd(wf.size()), a(uint64_t(dim) * dim, 0.0);
+  std::vector<double> wd(wf.size());
   const uint8_t* src = static_cast<const uint8_t*>(w);
   for (uint64_t r0 = 0; r0 < rows; r0 += band) {
     const uint64_t n = std::min(band, rows - r0);
     convert_elements(src + r0 * dim * dtype_size(dtype), dtype, wf.data(), GIFT_DTYPE_F32, n * dim);
     std::copy(wf.begin(), wf.begin() + ptrdiff_t(n * dim), wd.begin());
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(n), 1.0 / double(rows),
-                wd.data(), int(dim), r0 ? 1.0 : 0.0, a.data(), int(dim));
+                wd.data(), int(dim), r0 ? 1.0 : 0.0, a, int(dim));
   }
   for (uint32_t i = 0; i < dim; ++i)
     for (uint32_t j = 0; j < i; ++j) a[uint64_t(i) * dim + j] = a[uint64_t(j) * dim + i];
-  return a;
 }
 
 }  // namespace gift::coords

@@ -28,18 +28,25 @@ struct LowRankPlusDiagonal {
   std::vector<double> diag;  // dim, >= damping
 };
 
-// A: dim x dim symmetric positive semi-definite, row-major.
-giftResult_t fit_low_rank(const std::vector<double>& a, uint32_t dim, const FitOptions& o,
+// a: dim x dim symmetric positive semi-definite, row-major; read in place (a moment of
+// d_in = 4096 is 128 MiB).
+giftResult_t fit_low_rank(const double* a, uint32_t dim, const FitOptions& o,
                           LowRankPlusDiagonal* out);
 
 // Recomputes the damped residual diagonal of `fit` (whose u and l came from A) for another
 // damping: the eigen-pairs do not depend on it.
-giftResult_t redamp(const std::vector<double>& a, double damping, bool relative,
-                    LowRankPlusDiagonal* fit);
+giftResult_t redamp(const double* a, double damping, bool relative, LowRankPlusDiagonal* fit);
 
-// A_g = W^T W / rows for a rows x dim gradient of any input dtype (the case without
-// activation statistics), in double.
-std::vector<double> gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows,
-                                           uint32_t dim);
+// a = A_g = W^T W / rows (dim x dim, row-major) for a rows x dim gradient of any input dtype
+// (the case without activation statistics), in double.
+void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
+                            double* a);
+// The same, into a new matrix.
+inline std::vector<double> gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows,
+                                                  uint32_t dim) {
+  std::vector<double> a(uint64_t(dim) * dim);
+  gradient_second_moment(w, dtype, rows, dim, a.data());
+  return a;
+}
 
 }  // namespace gift::coords
