@@ -77,16 +77,18 @@ std::vector<double> second_moment(const FitCliOptions& o, const gift::io::Tensor
   for (size_t k = 0; k < dumps.size(); ++k) {
     const gift::io::TensorRef* t = find(dumps[k], name);
     if (!t || !eligible(*t)) continue;
-    std::vector<double> ak(t->shape[1] * t->shape[1]);
-    check(giftGradientSecondMoment(t->data(), t->dtype, t->shape[0], t->shape[1], ak.data()),
-          o.inputs[k] + ": tensor '" + name + "'");
+    const std::string what = o.inputs[k] + ": tensor '" + name + "'";
     if (a.empty()) {
-      a = std::move(ak);
       *dim = uint32_t(t->shape[1]);
+      a.resize(t->shape[1] * t->shape[1]);
+      check(giftGradientSecondMoment(t->data(), t->dtype, t->shape[0], t->shape[1], a.data()),
+            what);
     } else if (*dim == t->shape[1]) {
-      for (size_t i = 0; i < a.size(); ++i) a[i] = o.decay * a[i] + (1 - o.decay) * ak[i];
+      check(giftGradientSecondMomentUpdate(t->data(), t->dtype, t->shape[0], t->shape[1], o.decay,
+                                           a.data()),
+            what);
     } else {
-      throw Failure(kBadInput, o.inputs[k] + ": tensor '" + name + "' changed shape between dumps");
+      throw Failure(kBadInput, what + " changed shape between dumps");
     }
   }
   return a;

@@ -1351,6 +1351,32 @@ class Giftc(unittest.TestCase):
             for name, v in bases["gradients"].items():
                 self.assertEqual(bases[source][name].tobytes(), v.tobytes(), f"{source}: {name}")
 
+    def test_fit_smooths_the_dumps_oldest_first(self):
+        # Two dumps of gradients whose moments are exact (entries in {-1, 0, 1} over 2^6
+        # rows), smoothed with decay 0.75: A = 0.75 A_1 + 0.25 A_2, exact in fp32 too. Given
+        # as activation statistics, it must give the same whitener bit for bit.
+        rng = np.random.default_rng(6)
+        moments, dumps = [], []
+        for k in range(2):
+            w = rng.integers(-1, 2, size=(64, 48)).astype(np.float32)
+            moments.append((w.astype(np.float64).T @ w.astype(np.float64)) / 64)
+            dumps.append(self.path(f"g{k}.safetensors"))
+            save_file({"proj.weight": w}, dumps[-1])
+        a = 0.75 * moments[0] + 0.25 * moments[1]
+        self.assertTrue(np.array_equal(a.astype(np.float32).astype(np.float64), a))
+        acts = self.path("a.safetensors")
+        save_file({"proj.weight": a.astype(np.float32)}, acts)
+        bases = []
+        for args in ((*dumps, "--decay", "0.75"), (dumps[1], "--activations", acts)):
+            basis, out = self.path(f"b{len(bases)}.giftb"), self.path(f"b{len(bases)}.safetensors")
+            r = run("fit", *args, "--damping", "0.01", "--rank", "4", "-o", basis, "-q")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(run("decode", basis, "-o", out, "-q").returncode, 0)
+            bases.append(load_file(out))
+        self.assertEqual(len(bases[0]), 5)
+        for name, v in bases[0].items():
+            self.assertEqual(bases[1][name].tobytes(), v.tobytes(), name)
+
     def test_fit_and_the_gift_frame(self):
         # A basis fitted on one dump, used on the next: the same low-rank structure with fresh
         # noise (the frame must win), and fresh isotropic noise (it must not be chosen).

@@ -102,6 +102,46 @@ TEST(SecondMoment, BandsOfBf16RowsGiveTheExactSumsToDoublePrecision) {
   }
 }
 
+// Smoothing in place: a = decay a + (1 - decay) W2^T W2 / rows over a moment of W1, in bands
+// of rows (2000 rows of 600: two), against the sums in long double; the lower triangle stays
+// the upper's mirror; a decay outside [0, 1) is refused and leaves a as it was.
+TEST(SecondMoment, UpdateSmoothsInPlace) {
+  const uint64_t rows = 2000;
+  const uint32_t dim = 600;
+  const double decay = 0.9;
+  std::mt19937 gen(4);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w1(rows * dim), w2(rows * dim);
+  for (float& x : w1) x = nd(gen);
+  for (float& x : w2) x = 0.5f * nd(gen) + 0.25f;
+  std::vector<double> a(uint64_t(dim) * dim);
+  ASSERT_EQ(giftGradientSecondMoment(w1.data(), GIFT_DTYPE_F32, rows, dim, a.data()), GIFT_OK);
+  ASSERT_EQ(giftGradientSecondMomentUpdate(w2.data(), GIFT_DTYPE_F32, rows, dim, decay, a.data()),
+            GIFT_OK)
+      << giftGetLastErrorMessage();
+  for (uint32_t i = 0; i < dim; i += 7) {
+    for (uint32_t j = 0; j < dim; j += 5) {
+      long double s1 = 0, s2 = 0, mag = 0;
+      for (uint64_t r = 0; r < rows; ++r) {
+        s1 += (long double)w1[r * dim + i] * w1[r * dim + j];
+        s2 += (long double)w2[r * dim + i] * w2[r * dim + j];
+        mag += std::fabs((long double)w1[r * dim + i] * w1[r * dim + j]) +
+               std::fabs((long double)w2[r * dim + i] * w2[r * dim + j]);
+      }
+      const double want = double((decay * s1 + (1 - decay) * s2) / rows);
+      ASSERT_NEAR(a[uint64_t(i) * dim + j], want, double(mag / rows) * 1e-13) << i << ", " << j;
+      ASSERT_EQ(a[uint64_t(i) * dim + j], a[uint64_t(j) * dim + i]) << i << ", " << j;
+    }
+  }
+  const std::vector<double> kept = a;
+  for (const double bad : {-0.1, 1.0, double(NAN)}) {
+    EXPECT_EQ(giftGradientSecondMomentUpdate(w2.data(), GIFT_DTYPE_F32, rows, dim, bad, a.data()),
+              GIFT_ERROR_INVALID_ARGUMENT)
+        << bad;
+  }
+  EXPECT_EQ(a, kept);
+}
+
 TEST(Whitener, WhitensAHatAndInvertsExactly) {
   for (auto [dim, rank] : {std::pair<uint32_t, uint32_t>{64, 8}, {200, 32}, {96, 0}, {40, 40}}) {
     const Model m = random_model(dim, rank, dim * 31 + rank);

@@ -80,6 +80,12 @@ typedef struct {
  * row-major): the second moment to fit when no activation statistics exist. */
 GIFT_API giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t rows,
                                                uint64_t cols, double* a);
+/* The moment of a later dump folded into `a` in place, as the smoothing over dumps taken in
+ * turn: a = decay a + (1 - decay) W^T W / rows, decay in [0, 1), where `a` holds a symmetric
+ * moment (giftGradientSecondMoment's, or this function's). One matrix, not two. */
+GIFT_API giftResult_t giftGradientSecondMomentUpdate(const void* w, giftDType_t dtype,
+                                                     uint64_t rows, uint64_t cols, double decay,
+                                                     double* a);
 
 typedef struct giftBasisBuilder giftBasisBuilder;
 GIFT_API giftResult_t giftBasisBuilderCreate(const giftFitParams* params,

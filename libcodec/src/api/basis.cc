@@ -203,19 +203,36 @@ giftResult_t giftBasisFindEntry(const giftBasis* basis, const char* name, uint64
               name);
 }
 
-giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t rows,
-                                      uint64_t cols, double* a) {
-  return guarded("giftGradientSecondMoment", [&] {
+namespace {
+
+// giftGradientSecondMoment and giftGradientSecondMomentUpdate (decay 0: a is only written).
+giftResult_t second_moment(const char* what, const void* w, giftDType_t dtype, uint64_t rows,
+                           uint64_t cols, double decay, double* a) {
+  return guarded(what, [&] {
     if (!a || (rows && cols && !w))
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftGradientSecondMoment: null pointer");
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: null pointer", what);
     if (!gift::known_dtype(dtype))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "unknown dtype %d", gift::enum_int(dtype));
     if (rows == 0 || cols == 0 || cols > UINT32_MAX || rows > UINT64_MAX / cols)
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape %llux%llu has no second moment",
                   (unsigned long long)rows, (unsigned long long)cols);
-    gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols), a);
+    if (!(decay >= 0 && decay < 1))
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "decay %g is not in [0, 1)", decay);
+    gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols), a, decay);
     return GIFT_OK;
   });
+}
+
+}  // namespace
+
+giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t rows,
+                                      uint64_t cols, double* a) {
+  return second_moment("giftGradientSecondMoment", w, dtype, rows, cols, 0.0, a);
+}
+
+giftResult_t giftGradientSecondMomentUpdate(const void* w, giftDType_t dtype, uint64_t rows,
+                                            uint64_t cols, double decay, double* a) {
+  return second_moment("giftGradientSecondMomentUpdate", w, dtype, rows, cols, decay, a);
 }
 
 giftResult_t giftBasisBuilderCreate(const giftFitParams* params, giftBasisBuilder** builder) {

@@ -46,7 +46,7 @@ giftResult_t orthonormalize(std::vector<double>* y, uint32_t n, uint32_t k) {
 
 giftResult_t fit_low_rank(const double* a, uint32_t dim, const FitOptions& o,
                           LowRankPlusDiagonal* out) {
-  if (!a || dim == 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: A must be d x d");
+  if (!a || dim == 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: no A, or A of dimension 0");
   if (!(o.damping > 0)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: damping must be positive");
   const uint32_t rank = std::min(o.rank, dim);
   out->dim = dim;
@@ -105,21 +105,24 @@ giftResult_t redamp(const double* a, double damping, bool relative, LowRankPlusD
 }
 
 void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
-                            double* a) {
+                            double* a, double decay) {
   // Bands of rows of about kBandElems elements, widened (exactly) and added in turn: memory
-  // for one band, not a double copy of the gradient. The first band's beta of 0 sets every
-  // element of the upper triangle, which the lower one copies at the end.
+  // for one band, not a double copy of the gradient. The first band scales the upper
+  // triangle by decay, which the lower one copies at the end. With decay 0 the caller's
+  // matrix may hold anything, NaN included: it is zeroed first, since some BLAS multiply C by
+  // a beta of 0 rather than leave it unread (OpenBLAS before 0.3.10).
   constexpr uint64_t kBandElems = uint64_t(1) << 20;
   const uint64_t band = std::max<uint64_t>(1, kBandElems / dim);
   std::vector<float> wf(std::min(band, rows) * dim);
   std::vector<double> wd(wf.size());
+  if (decay == 0) std::fill(a, a + uint64_t(dim) * dim, 0.0);
   const uint8_t* src = static_cast<const uint8_t*>(w);
   for (uint64_t r0 = 0; r0 < rows; r0 += band) {
     const uint64_t n = std::min(band, rows - r0);
     convert_elements(src + r0 * dim * dtype_size(dtype), dtype, wf.data(), GIFT_DTYPE_F32, n * dim);
     std::copy(wf.begin(), wf.begin() + ptrdiff_t(n * dim), wd.begin());
-    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(n), 1.0 / double(rows),
-                wd.data(), int(dim), r0 ? 1.0 : 0.0, a, int(dim));
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(n),
+                (1.0 - decay) / double(rows), wd.data(), int(dim), r0 ? 1.0 : decay, a, int(dim));
   }
   for (uint32_t i = 0; i < dim; ++i)
     for (uint32_t j = 0; j < i; ++j) a[uint64_t(i) * dim + j] = a[uint64_t(j) * dim + i];

@@ -38,9 +38,10 @@ giftResult_t fit_low_rank(const double* a, uint32_t dim, const FitOptions& o,
 giftResult_t redamp(const double* a, double damping, bool relative, LowRankPlusDiagonal* fit);
 
 // a = A_g = W^T W / rows (dim x dim, row-major) for a rows x dim gradient of any input dtype
-// (the case without activation statistics), in double.
+// (the case without activation statistics), in double; with decay > 0, the smoothed
+// a = decay a + (1 - decay) A_g, for `a` symmetric (with decay 0 it is only written).
 void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
-                            double* a);
+                            double* a, double decay = 0);
 // The same, into a new matrix.
 inline std::vector<double> gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows,
                                                   uint32_t dim) {
