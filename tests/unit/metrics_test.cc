@@ -1,11 +1,17 @@
 #include <gtest/gtest.h>
 
+#include <cfenv>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "gift/gift.h"
+
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 namespace {
 
@@ -124,15 +130,44 @@ TEST(Metrics, CosineStaysWithinOne) {
     ASSERT_EQ(giftComputeErrorMetrics(ref.data(), near.data(), 1, ref.size(), nullptr, &m),
               GIFT_OK);
     EXPECT_LE(m.cosine, 1.0) << trial;
-    double dot = 0, rr = 0, aa = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      dot += double(ref[i]) * near[i];
-      rr += double(ref[i]) * ref[i];
-      aa += double(near[i]) * near[i];
-    }
-    above += dot / std::sqrt(rr * aa) > 1.0;
+    above += m.sum_dot / std::sqrt(m.sum_ref_sq * m.sum_approx_sq) > 1.0;
   }
   EXPECT_GT(above, 0) << "no trial put the unclamped ratio above 1: the test checks nothing";
+}
+
+// The caller's rounding mode, and on x86 flush-to-zero and denormals-are-zero, change no bit
+// of the metrics (subnormal values included), nor of their merge.
+TEST(Metrics, SameWhateverTheCallersFloatingPointEnvironment) {
+  std::mt19937 gen(12);
+  std::normal_distribution<float> nd;
+  std::vector<float> ref(10007), approx(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ref[i] = std::ldexp(nd(gen), int(gen() % 60) - 140);
+    approx[i] = ref[i] * (1 + 0.01f * nd(gen)) + std::ldexp(nd(gen), -130);
+  }
+  const auto metrics = [&] {
+    giftErrorMetrics m = GIFT_ERROR_METRICS_INIT, total = GIFT_ERROR_METRICS_INIT;
+    EXPECT_EQ(giftComputeErrorMetrics(ref.data(), approx.data(), 1, ref.size(), nullptr, &m),
+              GIFT_OK);
+    EXPECT_EQ(giftErrorMetricsMerge(&total, &m), GIFT_OK);
+    EXPECT_EQ(giftErrorMetricsMerge(&total, &m), GIFT_OK);
+    return std::vector<double>{m.rel_l2,  m.cosine,     m.max_abs,    m.bias,     m.sum_ref_sq,
+                               m.sum_err, total.rel_l2, total.cosine, total.bias, total.sum_ref_sq};
+  };
+  const std::vector<double> want = metrics();
+  for (const int mode : {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO}) {
+    ASSERT_EQ(std::fesetround(mode), 0);
+    const std::vector<double> got = metrics();
+    std::fesetround(FE_TONEAREST);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)), 0) << mode;
+  }
+#if defined(__SSE2__)
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // flush-to-zero and denormals-are-zero
+  const std::vector<double> got = metrics();
+  _mm_setcsr(saved);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)), 0);
+#endif
 }
 
 TEST(Metrics, ZeroReferenceIsDefined) {

@@ -1,8 +1,8 @@
-// The Highway targets that the dispatching kernels (numerics/simd.cc,
+// The Highway targets that the dispatching kernels (numerics/simd.cc, numerics/pair_sums.cc,
 // coords/low_rank_update.cc) are compiled for: every target but the scalable ones (SVE, RVV).
 // The kernels keep vectors in arrays and members (four widened vectors for StoreCodes4, a
-// band's accumulators), which sizeless vector types cannot form; machines with scalable
-// vectors take their fixed-width target (NEON on Arm64). Include this before any Highway
+// band's accumulators, the metrics' lanes), which sizeless vector types cannot form; machines with
+// scalable vectors take their fixed-width target (NEON on Arm64). Include this before any Highway
 // header.
 #pragma once
 

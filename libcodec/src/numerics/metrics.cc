@@ -42,6 +42,7 @@ void finish_ratios(giftErrorMetrics* m) {
 }
 
 void merge_metrics(giftErrorMetrics* total, const giftErrorMetrics* part) {
+  const num::FpEnvGuard fp_env;
   total->sum_ref_sq += part->sum_ref_sq;
   total->sum_approx_sq += part->sum_approx_sq;
   total->sum_err_sq += part->sum_err_sq;
@@ -63,6 +64,7 @@ giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t row
   if (cols && rows > UINT64_MAX / cols) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftComputeErrorMetrics: shape overflows 64 bits");
   }
+  const num::FpEnvGuard fp_env;  // the same metrics whatever the caller's rounding mode
   const uint64_t n = rows * cols;
   if (n && (!ref || !approx)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftComputeErrorMetrics: null pointer");
@@ -73,10 +75,7 @@ giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t row
   }
   // Pairs holding a NaN or an Inf are left out and counted: one of them would turn every sum
   // into NaN or Inf and hide the error of all the others.
-  const simd::PairSums s = [&] {
-    const num::FpEnvGuard fp_env;  // the same sums whatever the caller's rounding mode
-    return simd::pair_sums(ref, approx, n);
-  }();
+  const simd::PairSums s = simd::pair_sums(ref, approx, n);
   out->max_abs = s.max_abs;
   out->nonfinite = s.left_out;
   out->rel_anorm = -1.0;

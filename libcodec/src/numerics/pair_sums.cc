@@ -44,14 +44,15 @@ HWY_INLINE void AddPairs(const float* ref, const float* approx, size_t from, siz
   }
 }
 
-#if HWY_HAVE_FLOAT64 && !HWY_HAVE_SCALABLE
-// The whole steps of eight pairs of a chunk of n, into its lanes, and their largest |e|;
-// returns where they end. Each step is kAcc vectors of Lanes(DD) doubles (kAcc * Lanes(DD)
-// = 8), vector j of a step holding lanes [j Lanes(DD), (j + 1) Lanes(DD)), so that every lane
-// adds its pairs in order. r^2, x^2 and r x of fp32 values are exact in double, so a fused
-// multiply-add rounds as the rule's product and sum do; e^2 is rounded, then added. No test
-// of finiteness: a NaN or Inf in a pair makes its e, and then that lane of e^2's sum, NaN or
-// Inf, which the caller checks once per chunk.
+#if HWY_HAVE_FLOAT64
+// The whole steps of eight pairs of a chunk of n, summed into its lanes (zero before), and
+// their largest |e|; returns where they end. Each step is kAcc vectors of Lanes(DD) doubles
+// (kAcc * Lanes(DD) = 8), vector j of a step holding lanes [j Lanes(DD), (j + 1) Lanes(DD)),
+// so that every lane adds its pairs in order. r^2, x^2 and r x of fp32 values are exact in
+// double, so a fused multiply-add rounds as the rule's product and sum do; e^2 is rounded,
+// then added. No test of finiteness: a NaN or Inf in a pair makes its e NaN or Inf, and then
+// that lane of e^2's sum NaN or +Inf for good (every e^2 is >= 0, so no Inf - Inf brings it
+// back), which the caller checks once per chunk; finite pairs cannot overflow it.
 HWY_INLINE size_t AddSteps(const float* ref, const float* approx, size_t n, ChunkLanes& c,
                            double& max_abs) {
   using DD = hn::ScalableTag<double>;
@@ -60,13 +61,7 @@ HWY_INLINE size_t AddSteps(const float* ref, const float* approx, size_t n, Chun
   constexpr size_t kLanes = hn::MaxLanes(DD()), kAcc = 8 / kLanes;
   static_assert(kAcc * kLanes == 8, "eight lanes in whole vectors");
   hn::Vec<DD> ee[kAcc], rr[kAcc], aa[kAcc], ra[kAcc], se[kAcc];
-  for (size_t j = 0; j < kAcc; ++j) {
-    ee[j] = hn::LoadU(dd, c.err_sq + j * kLanes);
-    rr[j] = hn::LoadU(dd, c.ref_sq + j * kLanes);
-    aa[j] = hn::LoadU(dd, c.approx_sq + j * kLanes);
-    ra[j] = hn::LoadU(dd, c.dot + j * kLanes);
-    se[j] = hn::LoadU(dd, c.err + j * kLanes);
-  }
+  for (size_t j = 0; j < kAcc; ++j) ee[j] = rr[j] = aa[j] = ra[j] = se[j] = hn::Zero(dd);
   auto vmax = hn::Zero(dd);
   size_t k = 0;
   for (; k + 8 <= n; k += 8) {
@@ -102,7 +97,7 @@ PairSums PairSumsOf(const float* ref, const float* approx, size_t n) {
     const float* x = approx + at;
     ChunkLanes c;
     size_t k = 0;
-#if HWY_HAVE_FLOAT64 && !HWY_HAVE_SCALABLE
+#if HWY_HAVE_FLOAT64
     double chunk_max = 0;
     k = AddSteps(r, x, m, c, chunk_max);
     if (std::isfinite(Folded(c.err_sq))) {
