@@ -286,21 +286,31 @@ giftResult_t set_basis(giftComm& c, const giftBasis* basis) {
   return GIFT_OK;
 }
 
+// Moment elements each rank sends per all-gather: the gathered parts take world x 4 MiB,
+// not world copies of the moment (512 MiB for 8 ranks at d_in = 4096).
+constexpr uint64_t kMomentPart = uint64_t(1) << 20;
+
 // The moments summed over the ranks in rank order, in fp32 (every rank gathers them all, so
-// every rank could check the fit; only rank 0 fits), divided by the world size.
+// every rank could check the fit; only rank 0 fits), divided by the world size, into *out
+// in double on rank 0; in parts of kMomentPart elements.
 giftResult_t average_moment(giftComm& c, const float* mine, uint64_t count,
-                            std::vector<float>* out) {
-  std::vector<float> all(count * uint64_t(c.backend.world));
-  if (c.backend.all_gather(c.backend.ctx, mine, all.data(), count * sizeof(float)) != GIFT_OK) {
-    return exchange_failed(c, "the all-gather of activation statistics");
-  }
-  out->assign(all.begin(), all.begin() + count);
-  for (int r = 1; r < c.backend.world; ++r) {
-    const float* x = all.data() + count * uint64_t(r);
-    for (uint64_t i = 0; i < count; ++i) (*out)[i] += x[i];
-  }
+                            std::vector<double>* out) {
+  const uint64_t world = uint64_t(c.backend.world);
+  std::vector<float> all(std::min(count, kMomentPart) * world);
+  if (c.backend.rank == 0) out->resize(count);
   const float w = float(c.backend.world);
-  for (float& x : *out) x /= w;
+  for (uint64_t at = 0; at < count; at += kMomentPart) {
+    const uint64_t n = std::min(kMomentPart, count - at);
+    if (c.backend.all_gather(c.backend.ctx, mine + at, all.data(), n * sizeof(float)) != GIFT_OK) {
+      return exchange_failed(c, "the all-gather of activation statistics");
+    }
+    if (c.backend.rank != 0) continue;
+    for (uint64_t i = 0; i < n; ++i) {
+      float sum = all[i];
+      for (uint64_t r = 1; r < world; ++r) sum += all[r * n + i];
+      (*out)[at + i] = sum / w;
+    }
+  }
   return GIFT_OK;
 }
 
@@ -314,11 +324,9 @@ giftResult_t fit_on_root(giftComm& c, size_t n, const char* const* names,
       builder, giftBasisBuilderFree);
   if ((rc = agree(c, rc, "creating the basis builder"))) return rc;
   for (size_t i = 0; i < n; ++i) {
-    const uint64_t count = uint64_t(dims[i]) * dims[i];
-    std::vector<float> avg;
-    if ((rc = average_moment(c, moments[i], count, &avg))) return rc;
+    std::vector<double> a;
+    if ((rc = average_moment(c, moments[i], uint64_t(dims[i]) * dims[i], &a))) return rc;
     if (c.backend.rank == 0) {
-      const std::vector<double> a(avg.begin(), avg.end());
       rc = giftBasisBuilderAdd(builder, names[i], a.data(), dims[i], "activations", nullptr, 0,
                                nullptr, 0, nullptr, nullptr);
     }

@@ -613,6 +613,46 @@ void test_basis_agreement() {
   giftBasisFree(fitted);
 }
 
+// The refreshed basis is rank 0's fit of the ranks' moments summed in rank order in fp32 and
+// divided by the world size, whatever parts they travel in (1100^2 elements: two).
+void test_refreshed_basis_is_the_fit_of_the_average() {
+  giftAllReduceConfig c = base_config();
+  c.coords = GIFT_COORDS_MODE_GIFT;
+  Comm comm(c);
+  for (const uint32_t dim : {64u, 1100u}) {
+    std::vector<float> avg = moment(dim, 0);
+    for (int r = 1; r < g_world; ++r) {
+      const std::vector<float> m = moment(dim, r);
+      for (size_t i = 0; i < avg.size(); ++i) avg[i] += m[i];
+    }
+    for (float& x : avg) x /= float(g_world);
+    const std::vector<double> a(avg.begin(), avg.end());
+    giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+    fp.rank = 4;
+    giftBasisBuilder* b = nullptr;
+    giftBasis* want = nullptr;
+    CHECK(giftBasisBuilderCreate(&fp, &b) == GIFT_OK &&
+              giftBasisBuilderAdd(b, "w", a.data(), dim, "activations", nullptr, 0, nullptr, 0,
+                                  nullptr, nullptr) == GIFT_OK &&
+              giftBasisBuilderFinish(b, &want) == GIFT_OK,
+          "fitting the average: %s", giftGetLastErrorMessage());
+    giftBasisBuilderFree(b);
+    const std::vector<float> mine = moment(dim, g_rank);
+    const char* names[] = {"w"};
+    const float* moments[] = {mine.data()};
+    giftBasis* fitted = nullptr;
+    const giftResult_t rc = giftCommRefreshBasis(comm.c, 1, names, moments, &dim, &fp, &fitted);
+    CHECK(rc == GIFT_OK && fitted, "refresh of %u x %u: %s", dim, dim, giftGetLastErrorMessage());
+    const giftBasisId got = giftBasisGetId(fitted), id = giftBasisGetId(want);
+    CHECK(got.lo == id.lo && got.hi == id.hi,
+          "dim %u: the refreshed basis is not the fit of the "
+          "rank-order average",
+          dim);
+    giftBasisFree(fitted);
+    giftBasisFree(want);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -628,6 +668,7 @@ int main(int argc, char** argv) {
   test_dump(dump_dir);
   test_nonfinite(dump_dir + "/nonfinite");
   test_basis_agreement();
+  test_refreshed_basis_is_the_fit_of_the_average();
   test_failed_calls_leave_no_trace();
   test_ranks_that_differ_are_named();
   test_bad_buckets_are_refused();

@@ -226,7 +226,8 @@ GIFT_API giftResult_t giftCommSetBasis(giftComm* comm, const giftBasis* basis);
  * summed over the ranks in rank order in fp32 and averaged, rank 0 fits a whitener to each
  * (giftBasisBuilderAdd with `params`, source "activations"), and broadcasts the basis's bytes,
  * so every rank ends with the same basis id. *basis (may be NULL) receives a copy for the
- * caller (giftBasisFree). */
+ * caller (giftBasisFree). The moments travel in all-gathers of 1M elements a rank (4 MiB
+ * times the world size in memory); rank 0 also holds one averaged moment in double. */
 GIFT_API giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char* const* names,
                                            const float* const* moments, const uint32_t* dims,
                                            const giftFitParams* params, giftBasis** basis);
