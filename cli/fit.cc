@@ -154,12 +154,21 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
                                    o.inputs.back() + " has " + std::to_string(last->shape[1]) +
                                    " columns");
     }
+    // The probe: an fp32 gradient as it lies in the dump (data() is aligned), else widened.
     std::vector<float> w;
-    if (dampings.size() > 1 && last && last->shape.size() == 2) w = gift::io::widen_to_float(*last);
+    const float* probe = nullptr;
+    if (dampings.size() > 1 && last && last->shape.size() == 2) {
+      if (last->dtype == GIFT_DTYPE_F32) {
+        probe = reinterpret_cast<const float*>(last->data());
+      } else {
+        w = gift::io::widen_to_float(*last);
+        probe = w.data();
+      }
+    }
     double chosen = 0;
     check(giftBasisBuilderAdd(builder, name.c_str(), a.data(), dim, source.c_str(), dampings.data(),
-                              uint32_t(dampings.size()), w.empty() ? nullptr : w.data(),
-                              w.empty() ? 0 : last->shape[0], nullptr, &chosen));
+                              uint32_t(dampings.size()), probe, probe ? last->shape[0] : 0, nullptr,
+                              &chosen));
     if (v.verbose) std::fprintf(stderr, "%s: damping %g\n", shown(name, stderr).c_str(), chosen);
     progress.step(++done);
   }
