@@ -628,6 +628,19 @@ TEST_P(ForEachTarget, PairSumsFollowTheirOrder) {
       EXPECT_EQ(bad.left_out, 4u);
     }
   }
+  // Spans long enough to be shared among threads, in more than one round of 1024 chunks, a
+  // NaN in one chunk: the same sums.
+  {
+    const size_t n = 1027 * kChunk + 5;
+    std::vector<float> r(n), x(n);
+    for (size_t i = 0; i < n; ++i) {
+      r[i] = nd(gen);
+      x[i] = r[i] + 0.03f * nd(gen);
+    }
+    expect_equal(simd::pair_sums(r.data(), x.data(), n), reference(r, x, n), "long");
+    x[37 * kChunk + 11] = std::nanf("");
+    expect_equal(simd::pair_sums(r.data(), x.data(), n), reference(r, x, n), "long, NaN");
+  }
   // e^2 is rounded, then added: of 16 pairs (two whole steps), pair 0 adds 1 to lane 0 and
   // pair 8 an e^2 that rounds, the others nothing, so the sum is lane 0's. The test counts the
   // trials where a fused multiply-add would have given another sum.

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "common/ctx.h"
+#include "numerics/fp_env.h"
 #include "numerics/hwy_targets.h"  // before Highway's headers
 
 #undef HWY_TARGET_INCLUDE
@@ -126,8 +129,47 @@ namespace gift::simd {
 
 HWY_EXPORT(PairSumsOf);
 
+namespace {
+
+// Chunks a thread takes at least (64K pairs: a parallel region costs microseconds, a chunk
+// about one), and at most in one round (their sums kept for the ordered total: 56 KiB).
+constexpr size_t kChunksPerThread = 16, kChunksPerRound = 1024;
+
+// The totals of parts in order: what one call over them all adds, since a part of whole
+// chunks returns its chunks' folded sums added to zero.
+void add_part(PairSums& s, const PairSums& part) {
+  s.err_sq += part.err_sq;
+  s.ref_sq += part.ref_sq;
+  s.approx_sq += part.approx_sq;
+  s.dot += part.dot;
+  s.err += part.err;
+  s.max_abs = std::max(s.max_abs, part.max_abs);
+  s.left_out += part.left_out;
+}
+
+}  // namespace
+
 PairSums pair_sums(const float* ref, const float* approx, size_t n) {
-  return HWY_DYNAMIC_DISPATCH(PairSumsOf)(ref, approx, n);
+  const size_t chunks = (n + kPairChunk - 1) / kPairChunk;
+  const int threads =
+      int(std::min<size_t>(size_t(thread_count(nullptr)), chunks / kChunksPerThread));
+  if (threads < 2) return HWY_DYNAMIC_DISPATCH(PairSumsOf)(ref, approx, n);
+  // Each chunk's sums on some thread, then added here in chunk order: the same doubles
+  // whatever the threads.
+  PairSums s;
+  std::vector<PairSums> part(std::min(chunks, kChunksPerRound));
+  for (size_t c0 = 0; c0 < chunks; c0 += part.size()) {
+    const int64_t m = int64_t(std::min(part.size(), chunks - c0));
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t k = 0; k < m; ++k) {
+      const num::FpEnvGuard fp_env;
+      const size_t at = (c0 + size_t(k)) * kPairChunk;
+      part[size_t(k)] =
+          HWY_DYNAMIC_DISPATCH(PairSumsOf)(ref + at, approx + at, std::min(kPairChunk, n - at));
+    }
+    for (int64_t k = 0; k < m; ++k) add_part(s, part[size_t(k)]);
+  }
+  return s;
 }
 
 }  // namespace gift::simd

@@ -19,12 +19,13 @@ struct PairSums {
 // Pairs per chunk: the unit of pair_sums' order.
 constexpr size_t kPairChunk = 4096;
 
-// The sums of the n pairs, in a fixed order whatever the vector width: chunks of kPairChunk
-// pairs from the first (the last may be short); in each, every sum kept in eight lanes, pair
-// k of the chunk added to lane k mod 8 in turn, and the lanes folded as
+// The sums of the n pairs, in a fixed order whatever the vector width and the threads:
+// chunks of kPairChunk pairs from the first (the last may be short); in each, every sum kept
+// in eight lanes, pair k of the chunk added to lane k mod 8 in turn, and the lanes folded as
 // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); the chunks' folded sums added to the
 // totals in chunk order. Each product and sum is one double operation rounded to nearest
-// even; the caller holds the standard floating-point environment (num::FpEnvGuard).
+// even; the caller holds the standard floating-point environment (num::FpEnvGuard). Long
+// spans are shared among the default threads (thread_count), chunk by chunk.
 PairSums pair_sums(const float* ref, const float* approx, size_t n);
 
 }  // namespace gift::simd
