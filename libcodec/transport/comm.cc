@@ -290,14 +290,23 @@ giftResult_t set_basis(giftComm& c, const giftBasis* basis) {
 // not world copies of the moment (512 MiB for 8 ranks at d_in = 4096).
 constexpr uint64_t kMomentPart = uint64_t(1) << 20;
 
-// The moments summed over the ranks in rank order, in fp32 (every rank gathers them all, so
-// every rank could check the fit; only rank 0 fits), divided by the world size, into *out
-// in double on rank 0; in parts of kMomentPart elements.
+// The moments summed over the ranks in rank order, in fp32, divided by the world size, into
+// *out in double on rank 0; in parts of kMomentPart elements (the backends gather to every
+// rank, and only rank 0 sums).
 giftResult_t average_moment(giftComm& c, const float* mine, uint64_t count,
                             std::vector<double>* out) {
   const uint64_t world = uint64_t(c.backend.world);
-  std::vector<float> all(std::min(count, kMomentPart) * world);
-  if (c.backend.rank == 0) out->resize(count);
+  std::vector<float> all;
+  giftResult_t rc = GIFT_OK;
+  try {
+    all.resize(std::min(count, kMomentPart) * world);
+    if (c.backend.rank == 0) out->resize(count);
+  } catch (const std::bad_alloc&) {
+    rc = fail(GIFT_ERROR_OUT_OF_MEMORY, "rank %d: no memory for a moment of %llu elements",
+              c.backend.rank, (unsigned long long)count);
+  }
+  // Every rank joins every all-gather: a rank without its buffers says so first.
+  if ((rc = agree(c, rc, "allocating the averaged moment"))) return rc;
   const float w = float(c.backend.world);
   for (uint64_t at = 0; at < count; at += kMomentPart) {
     const uint64_t n = std::min(kMomentPart, count - at);

@@ -102,9 +102,10 @@ TEST(SecondMoment, BandsOfBf16RowsGiveTheExactSumsToDoublePrecision) {
   }
 }
 
-// Smoothing in place: a = decay a + (1 - decay) W2^T W2 / rows over a moment of W1, in bands
-// of rows (2000 rows of 600: two), against the sums in long double; the lower triangle stays
-// the upper's mirror; a decay outside [0, 1) is refused and leaves a as it was.
+// Smoothing in place: a = decay a + (1 - decay) W2^T W2 / rows over a moment of W1 (taken into
+// a buffer of NaN), in bands of rows (2000 rows of 600: two), against the sums in long double;
+// the lower triangle stays the upper's mirror; a decay outside [0, 1) is refused and leaves a
+// as it was.
 TEST(SecondMoment, UpdateSmoothsInPlace) {
   const uint64_t rows = 2000;
   const uint32_t dim = 600;
@@ -114,7 +115,7 @@ TEST(SecondMoment, UpdateSmoothsInPlace) {
   std::vector<float> w1(rows * dim), w2(rows * dim);
   for (float& x : w1) x = nd(gen);
   for (float& x : w2) x = 0.5f * nd(gen) + 0.25f;
-  std::vector<double> a(uint64_t(dim) * dim);
+  std::vector<double> a(uint64_t(dim) * dim, NAN);  // never read: a caller's fresh buffer
   ASSERT_EQ(giftGradientSecondMoment(w1.data(), GIFT_DTYPE_F32, rows, dim, a.data()), GIFT_OK);
   ASSERT_EQ(giftGradientSecondMomentUpdate(w2.data(), GIFT_DTYPE_F32, rows, dim, decay, a.data()),
             GIFT_OK)

@@ -219,8 +219,9 @@ GIFT_API void giftErrorMetricsInit(giftErrorMetrics* metrics);
  * (row-major fp32) defining the A-norm. The sums over the pairs are taken in a fixed order
  * (eight lanes per chunk of 4096 pairs, in vector code): the same doubles for the same call
  * whatever vector instructions the machine has and whatever rounding mode the caller set, which
- * may differ in their last bits from sums taken pair by pair. The A-norm's products go through
- * BLAS, whose kernels vary by machine. */
+ * may differ in their last bits from sums taken pair by pair, and the same for any number of
+ * threads: a long span is shared among the default threads (giftCtxThreads(NULL)). The A-norm's
+ * products go through BLAS, whose kernels vary by machine. */
 GIFT_API giftResult_t giftComputeErrorMetrics(const float* ref, const float* approx, uint64_t rows,
                                               uint64_t cols, const float* a, giftErrorMetrics* out);
 

@@ -107,10 +107,10 @@ giftResult_t redamp(const double* a, double damping, bool relative, LowRankPlusD
 void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
                             double* a, double decay) {
   // Bands of rows of about kBandElems elements, widened (exactly) and added in turn: memory
-  // for one band, not a double copy of the gradient. The first band scales the upper
-  // triangle by decay, which the lower one copies at the end. With decay 0 the caller's
-  // matrix may hold anything, NaN included: it is zeroed first, since some BLAS multiply C by
-  // a beta of 0 rather than leave it unread (OpenBLAS before 0.3.10).
+  // for one band, not a double copy of the gradient. BLAS updates the upper triangle only, the
+  // first band scaling it by decay; the lower triangle is copied from it at the end. With decay 0
+  // the caller's matrix may hold anything, NaN included: it is zeroed first, since some BLAS
+  // multiply C by a beta of 0 rather than leave it unread (OpenBLAS before 0.3.10).
   constexpr uint64_t kBandElems = uint64_t(1) << 20;
   const uint64_t band = std::max<uint64_t>(1, kBandElems / dim);
   std::vector<float> wf(std::min(band, rows) * dim);

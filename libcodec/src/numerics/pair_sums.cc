@@ -160,12 +160,15 @@ PairSums pair_sums(const float* ref, const float* approx, size_t n) {
   std::vector<PairSums> part(std::min(chunks, kChunksPerRound));
   for (size_t c0 = 0; c0 < chunks; c0 += part.size()) {
     const int64_t m = int64_t(std::min(part.size(), chunks - c0));
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t k = 0; k < m; ++k) {
+#pragma omp parallel num_threads(threads)
+    {
       const num::FpEnvGuard fp_env;
-      const size_t at = (c0 + size_t(k)) * kPairChunk;
-      part[size_t(k)] =
-          HWY_DYNAMIC_DISPATCH(PairSumsOf)(ref + at, approx + at, std::min(kPairChunk, n - at));
+#pragma omp for schedule(static)
+      for (int64_t k = 0; k < m; ++k) {
+        const size_t at = (c0 + size_t(k)) * kPairChunk;
+        part[size_t(k)] =
+            HWY_DYNAMIC_DISPATCH(PairSumsOf)(ref + at, approx + at, std::min(kPairChunk, n - at));
+      }
     }
     for (int64_t k = 0; k < m; ++k) add_part(s, part[size_t(k)]);
   }
