@@ -528,9 +528,8 @@ std::vector<float> moment(uint32_t dim, int rank) {
   return a;
 }
 
-// A basis fitted here, on this rank's statistics only.
-giftBasis* local_basis(uint32_t dim, int rank) {
-  const std::vector<float> m = moment(dim, rank);
+// A basis fitted here (rank 4) to the dim x dim moment m, as giftCommRefreshBasis fits.
+giftBasis* fit_basis(const std::vector<float>& m, uint32_t dim) {
   const std::vector<double> a(m.begin(), m.end());
   giftFitParams fp = GIFT_FIT_PARAMS_INIT;
   fp.rank = 4;
@@ -544,6 +543,9 @@ giftBasis* local_basis(uint32_t dim, int rank) {
   giftBasisBuilderFree(b);
   return basis;
 }
+
+// A basis fitted here, on this rank's statistics only.
+giftBasis* local_basis(uint32_t dim, int rank) { return fit_basis(moment(dim, rank), dim); }
 
 bool same_id_on_every_rank(giftBasisId id) {
   std::vector<giftBasisId> all(g_world);
@@ -634,17 +636,9 @@ void test_refreshed_basis_is_the_fit_of_the_average() {
       for (size_t i = 0; i < avg.size(); ++i) avg[i] += m[i];
     }
     for (float& x : avg) x /= float(g_world);
-    const std::vector<double> a(avg.begin(), avg.end());
+    giftBasis* want = fit_basis(avg, dim);
     giftFitParams fp = GIFT_FIT_PARAMS_INIT;
     fp.rank = 4;
-    giftBasisBuilder* b = nullptr;
-    giftBasis* want = nullptr;
-    CHECK(giftBasisBuilderCreate(&fp, &b) == GIFT_OK &&
-              giftBasisBuilderAdd(b, "w", a.data(), dim, "activations", nullptr, 0, nullptr, 0,
-                                  nullptr, nullptr) == GIFT_OK &&
-              giftBasisBuilderFinish(b, &want) == GIFT_OK,
-          "fitting the average: %s", giftGetLastErrorMessage());
-    giftBasisBuilderFree(b);
     const std::vector<float> mine = ranks_moment(dim, g_rank);
     const char* names[] = {"w"};
     const float* moments[] = {mine.data()};
