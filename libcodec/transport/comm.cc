@@ -286,6 +286,34 @@ giftResult_t set_basis(giftComm& c, const giftBasis* basis) {
   return GIFT_OK;
 }
 
+// Every rank's count of tensors and a hash of their names and dimensions, compared with
+// rank 0's before any moment moves: ranks given other dimensions would make different numbers
+// of all-gathers. Every rank reaches the same verdict from the same gathered bytes.
+giftResult_t check_same_statistics(giftComm& c, size_t n, const char* const* names,
+                                   const uint32_t* dims) {
+  uint64_t mine[2] = {uint64_t(n), 0};
+  for (size_t i = 0; i < n; ++i) {
+    mine[1] = XXH3_64bits_withSeed(names[i], strlen(names[i]) + 1, mine[1]);
+    mine[1] = XXH3_64bits_withSeed(&dims[i], sizeof dims[i], mine[1]);
+  }
+  std::vector<uint64_t> all(2 * size_t(c.backend.world));
+  if (c.backend.all_gather(c.backend.ctx, mine, all.data(), sizeof mine) != GIFT_OK) {
+    return exchange_failed(c, "the all-gather of the statistics' names and dimensions");
+  }
+  for (int r = 1; r < c.backend.world; ++r) {
+    if (all[2 * size_t(r)] != all[0]) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "rank %d gives statistics of %llu tensors, rank 0 of %llu", r,
+                  (unsigned long long)all[2 * size_t(r)], (unsigned long long)all[0]);
+    }
+    if (all[2 * size_t(r) + 1] != all[1]) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "rank %d's statistics differ from rank 0's in their names or dimensions", r);
+    }
+  }
+  return GIFT_OK;
+}
+
 // Moment elements each rank sends per all-gather: the gathered parts take world x 4 MiB,
 // not world copies of the moment (512 MiB for 8 ranks at d_in = 4096).
 constexpr uint64_t kMomentPart = uint64_t(1) << 20;
@@ -429,6 +457,7 @@ giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char* const* n
   }
   if ((rc = agree(c, rc, "checking the statistics"))) return rc;
   try {
+    if ((rc = check_same_statistics(c, n, names, dims))) return rc;
     std::vector<uint8_t> bytes;
     if ((rc = fit_on_root(c, n, names, moments, dims, params, &bytes)))
       return agree(c, rc, "fitting");

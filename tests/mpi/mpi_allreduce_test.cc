@@ -655,6 +655,38 @@ void test_refreshed_basis_is_the_fit_of_the_average() {
   }
 }
 
+// A rank that gives other statistics (another dimension, another count) fails the refresh on
+// every rank, named, before any moment moves; the communicator goes on.
+void test_refresh_with_other_statistics_is_refused() {
+  if (g_world < 2) return;
+  giftAllReduceConfig c = base_config();
+  c.coords = GIFT_COORDS_MODE_GIFT;
+  Comm comm(c);
+  const bool odd = g_rank == g_world - 1;
+  const std::string named = "rank " + std::to_string(g_world - 1);
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  fp.rank = 4;
+  const char* names[] = {"w", "v"};
+  const auto refresh = [&](size_t n, uint32_t dim) {
+    const std::vector<float> m = moment(dim, g_rank);
+    const float* moments[] = {m.data(), m.data()};
+    const uint32_t dims[] = {dim, dim};
+    return giftCommRefreshBasis(comm.c, n, names, moments, dims, &fp, nullptr);
+  };
+  giftResult_t rc = refresh(1, odd ? 48 : 64);
+  std::string msg = giftGetLastErrorMessage();
+  CHECK(rc == GIFT_ERROR_INVALID_ARGUMENT &&
+            msg.find(named + "'s statistics differ from rank 0's") != std::string::npos,
+        "another dimension on one rank: got %d (%s)", int(rc), msg.c_str());
+  rc = refresh(odd ? 2 : 1, 64);
+  msg = giftGetLastErrorMessage();
+  CHECK(rc == GIFT_ERROR_INVALID_ARGUMENT &&
+            msg.find(named + " gives statistics of 2 tensors, rank 0 of 1") != std::string::npos,
+        "another count on one rank: got %d (%s)", int(rc), msg.c_str());
+  rc = refresh(1, 64);
+  CHECK(rc == GIFT_OK, "the same statistics after refused ones: %s", giftGetLastErrorMessage());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -671,6 +703,7 @@ int main(int argc, char** argv) {
   test_nonfinite(dump_dir + "/nonfinite");
   test_basis_agreement();
   test_refreshed_basis_is_the_fit_of_the_average();
+  test_refresh_with_other_statistics_is_refused();
   test_failed_calls_leave_no_trace();
   test_ranks_that_differ_are_named();
   test_bad_buckets_are_refused();

@@ -226,7 +226,9 @@ GIFT_API giftResult_t giftCommSetBasis(giftComm* comm, const giftBasis* basis);
  * summed over the ranks in rank order in fp32 and averaged, rank 0 fits a whitener to each
  * (giftBasisBuilderAdd with `params`, source "activations"), and broadcasts the basis's bytes,
  * so every rank ends with the same basis id. *basis (may be NULL) receives a copy for the
- * caller (giftBasisFree). The moments travel in all-gathers of 1M elements a rank (4 MiB
+ * caller (giftBasisFree). Every rank gives the same names and dimensions in the same order;
+ * where one differs, the call fails on every rank (GIFT_ERROR_INVALID_ARGUMENT, naming it)
+ * before any moment moves. The moments travel in all-gathers of 1M elements a rank (4 MiB
  * times the world size in memory); rank 0 also holds one averaged moment in double. */
 GIFT_API giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char* const* names,
                                            const float* const* moments, const uint32_t* dims,
