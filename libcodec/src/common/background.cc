@@ -10,8 +10,8 @@ namespace gift {
 namespace {
 
 // The thread's own stack: its jobs are write(2) calls, checksums (XXH3's state lives on the
-// heap) and messages, and a default 8 MiB stack
-// counts against RLIMIT_DATA, which callers bound memory with.
+// heap) and messages, and a default 8 MiB stack counts against RLIMIT_DATA, which callers
+// bound memory with.
 constexpr size_t kStackBytes = size_t(256) << 10;
 
 std::atomic<bool> threads_allowed{true};  // set_background_threads_for_test

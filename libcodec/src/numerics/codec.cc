@@ -299,38 +299,44 @@ Census encode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const v
   const int64_t tasks = static_cast<int64_t>(grid.grid_rows * pieces_per_row);
   const uint32_t width = static_cast<uint32_t>(grid.width);
   std::vector<Census> parts(static_cast<size_t>(threads));
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t t = 0; t < tasks; ++t) {
+#pragma omp parallel num_threads(threads)
+  {
     const num::FpEnvGuard fp_env;
     Census& acc = parts[static_cast<size_t>(omp_get_thread_num())];
-    const uint64_t first = uint64_t(t) % pieces_per_row * tiles_per_piece;
-    const uint64_t g0 = uint64_t(t) / pieces_per_row * grid.grid_cols + first;
-    const uint64_t count = std::min(tiles_per_piece, grid.grid_cols - first);
-    const Rect top = grid.rect(g0);
-    const uint64_t n = grid.rect(g0 + count - 1).c1 - top.c0;  // the piece's columns
-    std::vector<uint32_t> bits(count, 0);
-    for (uint64_t row = top.r0; row < top.r1; ++row)
-      simd::blocks_abs_max_bits(at(src, dtype, row * grid.cols + top.c0), dtype, n, width,
-                                bits.data());
-    if (!std::all_of(bits.begin(), bits.end(), is_finite_bits)) {
-      for (uint64_t k = 0; k < count; ++k)
-        acc.merge(encode_group(p, grid, g0 + k, src, dtype, codes, scales, origin));
-      continue;
-    }
-    std::vector<float> factor(count);
-    bool divide = false;
-    for (uint64_t k = 0; k < count; ++k) {
-      Census tile;
-      tile.finite_amax = num::float_of(bits[k]);
-      const GroupScale gs = make_scale(p, scale_amax(tile, origin, g0 + k), scales, g0 + k);
-      factor[k] = gs.zero ? 0.0f : gs.factor;  // finite values over it: bounded, as in convert_span
-      divide = gs.divide;
-      acc.merge(tile);
-    }
-    for (uint64_t row = top.r0; row < top.r1; ++row) {
-      const uint64_t b = row * grid.cols + top.c0;
-      simd::quantize_blocks_rn_bounded(at(src, dtype, b), dtype, n, width, factor.data(), divide,
-                                       p.kind, codes + b);
+    std::vector<uint32_t> bits;  // a piece's tiles' amax bits and factors, reused piece by piece
+    std::vector<float> factor;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const uint64_t first = uint64_t(t) % pieces_per_row * tiles_per_piece;
+      const uint64_t g0 = uint64_t(t) / pieces_per_row * grid.grid_cols + first;
+      const uint64_t count = std::min(tiles_per_piece, grid.grid_cols - first);
+      const Rect top = grid.rect(g0);
+      const uint64_t n = grid.rect(g0 + count - 1).c1 - top.c0;  // the piece's columns
+      bits.assign(count, 0);
+      for (uint64_t row = top.r0; row < top.r1; ++row)
+        simd::blocks_abs_max_bits(at(src, dtype, row * grid.cols + top.c0), dtype, n, width,
+                                  bits.data());
+      if (!std::all_of(bits.begin(), bits.end(), is_finite_bits)) {
+        for (uint64_t k = 0; k < count; ++k)
+          acc.merge(encode_group(p, grid, g0 + k, src, dtype, codes, scales, origin));
+        continue;
+      }
+      factor.resize(count);
+      bool divide = false;
+      for (uint64_t k = 0; k < count; ++k) {
+        Census tile;
+        tile.finite_amax = num::float_of(bits[k]);
+        const GroupScale gs = make_scale(p, scale_amax(tile, origin, g0 + k), scales, g0 + k);
+        // Finite values over it are bounded, as in convert_span.
+        factor[k] = gs.zero ? 0.0f : gs.factor;
+        divide = gs.divide;
+        acc.merge(tile);
+      }
+      for (uint64_t row = top.r0; row < top.r1; ++row) {
+        const uint64_t b = row * grid.cols + top.c0;
+        simd::quantize_blocks_rn_bounded(at(src, dtype, b), dtype, n, width, factor.data(), divide,
+                                         p.kind, codes + b);
+      }
     }
   }
   Census census;
