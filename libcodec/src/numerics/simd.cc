@@ -373,21 +373,30 @@ HWY_INLINE VI ConvertRN(DF d, VF v) {
 }
 
 // The same rule in fewer instructions for |v| < 2^17, in two steps. The magnitude before
-// saturation: round |v| to the FP8 step of its binade by adding and subtracting
-// 2^(e + 23 - M), with e clamped below at the smallest normal exponent so that subnormals
-// round at their fixed step; then multiplying by 2^-(127 - bias) is exact and leaves the
-// FP8 code in fp32 bits [30 - M - 4 .. 23 - M], fp32 subnormals included (no flush-to-zero
-// is ever enabled). It is below 2^8, since |v| < 2^17.
+// saturation, in six operations besides |v|. With e the exponent of v clamped below at the
+// smallest normal one (subnormals round at their fixed step), t = 1.5 * 2^e (v's exponent
+// field, or the clamp's, with mantissa 0.5) and m = t * 2^(23 - M) lie on the grid of |v|'s
+// FP8 step, and |v| + m stays in m's binade, where fp32's step is that FP8 step: RN(|v| + m) - m
+// is |v| rounded to its step, exactly, ties to even (m / step = 3 * 2^22 is even). Products by
+// powers of two are exact, so the sum is one fused multiply-add (or, where MulAdd is emulated,
+// an exact product then the sum), and subtracting m is fused with the exact scaling by
+// 2^-(127 - bias): both (|v| rounded) * 2^-(127 - bias) and m * 2^-(127 - bias) = t *
+// 2^(bias - 104 - M) are representable (the latter normal, since e >= 1 - bias). That leaves the
+// FP8 code in fp32 bits [30 - M - 4 .. 23 - M], fp32 subnormals included (no flush-to-zero is
+// ever enabled), below 2^8 since |v| < 2^17.
 template <Fp8 K>
 HWY_INLINE VI MagnitudeRNBounded(DF d, VF v) {
   using Tr = Fp8Traits<K>;
   constexpr int kShift = 23 - Tr::kMantBits;
+  constexpr int kRebias = 127 - Tr::kBias;
   const DI di;
-  const VI exp = hn::Max(hn::And(hn::BitCast(di, v), hn::Set(di, 0x7F800000)),
-                         hn::Set(di, static_cast<int32_t>(Tr::kMinNormalBits)));
-  const VF magic = hn::BitCast(d, hn::Add(exp, hn::Set(di, kShift << 23)));
-  const VF rounded = hn::Sub(hn::Add(hn::Abs(v), magic), magic);
-  const VF rebiased = hn::Mul(rounded, hn::Set(d, num::float_of(uint32_t(Tr::kBias) << 23)));
+  const VI t =
+      hn::Max(hn::OrAnd(hn::Set(di, 0x00400000), hn::BitCast(di, v), hn::Set(di, 0x7F800000)),
+              hn::Set(di, static_cast<int32_t>(Tr::kMinNormalBits | 0x00400000)));
+  const VF sum = hn::MulAdd(hn::BitCast(d, t), hn::Set(d, float(1 << kShift)), hn::Abs(v));
+  const VF m_rebiased = hn::BitCast(d, hn::Sub(t, hn::Set(di, (kRebias - kShift) << 23)));
+  const VF rebiased =
+      hn::MulSub(sum, hn::Set(d, num::float_of(uint32_t(Tr::kBias) << 23)), m_rebiased);
   return hn::ShiftRight<kShift>(hn::BitCast(di, rebiased));
 }
 
