@@ -143,16 +143,21 @@ TEST_P(ForEachTarget, BoundedConversionOfEveryBf16Pattern) {
         if (std::isfinite(v) && std::fabs(divide ? v / factor : v * factor) < 131072.0f)
           x.push_back(static_cast<uint16_t>(b));
       }
-      std::vector<uint8_t> codes(x.size());
-      simd::quantize_rn_bounded(x.data(), GIFT_DTYPE_BF16, x.size(), factor, divide, kind,
-                                codes.data());
-      for (size_t i = 0; i < x.size(); ++i) {
-        const float v = num::bf16_to_float(x[i]);
-        const float q = divide ? v / factor : v * factor;
-        const uint8_t want = kind == GIFT_FP8_E4M3 ? num::fp8_from_float_rn<Fp8::kE4M3>(q)
-                                                   : num::fp8_from_float_rn<Fp8::kE5M2>(q);
-        ASSERT_EQ(codes[i], want) << "kind " << kind << " factor " << factor << " bf16 0x"
-                                  << std::hex << x[i];
+      // From the first pattern and from the second: AVX-512 widens bf16 two elements to a
+      // 32-bit lane, so each pattern is taken at an even and at an odd position, from an
+      // address that is a multiple of 4 and from one that is not.
+      for (size_t from : {0, 1}) {
+        std::vector<uint8_t> codes(x.size() - from);
+        simd::quantize_rn_bounded(x.data() + from, GIFT_DTYPE_BF16, codes.size(), factor, divide,
+                                  kind, codes.data());
+        for (size_t i = 0; i < codes.size(); ++i) {
+          const float v = num::bf16_to_float(x[from + i]);
+          const float q = divide ? v / factor : v * factor;
+          const uint8_t want = kind == GIFT_FP8_E4M3 ? num::fp8_from_float_rn<Fp8::kE4M3>(q)
+                                                     : num::fp8_from_float_rn<Fp8::kE5M2>(q);
+          ASSERT_EQ(codes[i], want) << "kind " << kind << " factor " << factor << " from " << from
+                                    << " bf16 0x" << std::hex << x[from + i];
+        }
       }
     }
 }

@@ -373,19 +373,19 @@ HWY_INLINE VI ConvertRN(DF d, VF v) {
 }
 
 // The same rule in fewer instructions for |v| < 2^17, in two steps. The magnitude before
-// saturation, in six operations besides |v|. With e the exponent of v clamped below at the
-// smallest normal one (subnormals round at their fixed step), t = 1.5 * 2^e (v's exponent
-// field, or the clamp's, with mantissa 0.5) and m = t * 2^(23 - M) lie on the grid of |v|'s
-// FP8 step, and |v| + m stays in m's binade, where fp32's step is that FP8 step: RN(|v| + m) - m
-// is |v| rounded to its step, exactly, ties to even (m / step = 3 * 2^22 is even). Products by
-// powers of two are exact, so the sum is one fused multiply-add (or, where MulAdd is emulated,
-// an exact product then the sum), and subtracting m is fused with the exact scaling by
-// 2^-(127 - bias): both (|v| rounded) * 2^-(127 - bias) and m * 2^-(127 - bias) = t *
-// 2^(bias - 104 - M) are representable (the latter normal, since e >= 1 - bias). That leaves the
-// FP8 code in fp32 bits [30 - M - 4 .. 23 - M], fp32 subnormals included (no flush-to-zero is
-// ever enabled), below 2^8 since |v| < 2^17.
-// MagnitudeOf takes a = |v| (a >= 0, +0 included), and returns the code times 2^kAt (the
-// shift that takes it out of the fp32 bits is kAt shorter).
+// saturation: MagnitudeOf takes a = |v| (+0 included) and returns its code times 2^kAt, in
+// six instructions on AVX-512 (OrAnd is one there). With e the exponent of a clamped below at
+// the smallest normal one (subnormals round at their fixed step), t = 1.5 * 2^e (a's exponent
+// field, or the clamp's, with mantissa 0.5) and m = t * 2^(23 - M) lie on the grid of a's FP8
+// step, and a + m stays in m's binade, where fp32's step is that FP8 step: RN(a + m) - m is a
+// rounded to its step, exactly, ties to even (m / step = 3 * 2^22 is even). Products by powers
+// of two are exact, so the sum is one fused multiply-add, and subtracting m is fused with the
+// exact scaling by 2^-(127 - bias): both (a rounded) * 2^-(127 - bias) and m * 2^-(127 - bias)
+// = t * 2^(bias - 104 - M) are representable (the latter normal, since e >= 1 - bias). Where
+// MulAdd and MulSub are emulated, as a product then a sum, the products are exact too (sum *
+// 2^-(127 - bias) is normal, as sum >= m), so the bytes are the same. That leaves the FP8 code
+// in fp32 bits [30 - M .. 23 - M], fp32 subnormals included (no flush-to-zero is ever
+// enabled), below 2^8 since a < 2^17.
 template <Fp8 K, int kAt = 0>
 HWY_INLINE VI MagnitudeOf(DF d, VF a) {
   using Tr = Fp8Traits<K>;
@@ -408,8 +408,8 @@ HWY_INLINE VI MagnitudeRNBounded(DF d, VF v) {
 }
 
 // Then saturation to the largest finite code, and the sign of x, the unscaled input: v's own
-// sign except where v is a zero whose sign a division lost (FaithfulQuotient). StoreCodes4 does
-// these two steps on bytes, for four vectors at once.
+// sign except where v is a zero whose sign a division lost (FaithfulQuotient). StoreCodes4 and
+// Bf16Pairs::store do these two steps on bytes, for four vectors at once.
 template <Fp8 K>
 HWY_INLINE VI ConvertRNBounded(DF d, VF v, VF x) {
   const DI di;
@@ -433,26 +433,46 @@ HWY_INLINE void StoreCodes(VI c, uint8_t* codes) {
 // magnitudes below 2^8 exact), and the sign of the unscaled inputs x, which the same signed
 // saturating packs of x's bits carry to bit 7 of each byte (x is finite, so a negative x is
 // below -2^15 as an int32).
+#if GIFT_X86_PACKS && HWY_TARGET <= HWY_AVX3
+// AVX-512: 64 code bytes packed in 128-bit blocks, put in element order and stored: in 64-bit
+// groups (kZipped: group 2k + j holds load j's block k) or 32-bit ones (group 4k + j, vector
+// j's block k).
+template <bool kZipped>
+HWY_INLINE void StoreInOrder(__m512i p, uint8_t* codes) {
+  const __m512i order =
+      kZipped ? _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7)
+              : _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_si512(
+      codes, kZipped ? _mm512_permutexvar_epi64(order, p) : _mm512_permutexvar_epi32(order, p));
+}
+
+// The same for magnitudes p, saturated to the largest finite code, with the signs in bit 7 of
+// the bytes of s (in p's order).
+template <Fp8 K, bool kZipped>
+HWY_INLINE void SaturateSignStore(__m512i p, __m512i s, uint8_t* codes) {
+  StoreInOrder<kZipped>(
+      _mm512_ternarylogic_epi32(_mm512_min_epu8(p, _mm512_set1_epi8(Fp8Traits<K>::kMaxCode)), s,
+                                _mm512_set1_epi8(char(0x80)), 0xF8),  // a | (b & c)
+      codes);
+}
+#endif
+
 template <Fp8 K, bool kZipped, bool kMagnitudes>
 HWY_INLINE void StoreCodes4(const VI (&c)[4], const VF (&x)[4], uint8_t* codes) {
 #if GIFT_X86_PACKS
   const DI di;
 #endif
 #if GIFT_X86_PACKS && HWY_TARGET <= HWY_AVX3
-  __m512i p = _mm512_packus_epi16(_mm512_packs_epi32(c[0].raw, c[1].raw),
-                                  _mm512_packs_epi32(c[2].raw, c[3].raw));
+  const __m512i p = _mm512_packus_epi16(_mm512_packs_epi32(c[0].raw, c[1].raw),
+                                        _mm512_packs_epi32(c[2].raw, c[3].raw));
   if (kMagnitudes) {
     const __m512i s = _mm512_packs_epi16(
         _mm512_packs_epi32(hn::BitCast(di, x[0]).raw, hn::BitCast(di, x[1]).raw),
         _mm512_packs_epi32(hn::BitCast(di, x[2]).raw, hn::BitCast(di, x[3]).raw));
-    p = _mm512_ternarylogic_epi32(_mm512_min_epu8(p, _mm512_set1_epi8(Fp8Traits<K>::kMaxCode)), s,
-                                  _mm512_set1_epi8(char(0x80)), 0xF8);  // a | (b & c)
+    SaturateSignStore<K, kZipped>(p, s, codes);
+    return;
   }
-  const __m512i order =
-      kZipped ? _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7)
-              : _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_storeu_si512(
-      codes, kZipped ? _mm512_permutexvar_epi64(order, p) : _mm512_permutexvar_epi32(order, p));
+  StoreInOrder<kZipped>(p, codes);
 #elif GIFT_X86_PACKS && HWY_TARGET == HWY_AVX2
   __m256i p = _mm256_packus_epi16(_mm256_packs_epi32(c[0].raw, c[1].raw),
                                   _mm256_packs_epi32(c[2].raw, c[3].raw));
@@ -502,19 +522,20 @@ HWY_INLINE void StoreCodes4(const VI (&c)[4], const VF (&x)[4], uint8_t* codes) 
 // signs. Unpacking the loads (Source::load4) puts 4 + 3 + 3 instructions a step on the one
 // shuffle port (the unpacks, and the packs of the codes and of the signs), pairs 0 + 1 + 1, and
 // 4 fewer in all. bench_codec, one thread, bf16 in cache (1 MiB of fp32 as GIFT_BENCH_BYTES),
-// fastest of 8 interleaved rounds: 60.2 -> 54.7 us. AVX2 divides instead of multiplying by
-// reciprocals, and the division bounds it: 101.3 -> 101.0 us that way, so it unpacks.
+// fastest of 8 interleaved rounds: 60.2 -> 54.7 us. AVX2 divides by fp32 scales instead of
+// multiplying by their reciprocals, and the division bounds it: 101.3 -> 101.0 us that way, so
+// it unpacks (with E8M0 scales, which multiply, unmeasured).
 #undef GIFT_BF16_PAIRS
 #if GIFT_X86_PACKS && HWY_TARGET <= HWY_AVX3
 #define GIFT_BF16_PAIRS 1
 struct Bf16Pairs {
-  VI raw[2];
+  VI loads[2];
   HWY_INLINE void load(DF d, const uint16_t* p, VF (&x)[4]) {
     const DI di;
-    const size_t lanes = hn::Lanes(di);
+    const hn::Repartition<uint16_t, DF> d16;
     for (size_t j = 0; j < 2; ++j) {
-      raw[j] = hn::LoadU(di, reinterpret_cast<const int32_t*>(p + 2 * j * lanes));
-      const VI a = hn::And(raw[j], hn::Set(di, 0x7FFF7FFF));
+      loads[j] = hn::BitCast(di, hn::LoadU(d16, p + j * hn::Lanes(d16)));
+      const VI a = hn::And(loads[j], hn::Set(di, 0x7FFF7FFF));
       x[2 * j] = hn::BitCast(d, hn::ShiftLeft<16>(a));
       x[2 * j + 1] = hn::BitCast(d, hn::And(a, hn::Set(di, int32_t(0xFFFF0000u))));
     }
@@ -523,13 +544,9 @@ struct Bf16Pairs {
   // (MagnitudeOf<K, 16>).
   template <Fp8 K>
   HWY_INLINE void store(const VI (&c)[4], uint8_t* codes) const {
-    __m512i p = _mm512_packus_epi16(_mm512_or_si512(c[0].raw, c[1].raw),
-                                    _mm512_or_si512(c[2].raw, c[3].raw));
-    const __m512i s = _mm512_packs_epi16(raw[0].raw, raw[1].raw);
-    p = _mm512_ternarylogic_epi32(_mm512_min_epu8(p, _mm512_set1_epi8(Fp8Traits<K>::kMaxCode)), s,
-                                  _mm512_set1_epi8(char(0x80)), 0xF8);  // a | (b & c)
-    _mm512_storeu_si512(codes,
-                        _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), p));
+    const __m512i p = _mm512_packus_epi16(_mm512_or_si512(c[0].raw, c[1].raw),
+                                          _mm512_or_si512(c[2].raw, c[3].raw));
+    SaturateSignStore<K, true>(p, _mm512_packs_epi16(loads[0].raw, loads[1].raw), codes);
   }
 };
 #else
@@ -546,7 +563,12 @@ HWY_INLINE void BoundedStep4(const T* src, const Scaled& scaled, uint8_t* codes)
   VF x[4];
   VI c[4];
 #if GIFT_BF16_PAIRS
-  if constexpr (kZipped && std::is_same_v<T, uint16_t>) {
+  constexpr bool kPairs = kZipped && std::is_same_v<T, uint16_t>;
+#else
+  constexpr bool kPairs = false;
+#endif
+  if constexpr (kPairs) {
+#if GIFT_BF16_PAIRS
     Bf16Pairs pairs;
     pairs.load(d, src, x);
     for (size_t j = 0; j < 2; ++j) {
@@ -554,16 +576,16 @@ HWY_INLINE void BoundedStep4(const T* src, const Scaled& scaled, uint8_t* codes)
       c[2 * j + 1] = MagnitudeOf<K, 16>(d, scaled(x[2 * j + 1], 2 * j + 1));
     }
     pairs.store<K>(c, codes);
-    return;
-  }
 #endif
-  if constexpr (kZipped) {
-    Source<T>::load4(d, src, x);
   } else {
-    Consecutive<T>::load4(d, src, x);
+    if constexpr (kZipped) {
+      Source<T>::load4(d, src, x);
+    } else {
+      Consecutive<T>::load4(d, src, x);
+    }
+    for (size_t k = 0; k < 4; ++k) c[k] = MagnitudeRNBounded<K>(d, scaled(x[k], k));
+    StoreCodes4<K, kZipped, true>(c, x, codes);
   }
-  for (size_t k = 0; k < 4; ++k) c[k] = MagnitudeRNBounded<K>(d, scaled(x[k], k));
-  StoreCodes4<K, kZipped, true>(c, x, codes);
 }
 
 // How x is scaled before its conversion: x * f, or x / f (FORMAT.md's rule: the quotient
@@ -593,7 +615,8 @@ enum class Scaling { kMultiply, kDivide };
 //   subnormal steps) of x/s, so q1 stays below 2^-19.
 // - The sign is x's, as the quotient's is (s > 0), except that of a zero: RN(a + b) of an
 //   exact cancellation is +0 whatever x's sign. The conversions take the code's sign from x
-//   (ConvertRNBounded, StoreCodes4), so the quotient's magnitude is all that is used.
+//   (ConvertRNBounded, StoreCodes4) or from the loads (Bf16Pairs), so the quotient's magnitude
+//   is all that is used.
 // It needs a true FMA (HWY_NATIVE_FMA; elsewhere MulAdd rounds twice), and is compiled where
 // it can pay: AVX-512. There the CPU decides (reciprocal_division_chosen): an Intel Xeon's
 // vdivps costs as much per lane as the 256-bit one while the rest of the work is twice as fast
@@ -1281,9 +1304,9 @@ HWY_INLINE void AmaxOf16(const __m512i (&v)[16], uint32_t* out) {
 // for block b of the step, as EncodeBlock takes them; vector k is in block k >> shift, and
 // for blocks of four vectors or more, shift 2, all four are in one), every block's
 // scale positive and finite and, for the reciprocal, in its domain. kZipped: the loads as
-// Source<T>::load4 gives them, whose vectors 2j and 2j + 1 hold the elements of the same
-// 2 * Lanes(DF), as unzipped vectors 2j and 2j + 1 do: so for blocks of two or four vectors
-// (shift 1 or 2) only.
+// BoundedStep4 takes them (Source<T>::load4's, or bf16 pairs), whose vectors 2j and 2j + 1 hold
+// the elements of the same 2 * Lanes(DF), as unzipped vectors 2j and 2j + 1 do: so for blocks
+// of two or four vectors (shift 1 or 2) only.
 template <typename T, Fp8 K, bool kE8M0, bool kRecip, bool kZipped>
 HWY_INLINE void QuantizeGroup(const T* src, size_t shift, const float* factor,
                               const float* reciprocal, uint8_t* codes) {

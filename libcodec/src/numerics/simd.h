@@ -36,8 +36,8 @@ void quantize_rn(const void* src, giftDType_t dtype, size_t n, float factor, boo
                  giftFp8Kind_t kind, uint8_t* codes);
 
 // The same for inputs whose scaled magnitude is below 2^17 (no NaN, no Inf), as every
-// finite value over its group's scale is; a shorter instruction sequence. Outside that
-// domain the result is unspecified.
+// finite value over its group's scale is, and a positive factor, as every scale is; a shorter
+// instruction sequence. Outside that domain the result is unspecified.
 void quantize_rn_bounded(const void* src, giftDType_t dtype, size_t n, float factor, bool divide,
                          giftFp8Kind_t kind, uint8_t* codes);
 
