@@ -696,12 +696,38 @@ template <typename T>
 using AmaxOf = AmaxLanes<T>;
 #endif
 
+// Which cache the lines fetched ahead go to (FetchToFor says which, and why).
+enum class FetchTo { kL1, kL2 };
+
+HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to, FetchTo where) {
+  if (where == FetchTo::kL2) {
+    for (uint64_t i = from; i < to; i += 64) __builtin_prefetch(base + i, 0, 2);
+  } else {
+    for (uint64_t i = from; i < to; i += 64) hwy::Prefetch(base + i);
+  }
+}
+
+// The lines a loop over a block fetches ahead as it goes: at each step's offset, the step's
+// share of the len bytes at base + at (none by default). As for small blocks (kSmallFetchAhead),
+// a block's lines fetched at once measured slower than step by step beside its codes: giftc
+// bench --threads 1, fp32 from memory, blocks of 256, four sets of 3 to 6 interleaved rounds,
+// medians 0.47-0.52 to 0.49-0.59 of memcpy (one set even); blocks of 1024 0.47 to 0.51; blocks
+// of 128 the same.
+struct Fetch {
+  const char* base = nullptr;
+  uint64_t at = 0, len = 0;
+  FetchTo where = FetchTo::kL1;
+  HWY_INLINE void step(uint64_t offset, uint64_t bytes) const {
+    if (offset < len) PrefetchBytes(base + at, offset, std::min(offset + bytes, len), where);
+  }
+};
+
 // The loop of QuantizeT. With kReciprocal, x / factor comes from FaithfulQuotient with
 // reciprocal = RN(1 / factor), whose domain the caller checked; it needs kBounded (finite x),
 // and factor > 0 as every scale is. With kAmaxNext, it also returns AbsMaxBitsT(next, n).
 template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kReciprocal, bool kAmaxNext>
 HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float reciprocal,
-                                 uint8_t* codes, const T* next) {
+                                 uint8_t* codes, const T* next, const Fetch& fetch) {
   static_assert(!kReciprocal || (kS == Scaling::kDivide && kBounded), "FaithfulQuotient's domain");
   const DF d;
   const size_t lanes = hn::Lanes(d);
@@ -719,6 +745,7 @@ HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float rec
   AmaxOf<T> amax;
   size_t i = 0;
   for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    fetch.step(i * sizeof(T), 4 * lanes * sizeof(T));
     if constexpr (kAmaxNext) amax.add4(next + i);
     if constexpr (kBounded) {
       BoundedStep4<T, K, Source<T>::kZipped>(
@@ -731,6 +758,7 @@ HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float rec
       StoreCodes4<K, Source<T>::kZipped, false>(c, x, codes + i);
     }
   }
+  fetch.step(i * sizeof(T), fetch.len);  // the rest, past the whole steps
   // Blocks of whole 4-vector steps (those of 128 elements on the x86 targets) skip the tail's
   // AbsMaxBitsT: on no elements it still reduces its vectors across lanes, which cost a 7%
   // slower block encode.
@@ -749,14 +777,16 @@ HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float rec
 // block encoder's, from BatchScalesF32), else taken here.
 template <typename T, Fp8 K, Scaling kS, bool kBounded, bool kAmaxNext = false>
 HWY_INLINE uint32_t QuantizeT(const T* src, size_t n, float factor, uint8_t* codes, bool recip,
-                              const float* reciprocal = nullptr, const T* next = nullptr) {
+                              const float* reciprocal = nullptr, const T* next = nullptr,
+                              const Fetch& fetch = Fetch()) {
   if constexpr (kS == Scaling::kDivide && kBounded && GIFT_RECIPROCAL_PAYS) {
     if (recip && ReciprocalApplies(factor)) {
       return QuantizeLoop<T, K, Scaling::kDivide, true, true, kAmaxNext>(
-          src, n, factor, reciprocal ? *reciprocal : 1.0f / factor, codes, next);
+          src, n, factor, reciprocal ? *reciprocal : 1.0f / factor, codes, next, fetch);
     }
   }
-  return QuantizeLoop<T, K, kS, kBounded, false, kAmaxNext>(src, n, factor, 1.0f, codes, next);
+  return QuantizeLoop<T, K, kS, kBounded, false, kAmaxNext>(src, n, factor, 1.0f, codes, next,
+                                                            fetch);
 }
 
 template <bool kBounded, typename T>
@@ -1170,8 +1200,8 @@ constexpr uint64_t kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 constexpr size_t kPrefetchBytes = 1024;
 
-// Which cache the lines fetched ahead go to. Reading fp32 with AVX-512 the encode is bound
-// by the lines it has in flight, and L2 pays; where the arithmetic per byte bounds it, the
+// Which cache the lines fetched ahead go to (FetchTo). Reading fp32 with AVX-512 the encode is
+// bound by the lines it has in flight, and L2 pays; where the arithmetic per byte bounds it, the
 // loads' wait for L2 costs and L1 stays. The likely cause: a line fetched into L1 holds one
 // of L1's few miss buffers until it arrives, one fetched into L2 one of L2's, several times
 // as many. giftc bench --threads 1 (256 MiB from memory, Zen 4), of memcpy, the two builds
@@ -1182,19 +1212,9 @@ constexpr size_t kPrefetchBytes = 1024;
 // either way), fp32 blocks of one vector (16: 0.70-0.73, 0.68-0.69 from L2) and AVX2 (in a
 // harness, fp32 blocks of 32 and bf16 blocks of 128 took 8% longer from L2, fp32 blocks of
 // 128 5% less). Intel unmeasured.
-enum class FetchTo { kL1, kL2 };
-
 template <typename T>
 HWY_INLINE constexpr FetchTo FetchToFor() {
   return kBoundByLinesInFlight && sizeof(T) == 4 ? FetchTo::kL2 : FetchTo::kL1;
-}
-
-HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to, FetchTo where) {
-  if (where == FetchTo::kL2) {
-    for (uint64_t i = from; i < to; i += 64) __builtin_prefetch(base + i, 0, 2);
-  } else {
-    for (uint64_t i = from; i < to; i += 64) hwy::Prefetch(base + i);
-  }
 }
 
 // Whether a block's codes are all +0: its scale is zero (amax == 0, or an fp32 scale that
@@ -1209,13 +1229,14 @@ HWY_INLINE bool ZeroScale(uint32_t amax_bits, float factor) {
 // BatchScalesF32); with kAmaxNext, returns the amax bits of the len elements at next.
 template <typename T, Fp8 K, bool kE8M0, bool kAmaxNext>
 HWY_INLINE uint32_t EncodeBlock(const T* x, size_t len, float factor, bool recip,
-                                const float* reciprocal, uint8_t* codes, const T* next) {
+                                const float* reciprocal, uint8_t* codes, const T* next,
+                                const Fetch& fetch = Fetch()) {
   if constexpr (kE8M0) {
     return QuantizeT<T, K, Scaling::kMultiply, true, kAmaxNext>(x, len, factor, codes, false,
-                                                                nullptr, next);
+                                                                nullptr, next, fetch);
   } else {
     return QuantizeT<T, K, Scaling::kDivide, true, kAmaxNext>(x, len, factor, codes, recip,
-                                                              reciprocal, next);
+                                                              reciprocal, next, fetch);
   }
 }
 
@@ -1347,16 +1368,25 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
     }
     return count;
   };
-  // As block b's amax is taken: the lines kPrefetchBytes ahead of its own, or with parts,
-  // the block that the batch after b's takes in b's place.
-  const auto fetch_ahead = [&](uint64_t b) __attribute__((always_inline)) {
+  // The lines to fetch as block b's amax is taken (step by step beside the codes of the block
+  // before it, or at once where it is taken alone): those kPrefetchBytes ahead of its own, or
+  // with parts, the block that the batch after b's takes in b's place.
+  const auto fetch_of = [&](uint64_t b) __attribute__((always_inline)) {
+    Fetch f;
+    f.base = bytes;
+    f.where = FetchToFor<T>();
     if (streams == 1) {
-      const uint64_t at = b * run.block * sizeof(T) + kPrefetchBytes;
-      PrefetchBytes(bytes, at, std::min(at + len_of(b) * sizeof(T), run_bytes), FetchToFor<T>());
+      f.at = std::min(b * run.block * sizeof(T) + kPrefetchBytes, run_bytes);
+      f.len = std::min(f.at + len_of(b) * sizeof(T), run_bytes) - f.at;
     } else if (b + rounds < blocks) {
-      const uint64_t at = (b + rounds) * run.block * sizeof(T);
-      PrefetchBytes(bytes, at, at + len_of(b + rounds) * sizeof(T), FetchToFor<T>());
+      f.at = (b + rounds) * run.block * sizeof(T);
+      f.len = len_of(b + rounds) * sizeof(T);
     }
+    return f;
+  };
+  const auto fetch_ahead = [&](uint64_t b) __attribute__((always_inline)) {
+    const Fetch f = fetch_of(b);
+    f.step(0, f.len);
   };
   const auto amax_of = [&](uint64_t b) {
     fetch_ahead(b);
@@ -1395,14 +1425,13 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
       const size_t len = len_of(b);
       uint8_t* codes = run.codes + e0;
       const bool paired = k < next_count && len_of(next_ids[k]) == len;
-      if (paired) fetch_ahead(next_ids[k]);
       const T* next = paired ? src + next_ids[k] * run.block : nullptr;
       if (ZeroScale<kE8M0>(amax[k], factor[k])) {
         memset(codes, 0, len);
         if (paired) next_amax[k] = amax_of(next_ids[k]);
       } else if (paired) {
-        next_amax[k] = EncodeBlock<T, K, kE8M0, true>(src + e0, len, factor[k], recip,
-                                                      &reciprocal[k], codes, next);
+        next_amax[k] = EncodeBlock<T, K, kE8M0, true>(
+            src + e0, len, factor[k], recip, &reciprocal[k], codes, next, fetch_of(next_ids[k]));
       } else {
         EncodeBlock<T, K, kE8M0, false>(src + e0, len, factor[k], recip, &reciprocal[k], codes,
                                         nullptr);
