@@ -720,6 +720,7 @@ struct Fetch {
   HWY_INLINE void step(uint64_t offset, uint64_t bytes) const {
     if (offset < len) PrefetchBytes(base + at, offset, std::min(offset + bytes, len), where);
   }
+  HWY_INLINE void all() const { step(0, len); }
 };
 
 // The loop of QuantizeT. With kReciprocal, x / factor comes from FaithfulQuotient with
@@ -1384,12 +1385,8 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
     }
     return f;
   };
-  const auto fetch_ahead = [&](uint64_t b) __attribute__((always_inline)) {
-    const Fetch f = fetch_of(b);
-    f.step(0, f.len);
-  };
   const auto amax_of = [&](uint64_t b) {
-    fetch_ahead(b);
+    fetch_of(b).all();
     return AbsMaxBitsT(src + b * run.block, len_of(b));
   };
   uint32_t run_max = 0;
@@ -1480,14 +1477,17 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
   const size_t shift = block == 16 ? 0 : block == 32 ? 1 : 2;
   const int block_log2 = __builtin_ctz(run.block);
   const uint64_t batches = run.n / block / 16, batch = 16 * block;
-  const uint64_t run_bytes = run.n * sizeof(T), batch_bytes = batch * sizeof(T);
-  const FetchTo fetch_to = block == 16 ? FetchTo::kL1 : FetchToFor<T>();  // see FetchTo
+  const uint64_t run_bytes = run.n * sizeof(T);
+  Fetch fetch;  // the batch kSmallFetchAhead bytes ahead
+  fetch.base = bytes;
+  fetch.where = block == 16 ? FetchTo::kL1 : FetchToFor<T>();  // see FetchTo
   __m512i run_max = _mm512_setzero_si512();
   alignas(64) uint32_t amax[16];
   alignas(64) float factor[16], reciprocal[16];
   for (uint64_t q = 0; q < batches; ++q) {
     const uint64_t e0 = q * batch;
-    const uint64_t ahead = e0 * sizeof(T) + kSmallFetchAhead;
+    fetch.at = std::min(e0 * sizeof(T) + kSmallFetchAhead, run_bytes);
+    fetch.len = std::min(batch * sizeof(T), run_bytes - fetch.at);
     __m512i parts[16];
     switch (block * sizeof(T)) {
       case 32:
@@ -1536,8 +1536,7 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
     if (clean) {
       for (size_t e = 0; e < batch; e += 64) {
         const size_t j = e >> block_log2;
-        const uint64_t at = std::min(ahead + e * sizeof(T), run_bytes);
-        PrefetchBytes(bytes, at, std::min(at + 64 * sizeof(T), run_bytes), fetch_to);
+        fetch.step(e * sizeof(T), 64 * sizeof(T));
         if (shift) {
           QuantizeGroup<T, K, kE8M0, kRecip, Source<T>::kZipped>(src + e0 + e, shift, &factor[j],
                                                                  &reciprocal[j], codes + e);
@@ -1548,8 +1547,7 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
       }
       continue;
     }
-    PrefetchBytes(bytes, std::min(ahead, run_bytes), std::min(ahead + batch_bytes, run_bytes),
-                  fetch_to);
+    fetch.all();
     for (size_t j = 0; j < 16; ++j) {  // rare: a zero scale, or one outside the domain
       if (ZeroScale<kE8M0>(amax[j], factor[j])) {
         memset(codes + j * block, 0, block);
