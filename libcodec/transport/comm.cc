@@ -318,34 +318,48 @@ giftResult_t check_same_statistics(giftComm& c, size_t n, const char* const* nam
 // not world copies of the moment (512 MiB for 8 ranks at d_in = 4096).
 constexpr uint64_t kMomentPart = uint64_t(1) << 20;
 
-// The moments summed over the ranks in rank order, in fp32, divided by the world size, into
-// *out in double on rank 0; in parts of kMomentPart elements (the backends gather to every
-// rank, and only rank 0 sums).
-giftResult_t average_moment(giftComm& c, const float* mine, uint64_t count,
-                            std::vector<double>* out) {
-  const uint64_t world = uint64_t(c.backend.world);
-  std::vector<float> all;
+// The buffers of average_moment, allocated once for all of a refresh's tensors: the gathered
+// parts on every rank (the world's parts of at most kMomentPart elements), the averaged moment
+// on rank 0 (the largest tensor's).
+struct MomentBuffers {
+  std::vector<float> gathered;
+  std::vector<double> averaged;
+};
+
+// Sizes *b for moments of dims[i]^2 elements. check_same_statistics has made the dimensions
+// the same on every rank, so the ranks agree on whether each could allocate.
+giftResult_t allocate_moments(giftComm& c, size_t n, const uint32_t* dims, MomentBuffers* b) {
+  uint64_t largest = 0;
+  for (size_t i = 0; i < n; ++i) largest = std::max(largest, uint64_t(dims[i]) * dims[i]);
   giftResult_t rc = GIFT_OK;
   try {
-    all.resize(std::min(count, kMomentPart) * world);
-    if (c.backend.rank == 0) out->resize(count);
+    b->gathered.resize(std::min(largest, kMomentPart) * uint64_t(c.backend.world));
+    if (c.backend.rank == 0) b->averaged.resize(largest);
   } catch (const std::bad_alloc&) {
     rc = fail(GIFT_ERROR_OUT_OF_MEMORY, "rank %d: no memory for a moment of %llu elements",
-              c.backend.rank, (unsigned long long)count);
+              c.backend.rank, (unsigned long long)largest);
   }
   // Every rank joins every all-gather: a rank without its buffers says so first.
-  if ((rc = agree(c, rc, "allocating the averaged moment"))) return rc;
+  return agree(c, rc, "allocating the averaged moments");
+}
+
+// The moments summed over the ranks in rank order, in fp32, divided by the world size, into the
+// first count elements of b->averaged on rank 0; in parts of kMomentPart elements (the backends
+// gather to every rank, and only rank 0 sums).
+giftResult_t average_moment(giftComm& c, const float* mine, uint64_t count, MomentBuffers* b) {
+  const uint64_t world = uint64_t(c.backend.world);
   const float w = float(c.backend.world);
+  float* all = b->gathered.data();
   for (uint64_t at = 0; at < count; at += kMomentPart) {
     const uint64_t n = std::min(kMomentPart, count - at);
-    if (c.backend.all_gather(c.backend.ctx, mine + at, all.data(), n * sizeof(float)) != GIFT_OK) {
+    if (c.backend.all_gather(c.backend.ctx, mine + at, all, n * sizeof(float)) != GIFT_OK) {
       return exchange_failed(c, "the all-gather of activation statistics");
     }
     if (c.backend.rank != 0) continue;
     for (uint64_t i = 0; i < n; ++i) {
       float sum = all[i];
       for (uint64_t r = 1; r < world; ++r) sum += all[r * n + i];
-      (*out)[at + i] = sum / w;
+      b->averaged[at + i] = sum / w;
     }
   }
   return GIFT_OK;
@@ -360,12 +374,13 @@ giftResult_t fit_on_root(giftComm& c, size_t n, const char* const* names,
   const std::unique_ptr<giftBasisBuilder, decltype(&giftBasisBuilderFree)> owner(
       builder, giftBasisBuilderFree);
   if ((rc = agree(c, rc, "creating the basis builder"))) return rc;
+  MomentBuffers buffers;
+  if ((rc = allocate_moments(c, n, dims, &buffers))) return rc;
   for (size_t i = 0; i < n; ++i) {
-    std::vector<double> a;
-    if ((rc = average_moment(c, moments[i], uint64_t(dims[i]) * dims[i], &a))) return rc;
+    if ((rc = average_moment(c, moments[i], uint64_t(dims[i]) * dims[i], &buffers))) return rc;
     if (c.backend.rank == 0) {
-      rc = giftBasisBuilderAdd(builder, names[i], a.data(), dims[i], "activations", nullptr, 0,
-                               nullptr, 0, nullptr, nullptr);
+      rc = giftBasisBuilderAdd(builder, names[i], buffers.averaged.data(), dims[i], "activations",
+                               nullptr, 0, nullptr, 0, nullptr, nullptr);
     }
     if ((rc = agree(c, rc, "fitting a whitener"))) return rc;
   }

@@ -528,20 +528,33 @@ std::vector<float> moment(uint32_t dim, int rank) {
   return a;
 }
 
-// A basis fitted here (rank 4) to the dim x dim moment m, as giftCommRefreshBasis fits.
-giftBasis* fit_basis(const std::vector<float>& m, uint32_t dim) {
-  const std::vector<double> a(m.begin(), m.end());
+// A dim x dim moment under a name.
+struct NamedMoment {
+  const char* name;
+  const std::vector<float>* m;
+  uint32_t dim;
+};
+
+// A basis fitted here (rank 4) to the moments in their order, as giftCommRefreshBasis fits.
+giftBasis* fit_basis(const std::vector<NamedMoment>& moments) {
   giftFitParams fp = GIFT_FIT_PARAMS_INIT;
   fp.rank = 4;
   giftBasisBuilder* b = nullptr;
   giftBasis* basis = nullptr;
-  CHECK(giftBasisBuilderCreate(&fp, &b) == GIFT_OK &&
-            giftBasisBuilderAdd(b, "w", a.data(), dim, "activations", nullptr, 0, nullptr, 0,
-                                nullptr, nullptr) == GIFT_OK &&
-            giftBasisBuilderFinish(b, &basis) == GIFT_OK,
-        "fitting a local basis: %s", giftGetLastErrorMessage());
+  bool ok = giftBasisBuilderCreate(&fp, &b) == GIFT_OK;
+  for (const NamedMoment& x : moments) {
+    const std::vector<double> a(x.m->begin(), x.m->end());
+    ok = ok && giftBasisBuilderAdd(b, x.name, a.data(), x.dim, "activations", nullptr, 0, nullptr,
+                                   0, nullptr, nullptr) == GIFT_OK;
+  }
+  ok = ok && giftBasisBuilderFinish(b, &basis) == GIFT_OK;
+  CHECK(ok, "fitting a local basis: %s", giftGetLastErrorMessage());
   giftBasisBuilderFree(b);
   return basis;
+}
+
+giftBasis* fit_basis(const std::vector<float>& m, uint32_t dim) {
+  return fit_basis({{"w", &m, dim}});
 }
 
 // A basis fitted here, on this rank's statistics only.
@@ -616,8 +629,9 @@ void test_basis_agreement() {
 }
 
 // The refreshed basis is rank 0's fit of the ranks' moments summed in rank order in fp32 and
-// divided by the world size, whatever parts they travel in (1100^2 elements: two). The ranks'
-// moments differ off the diagonal too.
+// divided by the world size, whatever parts they travel in (1100^2 elements: two), one tensor a
+// refresh or several (the buffers sized for the largest, whatever its place). The
+// ranks' moments differ off the diagonal too.
 void test_refreshed_basis_is_the_fit_of_the_average() {
   giftAllReduceConfig c = base_config();
   c.coords = GIFT_COORDS_MODE_GIFT;
@@ -629,27 +643,42 @@ void test_refreshed_basis_is_the_fit_of_the_average() {
         m[uint64_t(i) * dim + j] += float(0.01 * (rank + 1) * std::cos(0.3 * (i + j) + rank));
     return m;
   };
-  for (const uint32_t dim : {64u, 1100u}) {
+  const auto average = [&](uint32_t dim) {
     std::vector<float> avg = ranks_moment(dim, 0);
     for (int r = 1; r < g_world; ++r) {
       const std::vector<float> m = ranks_moment(dim, r);
       for (size_t i = 0; i < avg.size(); ++i) avg[i] += m[i];
     }
     for (float& x : avg) x /= float(g_world);
-    giftBasis* want = fit_basis(avg, dim);
+    return avg;
+  };
+  const char* names[] = {"w", "v", "u"};
+  const std::vector<uint32_t> dims_of_refreshes[] = {{64}, {1100}, {96, 1100, 64}};
+  for (const std::vector<uint32_t>& dims : dims_of_refreshes) {
+    std::vector<std::vector<float>> avg, mine;
+    std::vector<NamedMoment> wanted;
+    std::vector<const float*> moments;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      avg.push_back(average(dims[i]));
+      mine.push_back(ranks_moment(dims[i], g_rank));
+    }
+    for (size_t i = 0; i < dims.size(); ++i) {
+      wanted.push_back({names[i], &avg[i], dims[i]});
+      moments.push_back(mine[i].data());
+    }
+    giftBasis* want = fit_basis(wanted);
     giftFitParams fp = GIFT_FIT_PARAMS_INIT;
     fp.rank = 4;
-    const std::vector<float> mine = ranks_moment(dim, g_rank);
-    const char* names[] = {"w"};
-    const float* moments[] = {mine.data()};
     giftBasis* fitted = nullptr;
-    const giftResult_t rc = giftCommRefreshBasis(comm.c, 1, names, moments, &dim, &fp, &fitted);
-    CHECK(rc == GIFT_OK && fitted, "refresh of %u x %u: %s", dim, dim, giftGetLastErrorMessage());
+    const giftResult_t rc =
+        giftCommRefreshBasis(comm.c, dims.size(), names, moments.data(), dims.data(), &fp, &fitted);
+    CHECK(rc == GIFT_OK && fitted, "refresh of %zu tensors, the first %u x %u: %s", dims.size(),
+          dims[0], dims[0], giftGetLastErrorMessage());
     const giftBasisId got = giftBasisGetId(fitted), id = giftBasisGetId(want);
     CHECK(got.lo == id.lo && got.hi == id.hi,
-          "dim %u: the refreshed basis is not the fit of the "
-          "rank-order average",
-          dim);
+          "%zu tensors, the first %u x %u: the refreshed basis is not the fit of the rank-order "
+          "average",
+          dims.size(), dims[0], dims[0]);
     giftBasisFree(fitted);
     giftBasisFree(want);
   }
