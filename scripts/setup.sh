@@ -29,16 +29,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The Arm64 cross compiler of the compile check (tests/cross), which only registers where
-# the compiler is: a machine that cannot install it loses that check, not the others.
-if ! dpkg-query -W -f='${Status}' g++-aarch64-linux-gnu 2>/dev/null | grep -q 'install ok installed'; then
-  echo "setup: installing Debian packages: g++-aarch64-linux-gnu" >&2
+# The Arm64 cross compiler of the compile check (tests/cross), and QEMU's user mode, which
+# runs that check's test of the floating-point environment: both only register where their
+# programs are, so a machine that cannot install them loses those checks, not the others.
+arm=()
+for p in g++-aarch64-linux-gnu qemu-user; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || arm+=("$p")
+done
+if [ ${#arm[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${arm[*]}" >&2
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   { $sudo apt-get update -qq &&
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      g++-aarch64-linux-gnu >/dev/null; } ||
-    echo "setup: could not install g++-aarch64-linux-gnu; the Arm64 compile check is skipped" >&2
+      "${arm[@]}" >/dev/null; } ||
+    echo "setup: could not install ${arm[*]}; the Arm64 checks that need them are skipped" >&2
 fi
 
 # Python packages used only by the cross-check tests (independent references).
