@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Runs the vector kernels' tests (tests/unit/simd_targets_test.cc: every kernel of
 numerics/simd.cc, numerics/pair_sums.cc and coords/low_rank_update.cc against the scalar
-rules) on Arm64, under QEMU's user mode: Highway's NEON code, which the x86 machines never
-run. The sources are compiled with Debian's cross compiler as the main build compiles them
+rules) and the scalar rules' own (tests/unit/fp8_rules_test.cc: FP8, scales, Philox) on
+Arm64, under QEMU's user mode: Highway's NEON code, which the x86 machines never run, and
+the rules compiled for another instruction set. The sources are compiled with Debian's cross compiler as the main build compiles them
 (its compile_commands.json, as aarch64_compile.py rewrites them), for Highway's static target
 alone (HWY_COMPILE_ONLY_STATIC: NEON, dispatched without libhwy, of which no Arm64 build is
 installed); hwy_static_shim.cc stands in for the rest. GoogleTest is built from its Debian
@@ -26,9 +27,10 @@ from aarch64_compile import CXX, arm_command  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 GTEST = "/usr/src/googletest/googletest"
-# The test and the kernels it calls, from the main build's commands.
+# The tests and the kernels they call, from the main build's commands.
 SOURCES = ("tests/unit/simd_targets_test.cc", "libcodec/src/numerics/simd.cc",
-           "libcodec/src/numerics/pair_sums.cc", "libcodec/src/coords/low_rank_update.cc")
+           "libcodec/src/numerics/pair_sums.cc", "libcodec/src/coords/low_rank_update.cc",
+           "tests/unit/fp8_rules_test.cc")
 QEMU = "qemu-aarch64"
 
 
@@ -53,7 +55,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         jobs = []
         for i, path in enumerate(wanted):
-            cmd = arm_command(entries[path], os.path.join(tmp, f"{i}.o"))
+            out = os.path.join(tmp, f"{i}.o")
+            cmd = arm_command(entries[path], out)
+            if "-fsyntax-only" in cmd:  # a file without Highway: compiled all the same
+                cmd = cmd[:cmd.index("-fsyntax-only")] + ["-c", "-o", out]
             jobs.append((path, [cmd[0], "-DHWY_COMPILE_ONLY_STATIC"] + cmd[1:],
                          entries[path]["directory"]))
         # The shim with the kernels' flags (their include folders); GoogleTest as its own
