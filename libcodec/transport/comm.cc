@@ -326,8 +326,9 @@ struct MomentBuffers {
   std::vector<double> averaged;
 };
 
-// Sizes *b for moments of dims[i]^2 elements. check_same_statistics has made the dimensions
-// the same on every rank, so the ranks agree on whether each could allocate.
+// Sizes *b for moments of dims[i]^2 elements, and the ranks agree on whether each could
+// (check_same_statistics has made the dimensions, and so the all-gathers that follow, the
+// same on every rank).
 giftResult_t allocate_moments(giftComm& c, size_t n, const uint32_t* dims, MomentBuffers* b) {
   uint64_t largest = 0;
   for (size_t i = 0; i < n; ++i) largest = std::max(largest, uint64_t(dims[i]) * dims[i]);

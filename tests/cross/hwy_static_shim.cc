@@ -5,6 +5,8 @@
 #include <hwy/targets.h>
 #include <omp.h>
 
+#include <algorithm>
+
 #include "common/ctx.h"
 
 namespace hwy {
@@ -16,5 +18,8 @@ void SetSupportedTargetsForTest(int64_t) {}
 
 }  // namespace hwy
 
-// OpenMP's default team, as gift::thread_count gives it without a context.
-int gift::thread_count(const giftCtx*) { return omp_get_max_threads(); }
+// OpenMP's default team, at most the processors: gift::thread_count without a context, less
+// its cgroup quota, nesting and thread-limit rules, which these tests do not reach.
+int gift::thread_count(const giftCtx*) {
+  return std::min(omp_get_max_threads(), omp_get_num_procs());
+}
