@@ -3,11 +3,13 @@
 numerics/simd.cc, numerics/pair_sums.cc and coords/low_rank_update.cc against the scalar
 rules) and the scalar rules' own (tests/unit/fp8_rules_test.cc: FP8, scales, Philox) on
 Arm64, under QEMU's user mode: Highway's NEON code, which the x86 machines never run, and
-the rules compiled for another instruction set. The sources are compiled with Debian's cross compiler as the main build compiles them
-(its compile_commands.json, as aarch64_compile.py rewrites them), for Highway's static target
-alone (HWY_COMPILE_ONLY_STATIC: NEON, dispatched without libhwy, of which no Arm64 build is
-installed); hwy_static_shim.cc stands in for the rest. GoogleTest is built from its Debian
-sources (the googletest package, which libgtest-dev brings), and all is linked statically.
+the rules compiled for another instruction set. The sources are compiled with Debian's cross
+compiler as the main build compiles them (its compile_commands.json, as aarch64_compile.py
+rewrites them), one at a time (ctest counts the test as one processor's work), for Highway's
+static target alone (HWY_COMPILE_ONLY_STATIC: NEON, dispatched without libhwy, of which no
+Arm64 build is installed); hwy_static_shim.cc stands in for the rest. GoogleTest is built from
+its Debian sources (the googletest package, which libgtest-dev brings), and all is linked
+statically.
 
 Usage: aarch64_simd_tests.py BUILD_DIR
 Exit status: 0 passed, 1 failed (a compile, the link or a test), 77 skipped (no GoogleTest
@@ -19,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aarch64_compile import CXX, arm_command  # noqa: E402
@@ -78,17 +79,12 @@ def main():
                                 "-I", GTEST, "-c", os.path.join(GTEST, "src", f"{name}.cc"),
                                 "-o", os.path.join(tmp, f"{name}.o")], tmp))
 
-        def compile_one(job):
-            name, cmd, cwd = job
+        failed = 0
+        for name, cmd, cwd in jobs:
             r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-            return name, r.returncode, r.stderr
-
-        # One compile at a time: ctest counts this test as one processor's work.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            results = list(pool.map(compile_one, jobs))
-        failed = [(n, err) for n, rc, err in results if rc != 0]
-        for n, err in failed:
-            print(f"FAILED: compiling {n}\n{err}")
+            if r.returncode != 0:
+                print(f"FAILED: compiling {name}\n{r.stderr}")
+                failed += 1
         if failed:
             sys.exit(1)
         binary = os.path.join(tmp, "simd_targets_arm64")
@@ -99,7 +95,7 @@ def main():
             print(f"FAILED: linking\n{r.stderr}")
             sys.exit(1)
         # Two threads, as on CI's two cores, for the kernels' parallel loops (pair sums).
-        r = subprocess.run([QEMU, binary, "--gtest_brief=0"],
+        r = subprocess.run([QEMU, binary, "--gtest_brief=1"],
                            env=dict(os.environ, OMP_NUM_THREADS="2"))
         sys.exit(0 if r.returncode == 0 else 1)
 
