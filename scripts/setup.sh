@@ -30,8 +30,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The Arm64 cross compiler of the compile check (tests/cross), and QEMU's user mode, which
-# runs that check's test of the floating-point environment: both only register where their
-# programs are, so a machine that cannot install them loses those checks, not the others.
+# runs the Arm64 tests built with it (the vector kernels' and the scalar rules' tests, the
+# floating-point environment's): they only register where their programs are, so a machine
+# that cannot install them loses those checks, not the others.
 arm=()
 for p in g++-aarch64-linux-gnu qemu-user; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || arm+=("$p")
