@@ -86,20 +86,33 @@ def main():
     ap.add_argument("giftc")
     ap.add_argument("--floor", default=None,
                     help="io_floor (default: tests/bench/io_floor in giftc's build tree)")
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--sizes", default="512M,6G")
-    ap.add_argument("--dtypes", default="F32,BF16")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None,
+                    help="folder for the dumps and outputs (each removed once timed), made if "
+                         "missing (default: a temporary folder, removed at the end)")
+    ap.add_argument("--sizes", default="512M,6G",
+                    help="dump sizes, comma-separated, in M or G (default: 512M,6G; past 1G F32 only)")
+    ap.add_argument("--dtypes", default="F32,BF16", help="dump dtypes (default: F32,BF16)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="interleaved rounds; medians and fastest of them (default: 3)")
     a = ap.parse_args()
     floor = a.floor or os.path.join(os.path.dirname(os.path.abspath(a.giftc)), os.pardir, "tests",
                                     "bench", "io_floor")
     if not os.access(floor, os.X_OK):
         raise SystemExit(f"{floor}: no io_floor there (build the io_floor target, or name it "
                          "with --floor)")
+    if a.dir:
+        os.makedirs(a.dir, exist_ok=True)
     work = a.dir or tempfile.mkdtemp(prefix="giftc-bench-")
     units = {"M": 1 << 20, "G": 1 << 30}
+    sizes = a.sizes.split(",")
+    for size in sizes:
+        if not (size[:-1].isdigit() and size[-1:] in units and int(size[:-1]) > 0):
+            ap.error(f"--sizes: {size!r} is not a size such as 512M or 6G")
+    for dtype in a.dtypes.upper().split(","):
+        if dtype not in ("F32", "BF16"):
+            ap.error(f"--dtypes: {dtype!r} is not F32 or BF16")
     rows, fastest = [], []
-    for size in a.sizes.split(","):
+    for size in sizes:
         nbytes = int(size[:-1]) * units[size[-1]]
         for dtype in a.dtypes.upper().split(","):
             if nbytes > (1 << 30) and dtype != "F32":
