@@ -101,12 +101,14 @@ giftResult_t check_tensor_pointers(const BucketShape& b, const void* const* tens
 }
 
 std::string bucket_key(const BucketShape& b) {
+  // Every field is counted or ends at a separator it cannot hold, so that no two buckets read
+  // alike: {[2, 3], "x"} and {[2], "3,x"} once shared a key, and with it a plan sized for the
+  // other bucket.
   std::string key;
   for (size_t i = 0; i < b.dtypes.size(); ++i) {
-    key += std::to_string(int(b.dtypes[i])) + ":";
+    key += std::to_string(int(b.dtypes[i])) + ":" + std::to_string(b.shapes[i].size()) + ":";
     for (uint64_t d : b.shapes[i]) key += std::to_string(d) + ",";
-    key += b.names[i];
-    key += '\0';
+    key += std::to_string(b.names[i].size()) + ":" + b.names[i];
   }
   return key;
 }

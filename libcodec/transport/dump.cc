@@ -32,16 +32,6 @@ std::string config_text(const giftAllReduceConfig& c) {
   return buf;
 }
 
-// Names the bucket by its tensor names, so buckets of one run dump to distinct files.
-uint64_t bucket_id(const std::vector<DumpTensor>& tensors) {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  for (const DumpTensor& t : tensors) XXH3_64bits_update(st, t.name, strlen(t.name) + 1);
-  const uint64_t id = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return id;
-}
-
 }  // namespace
 
 DumpSettings dump_settings(const giftAllReduceConfig& config) {
@@ -73,29 +63,47 @@ giftResult_t check_dump_dir(const DumpSettings& s) {
   return fail(GIFT_ERROR_IO, "dumps every %" PRIu32 " calls into '%s': %s", s.every, dir, why);
 }
 
+giftResult_t check_dump_names(const DumpSettings& s, const BucketShape& bucket) {
+  if (s.every == 0) return GIFT_OK;
+  giftFrameWriter* raw = nullptr;
+  if (const giftResult_t rc = giftFrameWriterCreate(&raw)) return rc;
+  WriterPtr w(raw, giftFrameWriterFree);
+  static const double kScalar = 0;  // the one element of a tensor of no dimensions
+  for (size_t i = 0; i < bucket.dtypes.size(); ++i) {
+    const std::vector<uint64_t> empty(bucket.shapes[i].size(), 0);
+    if (giftFrameWriterAddTensor(w.get(), bucket.names[i].c_str(), empty.data(),
+                                 uint32_t(empty.size()), bucket.dtypes[i], &kScalar, nullptr)) {
+      const std::string why = giftGetLastErrorMessage();
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor %zu: dumps every %" PRIu32 " calls: %s", i,
+                  s.every, why.c_str());
+    }
+  }
+  return GIFT_OK;
+}
+
 giftResult_t write_dump(const DumpSettings& s, const giftAllReduceConfig& config, int world,
-                        uint64_t call, const std::vector<DumpTensor>& tensors) {
+                        uint64_t call, const BucketShape& bucket, const void* const* data) {
   giftFrameWriter* raw = nullptr;
   if (const giftResult_t rc = giftFrameWriterCreate(&raw)) return rc;
   WriterPtr w(raw, giftFrameWriterFree);
   const std::string calls = std::to_string(call), worlds = std::to_string(world);
   const std::string conf = config_text(config);
-  if (giftResult_t rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.call", calls.c_str());
-      rc || (rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.world", worlds.c_str())) ||
-      (rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.config", conf.c_str()))) {
-    return rc;
+  giftResult_t rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.call", calls.c_str());
+  if (!rc) rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.world", worlds.c_str());
+  if (!rc) rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.config", conf.c_str());
+  for (size_t i = 0; i < bucket.dtypes.size() && !rc; ++i) {
+    rc = giftFrameWriterAddTensor(w.get(), bucket.names[i].c_str(), bucket.shapes[i].data(),
+                                  uint32_t(bucket.shapes[i].size()), bucket.dtypes[i], data[i],
+                                  nullptr);
   }
-  for (const DumpTensor& t : tensors) {
-    if (const giftResult_t rc =
-            giftFrameWriterAddTensor(w.get(), t.name, t.shape->data(), uint32_t(t.shape->size()),
-                                     t.dtype, t.data, nullptr)) {
-      return rc;
-    }
-  }
+  const std::string key = bucket_key(bucket);
   char path[4096];
   snprintf(path, sizeof path, "%s/allreduce-%016" PRIx64 "-%06" PRIu64 ".gift", s.dir.c_str(),
-           bucket_id(tensors), call);
-  return giftFrameWriterWriteFile(w.get(), path);
+           uint64_t(XXH3_64bits(key.data(), key.size())), call);
+  if (!rc) rc = giftFrameWriterWriteFile(w.get(), path);
+  if (rc == GIFT_OK || rc == GIFT_ERROR_IO) return rc;
+  const std::string why = giftGetLastErrorMessage();
+  return fail(GIFT_ERROR_IO, "%s: %s", path, why.c_str());
 }
 
 }  // namespace gift::transport

@@ -392,6 +392,9 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
     p->world = world;
     p->rank = rank;
     if (const giftResult_t rc = gift::transport::read_bucket(tensors, n, &p->bucket)) return rc;
+    if (rank == 0) {
+      if (const giftResult_t rc = gift::transport::check_dump_names(p->dump, p->bucket)) return rc;
+    }
     const uint64_t total = p->bucket.offset.back();
     if (const giftResult_t rc =
             gift::transport::make_layout(p->params, p->config, total, n, world, &p->layout))
@@ -715,12 +718,8 @@ giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered
     }
   }
   if (finite && p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
-    std::vector<gift::transport::DumpTensor> tensors;
-    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
-      tensors.push_back(
-          {p.bucket.names[i].c_str(), p.bucket.dtypes[i], &p.bucket.shapes[i], out_tensors[i]});
-    }
-    if (const giftResult_t rc = write_dump(p.dump, p.config, p.world, p.call, tensors)) {
+    if (const giftResult_t rc =
+            write_dump(p.dump, p.config, p.world, p.call, p.bucket, out_tensors)) {
       const std::string why = giftGetLastErrorMessage();
       return fail(rc,
                   "the call completed (its result is written and its error feedback kept) but "

@@ -5,10 +5,12 @@
 #include <mpi.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -414,58 +416,6 @@ void test_bad_buckets_are_refused() {
         "giftCommInitMpi(NULL): %d (%s)", int(rc), giftGetLastErrorMessage());
 }
 
-// A dump folder that cannot take dumps fails the first call on every rank, naming it.
-void test_unwritable_dump_folder_fails_first() {
-  giftAllReduceConfig c = base_config();
-  c.dump_every = 1;
-  c.dump_path = "/nonexistent/gift-dumps";
-  Comm comm(c);
-  float x = 1.0f, y = 0.0f;
-  const giftResult_t rc = giftAllReduce(comm.c, &x, &y, 1, GIFT_DTYPE_F32, nullptr);
-  expect_failed_everywhere(rc, GIFT_ERROR_IO,
-                           "rank 0 failed in checking its arguments: dumps "
-                           "every 1 calls into '/nonexistent/gift-dumps'",
-                           "an unwritable dump folder");
-}
-
-// A dump that fails after its call completed says so on every rank: the result is written
-// and the state committed, so the results are those of a run without dumps.
-void test_failed_dump_reports_a_completed_call(const std::string& dir) {
-  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
-  const Bucket in = gift::test::make_input(specs, 13, g_rank);
-  std::vector<Bucket> plain, dumped;
-  {
-    Comm comm(base_config());
-    for (int i = 1; i <= 3; ++i) {
-      giftResult_t rc;
-      plain.push_back(allreduce(comm.c, specs, in, &rc));
-      CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
-    }
-  }
-  if (g_rank == 0) std::filesystem::create_directories(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  giftAllReduceConfig c = base_config();
-  c.dump_every = 2;
-  c.dump_path = dir.c_str();
-  Comm comm(c);
-  for (int i = 1; i <= 3; ++i) {
-    if (i == 2) {  // the folder goes away after the plan checked it
-      if (g_rank == 0) std::filesystem::remove_all(dir);
-      MPI_Barrier(MPI_COMM_WORLD);
-    }
-    giftResult_t rc;
-    dumped.push_back(allreduce(comm.c, specs, in, &rc));
-    if (i == 2) {
-      expect_failed_everywhere(rc, GIFT_ERROR_IO,
-                               "rank 0 failed in decoding the result: the call completed",
-                               "a dump that failed");
-    } else {
-      CHECK(rc == GIFT_OK, "call %d: %s", i, giftGetLastErrorMessage());
-    }
-  }
-  CHECK(dumped == plain, "the results of a run whose dump failed differ from a run without");
-}
-
 size_t frames_in(const std::string& dir) {
   size_t n = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -684,6 +634,129 @@ void test_refreshed_basis_is_the_fit_of_the_average() {
   }
 }
 
+// Buckets that differ get plans of their own, however their names and shapes are spelled:
+// {"x": [2, 3]} and {"3,x": [2]} once shared a plan's key, so the second call encoded six
+// elements of a two-element tensor and wrote four past it. Here the guards past the second
+// tensor must stay, and its result must be its own reduction.
+void test_buckets_apart_have_plans_apart() {
+  giftAllReduceConfig c = base_config();
+  Comm comm(c);
+  const std::vector<TensorSpec> first = {{"x", GIFT_DTYPE_F32, {2, 3}}};
+  const Bucket in = gift::test::make_input(first, 21, g_rank);
+  giftResult_t rc;
+  allreduce(comm.c, first, in, &rc);
+  CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+  const std::vector<TensorSpec> second = {{"3,x", GIFT_DTYPE_F32, {2}}};
+  const Bucket in2 = gift::test::make_input(second, 22, g_rank);
+  const float kGuard = 12345.0f;
+  std::vector<float> send(6, kGuard), recv(6, kGuard);
+  std::memcpy(send.data(), in2[0].data(), in2[0].size());
+  const std::vector<giftBucketTensor> d = gift::test::describe(second);
+  const void* s = send.data();
+  void* r = recv.data();
+  rc = giftAllReduceBucket(comm.c, d.data(), &s, &r, 1);
+  CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+  CHECK(std::all_of(recv.begin() + 2, recv.end(), [&](float v) { return v == kGuard; }),
+        "the call wrote past its 2-element tensor");
+  Bucket out = {std::vector<uint8_t>(in2[0].size())};
+  std::memcpy(out[0].data(), recv.data(), out[0].size());
+  check_bound("the second bucket", second, out, c, 22);
+}
+
+// Every bucket dumps to a file of its own: flat buffers of 4 and of 1000 elements (both named
+// "buffer") once dumped to the same name, the second frame replacing the first.
+void test_buckets_dump_apart(const std::string& dir) {
+  if (g_rank == 0) std::filesystem::create_directories(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  giftAllReduceConfig c = base_config();
+  c.dump_every = 1;
+  c.dump_path = dir.c_str();
+  Comm comm(c);
+  std::vector<float> x(1000, 0.5f), y(1000);
+  for (const uint64_t n : {uint64_t(4), uint64_t(1000)}) {
+    const giftResult_t rc = giftAllReduce(comm.c, x.data(), y.data(), n, GIFT_DTYPE_F32, nullptr);
+    CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+  }
+  if (g_rank == 0)
+    CHECK(frames_in(dir) == 2, "%zu dumps in %s, expected 2", frames_in(dir), dir.c_str());
+}
+
+// With dumps on, a bucket whose names a frame cannot hold fails its first call on every rank,
+// naming it, instead of every dump failing after its call.
+void test_names_a_dump_cannot_hold_fail_first(const std::string& dir) {
+  if (g_rank == 0) std::filesystem::create_directories(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  giftAllReduceConfig c = base_config();
+  c.dump_every = 1;
+  c.dump_path = dir.c_str();
+  Comm comm(c);
+  // Tensor 1 is unnamed: "t1", as tensor 0 is called.
+  const uint64_t shape[] = {3};
+  const giftBucketTensor d[] = {{"t1", GIFT_DTYPE_F32, 1, shape},
+                                {nullptr, GIFT_DTYPE_F32, 1, shape}};
+  std::vector<float> x(3, 1.0f), y(3), z(3);
+  const void* send[] = {x.data(), x.data()};
+  void* recv[] = {y.data(), z.data()};
+  const giftResult_t rc = giftAllReduceBucket(comm.c, d, send, recv, 2);
+  expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT,
+                           "rank 0 failed in checking its arguments: tensor 1: dumps every 1 "
+                           "calls: tensor 't1' added twice",
+                           "two tensors of one name");
+  if (g_rank == 0) CHECK(frames_in(dir) == 0, "a dump of a refused call");
+}
+
+// A dump folder that cannot take dumps fails the first call on every rank, naming it.
+void test_unwritable_dump_folder_fails_first() {
+  giftAllReduceConfig c = base_config();
+  c.dump_every = 1;
+  c.dump_path = "/nonexistent/gift-dumps";
+  Comm comm(c);
+  float x = 1.0f, y = 0.0f;
+  const giftResult_t rc = giftAllReduce(comm.c, &x, &y, 1, GIFT_DTYPE_F32, nullptr);
+  expect_failed_everywhere(rc, GIFT_ERROR_IO,
+                           "rank 0 failed in checking its arguments: dumps "
+                           "every 1 calls into '/nonexistent/gift-dumps'",
+                           "an unwritable dump folder");
+}
+
+// A dump that fails after its call completed says so on every rank: the result is written
+// and the state committed, so the results are those of a run without dumps.
+void test_failed_dump_reports_a_completed_call(const std::string& dir) {
+  const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
+  const Bucket in = gift::test::make_input(specs, 13, g_rank);
+  std::vector<Bucket> plain, dumped;
+  {
+    Comm comm(base_config());
+    for (int i = 1; i <= 3; ++i) {
+      giftResult_t rc;
+      plain.push_back(allreduce(comm.c, specs, in, &rc));
+      CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
+    }
+  }
+  if (g_rank == 0) std::filesystem::create_directories(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  giftAllReduceConfig c = base_config();
+  c.dump_every = 2;
+  c.dump_path = dir.c_str();
+  Comm comm(c);
+  for (int i = 1; i <= 3; ++i) {
+    if (i == 2) {  // the folder goes away after the plan checked it
+      if (g_rank == 0) std::filesystem::remove_all(dir);
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    giftResult_t rc;
+    dumped.push_back(allreduce(comm.c, specs, in, &rc));
+    if (i == 2) {
+      expect_failed_everywhere(rc, GIFT_ERROR_IO,
+                               "rank 0 failed in decoding the result: the call completed",
+                               "a dump that failed");
+    } else {
+      CHECK(rc == GIFT_OK, "call %d: %s", i, giftGetLastErrorMessage());
+    }
+  }
+  CHECK(dumped == plain, "the results of a run whose dump failed differ from a run without");
+}
+
 // A rank that gives other statistics (another dimension, another count) fails the refresh on
 // every rank, named, before any moment moves; the communicator goes on.
 void test_refresh_with_other_statistics_is_refused() {
@@ -737,6 +810,9 @@ int main(int argc, char** argv) {
   test_ranks_that_differ_are_named();
   test_bad_buckets_are_refused();
   test_unwritable_dump_folder_fails_first();
+  test_buckets_apart_have_plans_apart();
+  test_buckets_dump_apart(dump_dir + "/apart");
+  test_names_a_dump_cannot_hold_fail_first(dump_dir + "/names");
   test_failed_dump_reports_a_completed_call(dump_dir + "/vanishing");
   int failures = 0;
   MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -48,10 +48,13 @@ typedef struct {
   int integrity;      /* 1: an XXH3-64 checksum over every message, checked on receipt */
   /* Every dump_every-th call (0: never), rank 0 writes the result as a GIFT frame into the
    * directory dump_path. With dump_every 0, the environment variables GIFT_DUMP_EVERY and
-   * GIFT_DUMP_DIR switch dumps on for programs that cannot change their config. Rank 0's plan
-   * fails its creation (GIFT_ERROR_IO) where the folder cannot take files; a dump that fails
-   * later fails its call with GIFT_ERROR_IO after the call completed (result written, state
-   * committed), which the message says. */
+   * GIFT_DUMP_DIR switch dumps on for programs that cannot change their config. A bucket
+   * dumps to allreduce-<bucket>-<call>.gift, <bucket> a hash of its tensors' names, dtypes and
+   * shapes. Rank 0's plan fails its creation where the folder cannot take files
+   * (GIFT_ERROR_IO) or a frame cannot hold the bucket's tensor names (two alike, an empty or
+   * non-UTF-8 one: GIFT_ERROR_INVALID_ARGUMENT); a dump that fails later fails its call with
+   * GIFT_ERROR_IO after the call completed (result written, state committed), which the
+   * message says. */
   uint32_t dump_every;
   const char* dump_path;
   int threads; /* codec threads per rank: 0 all hardware threads (see giftQuantParams) */
