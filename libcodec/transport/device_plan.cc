@@ -152,9 +152,10 @@ giftResult_t clear_extra(const giftReduceDevicePlan& p, uint8_t* msgs, int n, cu
 // Applies a new choice of coordinates, dropping the reduced residual of the tensors whose
 // coordinates change (enqueued on `stream`).
 giftResult_t set_coords(giftReduceDevicePlan& p, const std::vector<uint8_t>& in_gift,
-                        cudaStream_t stream) {
+                        bool new_whiteners, cudaStream_t stream) {
   std::vector<std::pair<uint64_t, uint64_t>> changed;
-  if (p.shard_residual) changed = p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift);
+  if (p.shard_residual)
+    changed = p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift, new_whiteners);
   // Chosen first, so that the choice matches the whiteners even if a reset below fails.
   p.coords.choose(in_gift);
   for (const auto& [b, e] : changed) {
@@ -307,6 +308,7 @@ giftResult_t giftReduceDevicePlanSetBasis(giftReduceDevicePlan* plan, const gift
     tr::PlanCoords next(p.coords.in_gift.size());
     next.in_gift = p.coords.in_gift;
     next.hash = p.coords.hash;
+    const bool new_whiteners = p.coords.other_basis(basis);
     std::vector<uint8_t> in_gift;
     next.set_basis(p.bucket, p.config, basis, &in_gift);
     std::vector<std::unique_ptr<kn::DeviceWhitener>> w(next.whitener.size());
@@ -322,7 +324,7 @@ giftResult_t giftReduceDevicePlanSetBasis(giftReduceDevicePlan* plan, const gift
     p.coords = std::move(next);
     p.whitener = std::move(w);
     p.measuring = false;
-    if (const giftResult_t rc = set_coords(p, in_gift, nullptr)) return rc;
+    if (const giftResult_t rc = set_coords(p, in_gift, new_whiteners, nullptr)) return rc;
     // The uploads and the residual's reset complete before any stream's next step.
     GIFT_CUDA_TRY(cudaDeviceSynchronize());
     return GIFT_OK;
@@ -427,7 +429,7 @@ giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void
     GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
     p.coords.measure(p.bucket, p.params, p.host_flat.data());
   }
-  if (p.coords.has_basis) ++p.coords.calls_with_basis;
+  p.coords.begin_call();
   if (!p.direct()) {
     if (const giftResult_t rc = apply_coords(p, p.flat, false, stream)) return rc;
   }
@@ -608,13 +610,13 @@ giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint
     bool finite = true;
     for (const uint32_t f : flags) finite = finite && !(f & tr::kHoldsNonFinite);
     // A measuring call whose result is not finite does not count: the next call measures.
-    if (flags[0] & tr::kCarriesDecision) {
-      if (!finite) {
-        --p.coords.calls_with_basis;
-      } else if (const giftResult_t rc = set_coords(p, p.host_extra, stream)) {
-        return rc;
-      }
+    const bool decision = flags[0] & tr::kCarriesDecision;
+    if (decision && finite) {
+      if (const giftResult_t rc = set_coords(p, p.host_extra, false, stream)) return rc;
     }
+    p.coords.end_call(decision && !finite);
+  } else {
+    p.coords.end_call(false);
   }
   return end.finish();
 }

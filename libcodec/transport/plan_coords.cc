@@ -56,16 +56,21 @@ void PlanCoords::set_basis(const BucketShape& bucket, const giftAllReduceConfig&
   has_basis = basis != nullptr;
   basis_id = basis ? basis->basis.id : coords::BasisId{};
   calls_with_basis = 0;
+  call_counts = false;  // a call in flight began with another basis
   *out = std::move(choice);
 }
 
+bool PlanCoords::other_basis(const giftBasis* basis) const {
+  return has_basis != (basis != nullptr) || (basis && !(basis_id == basis->basis.id));
+}
+
 std::vector<std::pair<uint64_t, uint64_t>> PlanCoords::changed_ranges(
-    const BucketShape& bucket, const Layout& layout, int rank,
-    const std::vector<uint8_t>& choice) const {
+    const BucketShape& bucket, const Layout& layout, int rank, const std::vector<uint8_t>& choice,
+    bool new_whiteners) const {
   std::vector<std::pair<uint64_t, uint64_t>> out;
   const uint64_t sb = layout.shard_begin[rank], se = layout.shard_begin[rank + 1];
   for (size_t i = 0; i < choice.size(); ++i) {
-    if (choice[i] == in_gift[i]) continue;
+    if (choice[i] == in_gift[i] && !(new_whiteners && in_gift[i])) continue;
     const uint64_t b = std::max(sb, bucket.offset[i]), e = std::min(se, bucket.offset[i + 1]);
     if (b < e) out.emplace_back(b - sb, e - sb);
   }

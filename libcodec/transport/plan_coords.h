@@ -30,7 +30,12 @@ struct PlanCoords {
   std::vector<std::unique_ptr<coords::Whitener>> whitener;
   std::vector<uint8_t> in_gift;
   uint32_t hash = 0;
+  // Calls with the present basis that count towards the next measurement: a call counts once
+  // its step 5 completes (end_call), which every rank decides from the same gathered bytes, so
+  // that a measuring call abandoned before then, or whose result is not finite, is measured
+  // again by the next call on every rank.
   uint64_t calls_with_basis = 0;
+  bool call_counts = false;      // the call in flight began with the present basis
   std::vector<float> estimates;  // 2 per tensor: this rank's, or the sum over ranks
 
   explicit PlanCoords(size_t tensors = 0);
@@ -42,12 +47,16 @@ struct PlanCoords {
   void set_basis(const BucketShape& bucket, const giftAllReduceConfig& config,
                  const giftBasis* basis, std::vector<uint8_t>* in_gift);
 
+  // Whether `basis` (NULL: none) is another than the present one: its whiteners differ.
+  bool other_basis(const giftBasis* basis) const;
   // The ranges [begin, end) of this rank's reduced shard (relative to the shard's start)
-  // that belong to tensors whose coordinates `in_gift` changes: their reduced residual no
-  // longer means anything and is dropped.
-  std::vector<std::pair<uint64_t, uint64_t>> changed_ranges(
-      const BucketShape& bucket, const Layout& layout, int rank,
-      const std::vector<uint8_t>& in_gift) const;
+  // that belong to tensors whose coordinates `in_gift` changes, or with new_whiteners that are
+  // whitened now (by the old basis's whiteners): their reduced residual no longer means
+  // anything and is dropped.
+  std::vector<std::pair<uint64_t, uint64_t>> changed_ranges(const BucketShape& bucket,
+                                                            const Layout& layout, int rank,
+                                                            const std::vector<uint8_t>& in_gift,
+                                                            bool new_whiteners) const;
   // Applies a choice of coordinates (after changed_ranges).
   void choose(const std::vector<uint8_t>& in_gift);
   // Whether some tensor travels in GIFT coordinates now.
@@ -57,6 +66,13 @@ struct PlanCoords {
 
   // Whether this call measures (AUTO: the first call with a basis and every reselect_every).
   bool measuring(const giftAllReduceConfig& config) const;
+  // Step 1 of a call, and the completion of its step 5: the call counts unless it measured
+  // and its result is not finite (measured_not_finite).
+  void begin_call() { call_counts = has_basis; }
+  void end_call(bool measured_not_finite) {
+    if (call_counts && !measured_not_finite) ++calls_with_basis;
+    call_counts = false;
+  }
   // This rank's estimates of each eligible tensor's round-trip error in both coordinates, on
   // the bucket's fp32 values `flat` in original coordinates (NaN where not eligible).
   void measure(const BucketShape& bucket, const giftQuantParams& params, const float* flat);

@@ -169,9 +169,10 @@ void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {
 
 // Applies a new choice of coordinates; the reduced shard's residual of a tensor that changes
 // coordinates no longer means anything and is dropped (a call's uncommitted one too).
-void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift) {
+void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift, bool new_whiteners) {
   if (!p.shard_residual.empty()) {
-    for (const auto& [b, e] : p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift)) {
+    for (const auto& [b, e] :
+         p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift, new_whiteners)) {
       std::fill(p.shard_residual.begin() + b, p.shard_residual.begin() + e, 0.0f);
       if (p.shard_residual_pending) std::fill(p.sum.begin() + b, p.sum.begin() + e, 0.0f);
     }
@@ -429,8 +430,9 @@ giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis
         (basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN) || !p.residual.empty();
     if (whole && p.flat.empty()) p.flat.resize(p.bucket.offset.back());
     std::vector<uint8_t> in_gift;
+    const bool new_whiteners = p.coords.other_basis(basis);
     p.coords.set_basis(p.bucket, p.config, basis, &in_gift);
-    set_coords(p, in_gift);
+    set_coords(p, in_gift, new_whiteners);
     if (!whole) gift::LineAlignedVector<float>().swap(p.flat);
     return GIFT_OK;
   } catch (const std::bad_alloc&) {
@@ -503,7 +505,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   // number, and agree on which calls measure, after an error on one of them.
   ++p.call;
   const bool measure_now = p.coords.measuring(p.config);
-  if (p.coords.has_basis) ++p.coords.calls_with_basis;
+  p.coords.begin_call();
   p.residual_pending = p.shard_residual_pending = false;
   if (const giftResult_t rc = gift::transport::check_tensor_pointers(p.bucket, tensors)) return rc;
   if (const giftResult_t rc = check_messages(p, send, "send")) return rc;
@@ -704,19 +706,17 @@ giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered
   // A measuring call whose result is not finite does not count: the next call measures.
   MessageHeader zero;
   memcpy(&zero, gathered, sizeof zero);
-  if (zero.flags & kCarriesDecision) {
-    if (finite) {
-      // GIFT only where this plan has a whitener: a corrupt byte (without integrity) must not
-      // send a tensor without one to be whitened.
-      std::vector<uint8_t> choice(gathered + p.layout.extra_at,
-                                  gathered + p.layout.extra_at + p.coords.in_gift.size());
-      for (size_t i = 0; i < choice.size(); ++i)
-        choice[i] = choice[i] && p.coords.whitener[i] ? 1 : 0;
-      set_coords(p, choice);
-    } else {
-      --p.coords.calls_with_basis;
-    }
+  const bool decision = zero.flags & kCarriesDecision;
+  if (decision && finite) {
+    // GIFT only where this plan has a whitener: a corrupt byte (without integrity) must not
+    // send a tensor without one to be whitened.
+    std::vector<uint8_t> choice(gathered + p.layout.extra_at,
+                                gathered + p.layout.extra_at + p.coords.in_gift.size());
+    for (size_t i = 0; i < choice.size(); ++i)
+      choice[i] = choice[i] && p.coords.whitener[i] ? 1 : 0;
+    set_coords(p, choice, false);
   }
+  p.coords.end_call(decision && !finite);
   if (finite && p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     if (const giftResult_t rc =
             write_dump(p.dump, p.config, p.world, p.call, p.bucket, out_tensors)) {

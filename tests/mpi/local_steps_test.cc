@@ -894,6 +894,76 @@ TEST(LocalStepsCoords, NonFiniteMeasuringCallIsMeasuredAgain) {
   EXPECT_EQ(coords_of(hit.plan(0))[0], GIFT_COORDS_GIFT);
 }
 
+// A measuring call abandoned before step 5 on every rank (here a NaN under
+// GIFT_NONFINITE_ERROR fails rank 1's step 1; or every rank stops after step 3, as when a
+// communicator's agreement fails the call) decides nothing and does not count: the next call
+// measures and decides, and the run then equals one that never had that call. Before, step 1
+// counted the call, so the run stayed Euclidean until the reselect_every-th call.
+TEST(LocalStepsCoords, AbandonedMeasuringCallIsMeasuredAgain) {
+  const int world = 2;
+  const BasisPtr basis = fit_basis(16);
+  giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_AUTO);
+  c.error_feedback = 1;
+  c.reselect_every = 3;
+  const std::vector<Bucket> in = coords_inputs(world);
+  for (const bool after_step3 : {false, true}) {
+    SimulatedWorld clean(c, world, kCoordsBucket), hit(c, world, kCoordsBucket);
+    clean.set_basis(basis.get());
+    hit.set_basis(basis.get());
+    if (after_step3) {
+      const auto recv = hit.scatter(in);
+      std::vector<uint8_t> out(hit.message_bytes());
+      for (int r = 0; r < world; ++r)
+        ASSERT_EQ(hit.reduce(r, recv[size_t(r)], out.data()), GIFT_OK);
+    } else {
+      std::vector<Bucket> bad = in;
+      const float nan = NAN;
+      memcpy(bad[1][2].data() + 4 * 3, &nan, 4);
+      for (int r = 0; r < world; ++r) {
+        std::vector<const void*> ptrs;
+        for (const auto& t : bad[size_t(r)]) ptrs.push_back(t.data());
+        std::vector<uint8_t> send(uint64_t(world) * hit.message_bytes());
+        EXPECT_EQ(giftReduceEncodeShards(hit.plan(r), ptrs.data(), send.data()),
+                  r == 1 ? GIFT_ERROR_NONFINITE_INPUT : GIFT_OK);
+      }
+    }
+    // Calls 1-4 of the clean run against calls 2-5 of the other: measuring at 1 and 4.
+    for (int call = 1; call <= 4; ++call) {
+      EXPECT_EQ(hit.allreduce(in), clean.allreduce(in))
+          << "after step 3: " << after_step3 << ", call " << call;
+      EXPECT_EQ(coords_of(hit.plan(0)), coords_of(clean.plan(0))) << "call " << call;
+    }
+    EXPECT_EQ(coords_of(hit.plan(0))[0], GIFT_COORDS_GIFT);
+  }
+}
+
+// Another basis in GIFT mode drops the reduced residual of the tensors whitened until then: it
+// is in the old basis's coordinates, which the tensors keep no longer (their coordinates stay
+// GIFT, which is all that dropped it before). A plan taking B2 straight after a call in B1
+// goes on as one that went through no basis (which drops it) to B2.
+TEST(LocalStepsCoords, AnotherBasisDropsTheReducedResidualOfWhitenedTensors) {
+  const int world = 2;
+  const BasisPtr b1 = fit_basis(16), b2 = fit_basis(8);
+  giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_GIFT);
+  c.error_feedback = 1;
+  SimulatedWorld straight(c, world, kCoordsBucket), through(c, world, kCoordsBucket);
+  straight.set_basis(b1.get());
+  through.set_basis(b1.get());
+  const std::vector<Bucket> in = coords_inputs(world);
+  ASSERT_EQ(straight.allreduce(in), through.allreduce(in));
+  straight.set_basis(b2.get());
+  through.set_basis(nullptr);
+  through.set_basis(b2.get());
+  EXPECT_EQ(straight.allreduce(in), through.allreduce(in));
+  // The same basis again changes nothing: the residual stays.
+  SimulatedWorld again(c, world, kCoordsBucket), once(c, world, kCoordsBucket);
+  again.set_basis(b1.get());
+  once.set_basis(b1.get());
+  ASSERT_EQ(again.allreduce(in), once.allreduce(in));
+  again.set_basis(b1.get());
+  EXPECT_EQ(again.allreduce(in), once.allreduce(in));
+}
+
 // A rank whose config measures (AUTO) sends estimates where a rank of another coordinates
 // mode keeps no room for them: refused by name, never read or answered past the message.
 // (A EUCLIDEAN plan in the same basis passes every other check of the header: both sides are

@@ -111,8 +111,9 @@ GIFT_API void giftReducePlanDestroy(giftReducePlan* plan);
  * receiving step with GIFT_ERROR_BASIS_MISSING naming the sender (giftCommSetBasis checks
  * the ids on all ranks first). The error-feedback residual of this rank's encode is kept in
  * original coordinates and survives; the reduced shard's residual, in the coordinates of the
- * flat bucket, is dropped for the tensors whose coordinates change. The plan keeps its own
- * copy of the whiteners it needs. */
+ * flat bucket, is dropped for the tensors whose coordinates change, and with another basis
+ * (another id) for every tensor that was whitened. The plan keeps its own copy of the
+ * whiteners it needs. */
 GIFT_API giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis);
 
 /* Which tensors currently travel in GIFT coordinates: coords[i] for tensor i (n entries). */
