@@ -2,6 +2,7 @@
 // once against giftCommBackend so that every backend runs the same steps on the same bytes.
 #include <cinttypes>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <new>
@@ -336,7 +337,7 @@ giftResult_t allocate_moments(giftComm& c, size_t n, const uint32_t* dims, Momen
   try {
     b->gathered.resize(std::min(largest, kMomentPart) * uint64_t(c.backend.world));
     if (c.backend.rank == 0) b->averaged.resize(largest);
-  } catch (const std::bad_alloc&) {
+  } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector holds
     rc = fail(GIFT_ERROR_OUT_OF_MEMORY, "rank %d: no memory for a moment of %llu elements",
               c.backend.rank, (unsigned long long)largest);
   }

@@ -271,6 +271,233 @@ giftResult_t create(const giftAllReduceConfig* config, int world, int rank,
   return GIFT_OK;
 }
 
+giftResult_t encode_shards(giftReduceDevicePlan* plan, const void* const* tensors, uint8_t* send,
+                           cudaStream_t stream) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  StepEnd end(p, stream);
+  // Every call advances the counter, failed ones too, as on the CPU.
+  ++p.call;
+  p.residual_pending = p.shard_residual_pending = false;
+  if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, tensors)) return rc;
+  if (const giftResult_t rc = check_messages(send, "send")) return rc;
+  const void* src = p.flat;
+  giftDType_t dtype = GIFT_DTYPE_F32;
+  if (p.direct()) {
+    src = tensors[0];
+    dtype = p.bucket.dtypes[0];
+  } else {
+    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+      const uint64_t at = p.bucket.offset[i];
+      if (const giftResult_t rc =
+              kn::to_fp32(tensors[i], p.bucket.dtypes[i], p.bucket.offset[i + 1] - at,
+                          p.residual ? p.residual + at : nullptr, p.flat + at, stream)) {
+        return rc;
+      }
+    }
+  }
+  // As on the CPU: a measuring call estimates on the input in original coordinates (read
+  // back to the host, where the CPU plan's estimator runs), then whitens.
+  p.measuring = p.coords.measuring(p.config);
+  if (p.measuring) {
+    p.host_flat.resize(p.bucket.offset.back());
+    GIFT_CUDA_TRY(cudaMemcpyAsync(p.host_flat.data(), p.flat, p.host_flat.size() * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
+    p.coords.measure(p.bucket, p.params, p.host_flat.data());
+  }
+  p.coords.begin_call();
+  if (!p.direct()) {
+    if (const giftResult_t rc = apply_coords(p, p.flat, false, stream)) return rc;
+  }
+  const uint64_t m = p.layout.message_bytes;
+  // Message 0 (to rank 0) carries this rank's estimates on a measuring call.
+  const uint32_t flags0 = p.measuring ? tr::kCarriesEstimates : 0;
+  if (const giftResult_t rc = kn::write_headers(send, m, 1, header(p, tr::kScatter, flags0), 0, 1,
+                                                p.shard_begin, stream)) {
+    return rc;
+  }
+  if (p.world > 1) {
+    if (const giftResult_t rc = kn::write_headers(send + m, m, p.world - 1, header(p, tr::kScatter),
+                                                  1, 1, p.shard_begin, stream)) {
+      return rc;
+    }
+  }
+  if (const giftResult_t rc = clear_extra(p, send, p.world, stream)) return rc;
+  if (p.measuring) {
+    GIFT_CUDA_TRY(cudaMemcpyAsync(send + p.layout.extra_at, p.coords.estimates.data(),
+                                  p.coords.estimates.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                  stream));
+  }
+  for (int r = 0; r < p.world; ++r) {
+    const uint64_t begin = p.layout.shard_begin[r];
+    const void* values = static_cast<const char*>(src) + begin * dtype_size(dtype);
+    // The residual replaces the values in flat (with error feedback, src is flat).
+    if (const giftResult_t rc = encode_message(p, tr::kScatter, r, values, dtype, p.count(r),
+                                               p.residual ? p.flat + begin : nullptr, p.stats + r,
+                                               send + uint64_t(r) * m, stream)) {
+      return rc;
+    }
+  }
+  // The residual goes back to original coordinates, as on the CPU.
+  if (p.residual) {
+    if (const giftResult_t rc = apply_coords(p, p.flat, true, stream)) return rc;
+  }
+  if (const giftResult_t rc =
+          note_nonfinite(p, tr::kScatter, p.stats, p.world, send, nullptr, stream)) {
+    return rc;
+  }
+  p.residual_pending = p.residual != nullptr;
+  return end.finish();
+}
+
+giftResult_t sum_shard(giftReduceDevicePlan* plan, const uint8_t* recv, uint8_t* out_msg,
+                       cudaStream_t stream) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  StepEnd end(p, stream);
+  if (const giftResult_t rc = check_messages(recv, "recv")) return rc;
+  if (const giftResult_t rc = check_messages(out_msg, "out_msg")) return rc;
+  const uint64_t m = p.layout.message_bytes;
+  if (const giftResult_t rc =
+          kn::check_headers(recv, m, p.world, p.rank, tr::kScatter, p.call, p.shard_begin,
+                            header(p, tr::kScatter), p.record, stream)) {
+    return rc;
+  }
+  const uint64_t count = p.count(p.rank);
+  kn::SumShardArgs a;
+  a.in = {recv, m, p.layout.scales_at, p.layout.codes_at};
+  a.world = p.world;
+  a.count = count;
+  a.block = p.params.block;
+  a.e8m0 = p.e8m0();
+  a.kind = p.params.kind;
+  a.average = p.config.op == GIFT_REDUCE_AVG;
+  a.residual = p.shard_residual;
+  a.sum = p.sum;
+  if (const giftResult_t rc = kn::sum_shard(a, stream)) return rc;
+  // Rank 0 of a measuring call reads every rank's estimates back (message 0, its own, says
+  // whether they came), decides as the CPU plan does, and sends the decision to all.
+  uint32_t flags = 0;
+  std::vector<uint8_t> decision;
+  if (p.measuring && p.rank == 0) {
+    tr::MessageHeader first;
+    p.host_extra.resize(p.extra_bytes() * uint64_t(p.world));
+    GIFT_CUDA_TRY(cudaMemcpyAsync(&first, recv, sizeof first, cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaMemcpy2DAsync(p.host_extra.data(), p.extra_bytes(), recv + p.layout.extra_at,
+                                    m, p.extra_bytes(), size_t(p.world), cudaMemcpyDeviceToHost,
+                                    stream));
+    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
+    if (first.flags & tr::kCarriesEstimates) {
+      decision = p.coords.decide(p.host_extra.data(), p.extra_bytes(), 0, p.world);
+      flags = tr::kCarriesDecision;
+    }
+  }
+  if (const giftResult_t rc = kn::write_headers(out_msg, m, 1, header(p, tr::kGather, flags),
+                                                p.rank, 0, p.shard_begin, stream)) {
+    return rc;
+  }
+  if (const giftResult_t rc = clear_extra(p, out_msg, 1, stream)) return rc;
+  if (!decision.empty()) {
+    // Pageable memory: the copy is staged before cudaMemcpyAsync returns.
+    GIFT_CUDA_TRY(cudaMemcpyAsync(out_msg + p.layout.extra_at, decision.data(), decision.size(),
+                                  cudaMemcpyHostToDevice, stream));
+  }
+  // The new residual replaces the sum it comes from.
+  float* residual = p.shard_residual ? p.sum : nullptr;
+  if (const giftResult_t rc = encode_message(p, tr::kGather, p.rank, p.sum, GIFT_DTYPE_F32, count,
+                                             residual, p.stats + p.world, out_msg, stream)) {
+    return rc;
+  }
+  if (const giftResult_t rc =
+          note_nonfinite(p, tr::kGather, p.stats + p.world, 1, out_msg, recv, stream)) {
+    return rc;
+  }
+  p.shard_residual_pending = residual != nullptr;
+  return end.finish();
+}
+
+giftResult_t decode_result(giftReduceDevicePlan* plan, const uint8_t* gathered,
+                           void* const* out_tensors, cudaStream_t stream) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  giftReduceDevicePlan& p = *plan;
+  StepEnd end(p, stream);
+  if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, out_tensors)) return rc;
+  if (const giftResult_t rc = check_messages(gathered, "gathered")) return rc;
+  const uint64_t m = p.layout.message_bytes;
+  if (const giftResult_t rc =
+          kn::check_headers(gathered, m, p.world, p.rank, tr::kGather, p.call, p.shard_begin,
+                            header(p, tr::kGather), p.record, stream)) {
+    return rc;
+  }
+  // The residuals are committed before flat receives the result (not after a message that
+  // the record holds against this step: the host plan would have refused the call).
+  if (p.residual_pending) {
+    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.record, p.flat,
+                                                     p.residual, p.bucket.offset.back(), stream)) {
+      return rc;
+    }
+  }
+  if (p.shard_residual_pending) {
+    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.record, p.sum,
+                                                     p.shard_residual, p.count(p.rank), stream)) {
+      return rc;
+    }
+  }
+  p.residual_pending = p.shard_residual_pending = false;
+  // One tensor in original coordinates is decoded straight into its dtype: the decoder rounds
+  // each fp32 value as the conversion from the fp32 buffer would.
+  const bool direct = p.bucket.dtypes.size() == 1 && !p.coords.in_gift[0];
+  void* dst = direct ? out_tensors[0] : p.flat;
+  const giftDType_t dtype = direct ? p.bucket.dtypes[0] : GIFT_DTYPE_F32;
+  for (int s = 0; s < p.world; ++s) {
+    if (p.count(s) == 0) continue;
+    const uint8_t* msg = gathered + uint64_t(s) * m;
+    char* at = static_cast<char*>(dst) + p.layout.shard_begin[s] * dtype_size(dtype);
+    if (const giftResult_t rc =
+            giftDecodeDevice(&p.params, msg + p.layout.codes_at, msg + p.layout.scales_at,
+                             p.scale_capacity(), 1, p.count(s), at, dtype, stream)) {
+      return rc;
+    }
+  }
+  if (!direct) {
+    if (const giftResult_t rc = apply_coords(p, p.flat, true, stream)) return rc;
+    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
+      const uint64_t at = p.bucket.offset[i];
+      if (const giftResult_t rc = kn::from_fp32(p.flat + at, p.bucket.offset[i + 1] - at,
+                                                p.bucket.dtypes[i], out_tensors[i], stream)) {
+        return rc;
+      }
+    }
+  }
+  // Every rank reads rank 0's decision from the same gathered bytes, so all switch together
+  // (read back only on measuring calls: only those carry one), unless the result is not
+  // finite, as on the CPU.
+  if (p.measuring) {
+    p.measuring = false;
+    const size_t n = p.coords.in_gift.size();
+    p.host_extra.resize(n);
+    std::vector<uint32_t> flags(size_t(p.world));
+    GIFT_CUDA_TRY(cudaMemcpy2DAsync(
+        flags.data(), sizeof(uint32_t), gathered + offsetof(tr::MessageHeader, flags), m,
+        sizeof(uint32_t), size_t(p.world), cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaMemcpyAsync(p.host_extra.data(), gathered + p.layout.extra_at, n,
+                                  cudaMemcpyDeviceToHost, stream));
+    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
+    bool finite = true;
+    for (const uint32_t f : flags) finite = finite && !(f & tr::kHoldsNonFinite);
+    // A measuring call whose result is not finite does not count: the next call measures.
+    const bool decision = flags[0] & tr::kCarriesDecision;
+    if (decision && finite) {
+      if (const giftResult_t rc = set_coords(p, p.host_extra, false, stream)) return rc;
+    }
+    p.coords.end_call(decision && !finite);
+  } else {
+    p.coords.end_call(false);
+  }
+  return end.finish();
+}
+
 }  // namespace
 
 extern "C" {
@@ -396,229 +623,21 @@ giftResult_t giftReduceDevicePlanLoadState(giftReduceDevicePlan* plan, const voi
 
 giftResult_t giftReduceEncodeShardsDevice(giftReduceDevicePlan* plan, const void* const* tensors,
                                           uint8_t* send, cudaStream_t stream) {
-  if (const giftResult_t rc = check_plan(plan)) return rc;
-  giftReduceDevicePlan& p = *plan;
-  StepEnd end(p, stream);
-  // Every call advances the counter, failed ones too, as on the CPU.
-  ++p.call;
-  p.residual_pending = p.shard_residual_pending = false;
-  if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, tensors)) return rc;
-  if (const giftResult_t rc = check_messages(send, "send")) return rc;
-  const void* src = p.flat;
-  giftDType_t dtype = GIFT_DTYPE_F32;
-  if (p.direct()) {
-    src = tensors[0];
-    dtype = p.bucket.dtypes[0];
-  } else {
-    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
-      const uint64_t at = p.bucket.offset[i];
-      if (const giftResult_t rc =
-              kn::to_fp32(tensors[i], p.bucket.dtypes[i], p.bucket.offset[i + 1] - at,
-                          p.residual ? p.residual + at : nullptr, p.flat + at, stream)) {
-        return rc;
-      }
-    }
-  }
-  // As on the CPU: a measuring call estimates on the input in original coordinates (read
-  // back to the host, where the CPU plan's estimator runs), then whitens.
-  p.measuring = p.coords.measuring(p.config);
-  if (p.measuring) {
-    p.host_flat.resize(p.bucket.offset.back());
-    GIFT_CUDA_TRY(cudaMemcpyAsync(p.host_flat.data(), p.flat, p.host_flat.size() * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream));
-    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
-    p.coords.measure(p.bucket, p.params, p.host_flat.data());
-  }
-  p.coords.begin_call();
-  if (!p.direct()) {
-    if (const giftResult_t rc = apply_coords(p, p.flat, false, stream)) return rc;
-  }
-  const uint64_t m = p.layout.message_bytes;
-  // Message 0 (to rank 0) carries this rank's estimates on a measuring call.
-  const uint32_t flags0 = p.measuring ? tr::kCarriesEstimates : 0;
-  if (const giftResult_t rc = kn::write_headers(send, m, 1, header(p, tr::kScatter, flags0), 0, 1,
-                                                p.shard_begin, stream)) {
-    return rc;
-  }
-  if (p.world > 1) {
-    if (const giftResult_t rc = kn::write_headers(send + m, m, p.world - 1, header(p, tr::kScatter),
-                                                  1, 1, p.shard_begin, stream)) {
-      return rc;
-    }
-  }
-  if (const giftResult_t rc = clear_extra(p, send, p.world, stream)) return rc;
-  if (p.measuring) {
-    GIFT_CUDA_TRY(cudaMemcpyAsync(send + p.layout.extra_at, p.coords.estimates.data(),
-                                  p.coords.estimates.size() * sizeof(float), cudaMemcpyHostToDevice,
-                                  stream));
-  }
-  for (int r = 0; r < p.world; ++r) {
-    const uint64_t begin = p.layout.shard_begin[r];
-    const void* values = static_cast<const char*>(src) + begin * dtype_size(dtype);
-    // The residual replaces the values in flat (with error feedback, src is flat).
-    if (const giftResult_t rc = encode_message(p, tr::kScatter, r, values, dtype, p.count(r),
-                                               p.residual ? p.flat + begin : nullptr, p.stats + r,
-                                               send + uint64_t(r) * m, stream)) {
-      return rc;
-    }
-  }
-  // The residual goes back to original coordinates, as on the CPU.
-  if (p.residual) {
-    if (const giftResult_t rc = apply_coords(p, p.flat, true, stream)) return rc;
-  }
-  if (const giftResult_t rc =
-          note_nonfinite(p, tr::kScatter, p.stats, p.world, send, nullptr, stream)) {
-    return rc;
-  }
-  p.residual_pending = p.residual != nullptr;
-  return end.finish();
+  return gift::without_exceptions("step 1 (encoding the shards)",
+                                  [&] { return encode_shards(plan, tensors, send, stream); });
 }
 
 giftResult_t giftReduceSumShardDevice(giftReduceDevicePlan* plan, const uint8_t* recv,
                                       uint8_t* out_msg, cudaStream_t stream) {
-  if (const giftResult_t rc = check_plan(plan)) return rc;
-  giftReduceDevicePlan& p = *plan;
-  StepEnd end(p, stream);
-  if (const giftResult_t rc = check_messages(recv, "recv")) return rc;
-  if (const giftResult_t rc = check_messages(out_msg, "out_msg")) return rc;
-  const uint64_t m = p.layout.message_bytes;
-  if (const giftResult_t rc =
-          kn::check_headers(recv, m, p.world, p.rank, tr::kScatter, p.call, p.shard_begin,
-                            header(p, tr::kScatter), p.record, stream)) {
-    return rc;
-  }
-  const uint64_t count = p.count(p.rank);
-  kn::SumShardArgs a;
-  a.in = {recv, m, p.layout.scales_at, p.layout.codes_at};
-  a.world = p.world;
-  a.count = count;
-  a.block = p.params.block;
-  a.e8m0 = p.e8m0();
-  a.kind = p.params.kind;
-  a.average = p.config.op == GIFT_REDUCE_AVG;
-  a.residual = p.shard_residual;
-  a.sum = p.sum;
-  if (const giftResult_t rc = kn::sum_shard(a, stream)) return rc;
-  // Rank 0 of a measuring call reads every rank's estimates back (message 0, its own, says
-  // whether they came), decides as the CPU plan does, and sends the decision to all.
-  uint32_t flags = 0;
-  std::vector<uint8_t> decision;
-  if (p.measuring && p.rank == 0) {
-    tr::MessageHeader first;
-    p.host_extra.resize(p.extra_bytes() * uint64_t(p.world));
-    GIFT_CUDA_TRY(cudaMemcpyAsync(&first, recv, sizeof first, cudaMemcpyDeviceToHost, stream));
-    GIFT_CUDA_TRY(cudaMemcpy2DAsync(p.host_extra.data(), p.extra_bytes(), recv + p.layout.extra_at,
-                                    m, p.extra_bytes(), size_t(p.world), cudaMemcpyDeviceToHost,
-                                    stream));
-    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
-    if (first.flags & tr::kCarriesEstimates) {
-      decision = p.coords.decide(p.host_extra.data(), p.extra_bytes(), 0, p.world);
-      flags = tr::kCarriesDecision;
-    }
-  }
-  if (const giftResult_t rc = kn::write_headers(out_msg, m, 1, header(p, tr::kGather, flags),
-                                                p.rank, 0, p.shard_begin, stream)) {
-    return rc;
-  }
-  if (const giftResult_t rc = clear_extra(p, out_msg, 1, stream)) return rc;
-  if (!decision.empty()) {
-    // Pageable memory: the copy is staged before cudaMemcpyAsync returns.
-    GIFT_CUDA_TRY(cudaMemcpyAsync(out_msg + p.layout.extra_at, decision.data(), decision.size(),
-                                  cudaMemcpyHostToDevice, stream));
-  }
-  // The new residual replaces the sum it comes from.
-  float* residual = p.shard_residual ? p.sum : nullptr;
-  if (const giftResult_t rc = encode_message(p, tr::kGather, p.rank, p.sum, GIFT_DTYPE_F32, count,
-                                             residual, p.stats + p.world, out_msg, stream)) {
-    return rc;
-  }
-  if (const giftResult_t rc =
-          note_nonfinite(p, tr::kGather, p.stats + p.world, 1, out_msg, recv, stream)) {
-    return rc;
-  }
-  p.shard_residual_pending = residual != nullptr;
-  return end.finish();
+  return gift::without_exceptions("step 3 (summing the shard)",
+                                  [&] { return sum_shard(plan, recv, out_msg, stream); });
 }
 
 giftResult_t giftReduceDecodeResultDevice(giftReduceDevicePlan* plan, const uint8_t* gathered,
                                           void* const* out_tensors, cudaStream_t stream) {
-  if (const giftResult_t rc = check_plan(plan)) return rc;
-  giftReduceDevicePlan& p = *plan;
-  StepEnd end(p, stream);
-  if (const giftResult_t rc = tr::check_tensor_pointers(p.bucket, out_tensors)) return rc;
-  if (const giftResult_t rc = check_messages(gathered, "gathered")) return rc;
-  const uint64_t m = p.layout.message_bytes;
-  if (const giftResult_t rc =
-          kn::check_headers(gathered, m, p.world, p.rank, tr::kGather, p.call, p.shard_begin,
-                            header(p, tr::kGather), p.record, stream)) {
-    return rc;
-  }
-  // The residuals are committed before flat receives the result (not after a message that
-  // the record holds against this step: the host plan would have refused the call).
-  if (p.residual_pending) {
-    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.record, p.flat,
-                                                     p.residual, p.bucket.offset.back(), stream)) {
-      return rc;
-    }
-  }
-  if (p.shard_residual_pending) {
-    if (const giftResult_t rc = kn::commit_if_finite(gathered, m, p.world, p.record, p.sum,
-                                                     p.shard_residual, p.count(p.rank), stream)) {
-      return rc;
-    }
-  }
-  p.residual_pending = p.shard_residual_pending = false;
-  // One tensor in original coordinates is decoded straight into its dtype: the decoder rounds
-  // each fp32 value as the conversion from the fp32 buffer would.
-  const bool direct = p.bucket.dtypes.size() == 1 && !p.coords.in_gift[0];
-  void* dst = direct ? out_tensors[0] : p.flat;
-  const giftDType_t dtype = direct ? p.bucket.dtypes[0] : GIFT_DTYPE_F32;
-  for (int s = 0; s < p.world; ++s) {
-    if (p.count(s) == 0) continue;
-    const uint8_t* msg = gathered + uint64_t(s) * m;
-    char* at = static_cast<char*>(dst) + p.layout.shard_begin[s] * dtype_size(dtype);
-    if (const giftResult_t rc =
-            giftDecodeDevice(&p.params, msg + p.layout.codes_at, msg + p.layout.scales_at,
-                             p.scale_capacity(), 1, p.count(s), at, dtype, stream)) {
-      return rc;
-    }
-  }
-  if (!direct) {
-    if (const giftResult_t rc = apply_coords(p, p.flat, true, stream)) return rc;
-    for (size_t i = 0; i < p.bucket.dtypes.size(); ++i) {
-      const uint64_t at = p.bucket.offset[i];
-      if (const giftResult_t rc = kn::from_fp32(p.flat + at, p.bucket.offset[i + 1] - at,
-                                                p.bucket.dtypes[i], out_tensors[i], stream)) {
-        return rc;
-      }
-    }
-  }
-  // Every rank reads rank 0's decision from the same gathered bytes, so all switch together
-  // (read back only on measuring calls: only those carry one), unless the result is not
-  // finite, as on the CPU.
-  if (p.measuring) {
-    p.measuring = false;
-    const size_t n = p.coords.in_gift.size();
-    p.host_extra.resize(n);
-    std::vector<uint32_t> flags(size_t(p.world));
-    GIFT_CUDA_TRY(cudaMemcpy2DAsync(
-        flags.data(), sizeof(uint32_t), gathered + offsetof(tr::MessageHeader, flags), m,
-        sizeof(uint32_t), size_t(p.world), cudaMemcpyDeviceToHost, stream));
-    GIFT_CUDA_TRY(cudaMemcpyAsync(p.host_extra.data(), gathered + p.layout.extra_at, n,
-                                  cudaMemcpyDeviceToHost, stream));
-    GIFT_CUDA_TRY(cudaStreamSynchronize(stream));
-    bool finite = true;
-    for (const uint32_t f : flags) finite = finite && !(f & tr::kHoldsNonFinite);
-    // A measuring call whose result is not finite does not count: the next call measures.
-    const bool decision = flags[0] & tr::kCarriesDecision;
-    if (decision && finite) {
-      if (const giftResult_t rc = set_coords(p, p.host_extra, false, stream)) return rc;
-    }
-    p.coords.end_call(decision && !finite);
-  } else {
-    p.coords.end_call(false);
-  }
-  return end.finish();
+  return gift::without_exceptions("step 5 (decoding the result)", [&] {
+    return decode_result(plan, gathered, out_tensors, stream);
+  });
 }
 
 giftResult_t giftReduceDevicePlanStatus(giftReduceDevicePlan* plan) {

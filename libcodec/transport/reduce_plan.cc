@@ -496,8 +496,11 @@ giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* state, ui
   return GIFT_OK;
 }
 
-giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
-                                    uint8_t* send) {
+}  // extern "C"
+
+namespace {
+
+giftResult_t encode_shards(giftReducePlan* plan, const void* const* tensors, uint8_t* send) {
   const gift::num::FpEnvGuard fp_env;  // residuals, sums and means in IEEE arithmetic
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
@@ -553,7 +556,7 @@ giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* ten
   return GIFT_OK;
 }
 
-giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8_t* out_msg) {
+giftResult_t sum_shard(giftReducePlan* plan, const uint8_t* recv, uint8_t* out_msg) {
   const gift::num::FpEnvGuard fp_env;
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
@@ -626,6 +629,21 @@ giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8
   return rc;
 }
 
+}  // namespace
+
+extern "C" {
+
+giftResult_t giftReduceEncodeShards(giftReducePlan* plan, const void* const* tensors,
+                                    uint8_t* send) {
+  return gift::without_exceptions("step 1 (encoding the shards)",
+                                  [&] { return encode_shards(plan, tensors, send); });
+}
+
+giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* recv, uint8_t* out_msg) {
+  return gift::without_exceptions("step 3 (summing the shard)",
+                                  [&] { return sum_shard(plan, recv, out_msg); });
+}
+
 giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msgs, int n) {
   if (const giftResult_t rc = check_plan(plan)) return rc;
   const giftReducePlan& p = *plan;
@@ -647,10 +665,13 @@ giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msgs, int n)
 
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                     void* const* out_tensors) {
-  ChunkScratch scratch;
-  if (const giftResult_t rc = gift::transport::check_result(plan, gathered, out_tensors, &scratch))
-    return rc;
-  return gift::transport::decode_checked_result(plan, gathered, out_tensors, scratch);
+  return gift::without_exceptions("step 5 (decoding the result)", [&] {
+    ChunkScratch scratch;
+    if (const giftResult_t rc =
+            gift::transport::check_result(plan, gathered, out_tensors, &scratch))
+      return rc;
+    return gift::transport::decode_checked_result(plan, gathered, out_tensors, scratch);
+  });
 }
 
 }  // extern "C"

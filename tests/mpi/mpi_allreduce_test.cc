@@ -789,6 +789,21 @@ void test_refresh_with_other_statistics_is_refused() {
   CHECK(rc == GIFT_OK, "the same statistics after refused ones: %s", giftGetLastErrorMessage());
 }
 
+// A moment too large for any vector (2^31 x 2^31 elements) fails on every rank as memory that
+// runs out does; it once ended the process with an uncaught std::length_error.
+void test_refresh_of_a_moment_past_any_vector_fails() {
+  Comm comm(base_config());
+  const float m[1] = {1.0f};
+  const float* moments[] = {m};
+  const char* names[] = {"w"};
+  const uint32_t dims[] = {uint32_t(1) << 31};
+  const giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  const giftResult_t rc = giftCommRefreshBasis(comm.c, 1, names, moments, dims, &fp, nullptr);
+  expect_failed_everywhere(rc, GIFT_ERROR_OUT_OF_MEMORY,
+                           "rank 0: no memory for a moment of 4611686018427387904 elements",
+                           "a moment of 2^62 elements");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -806,6 +821,7 @@ int main(int argc, char** argv) {
   test_basis_agreement();
   test_refreshed_basis_is_the_fit_of_the_average();
   test_refresh_with_other_statistics_is_refused();
+  test_refresh_of_a_moment_past_any_vector_fails();
   test_failed_calls_leave_no_trace();
   test_ranks_that_differ_are_named();
   test_bad_buckets_are_refused();

@@ -2,6 +2,8 @@
 // report "which tensor, which element, why" without exceptions or allocation by callers.
 #pragma once
 
+#include <new>
+
 #include "gift/gift.h"
 
 namespace gift {
@@ -14,5 +16,16 @@ void clear_error();
 
 // The calling thread's message (giftGetLastErrorMessage).
 const char* last_message();
+
+// run() for the C API, which no exception crosses: memory that runs out fails the call with
+// GIFT_ERROR_OUT_OF_MEMORY, "no memory for <what>".
+template <typename Run>
+giftResult_t without_exceptions(const char* what, Run&& run) {
+  try {
+    return run();
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for %s", what);
+  }
+}
 
 }  // namespace gift
