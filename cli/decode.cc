@@ -142,11 +142,12 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   if (buffer_bytes && threads < giftProcessors())
     buffer[1].reset(new (std::nothrow) uint8_t[buffer_bytes]);
 
-  const OutputPtr out =
-      open_output(target.path, where.open_fd(target.path, o.force), o.fsync, o.force);
+  // Before the output exists: a header that cannot be written fails first.
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()));
+  const OutputPtr out =
+      open_output(target.path, where.open_fd(target.path, o.force), o.fsync, o.force);
   uint64_t total = head.size();
   for (const gift::io::TensorHeader& h : headers) total += h.elements() * giftDTypeSize(h.dtype);
   check(giftOutputReserve(out.get(), total));
@@ -172,9 +173,9 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   }
   check(giftOutputCommit(out.get()));
   if (!v.quiet)
-    std::fprintf(stderr, "%s: %llu tensors -> %s\n",
+    std::fprintf(stderr, "%s: %llu tensor%s -> %s\n",
                  o.input == "-" ? gift::io::kStdinName : o.input.c_str(), (unsigned long long)n,
-                 target.path.c_str());
+                 n == 1 ? "" : "s", target.path.c_str());
 }
 
 }  // namespace

@@ -183,12 +183,12 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   if (!v.quiet) {
     const uint64_t out_bytes = giftOutputBytes(sink);
     std::fprintf(stderr,
-                 "%s: %zu tensors (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> %s "
-                 "(%.2fx) -> %s\n",
+                 "%s: %zu tensor%s (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> "
+                 "%s (%.2fx) -> %s\n",
                  o.input == "-" ? gift::io::kStdinName : o.input.c_str(), in.tensors.size(),
-                 (unsigned long long)quantized, (unsigned long long)in_gift,
-                 (unsigned long long)(in.tensors.size() - quantized), human_bytes(in_bytes).c_str(),
-                 human_bytes(out_bytes).c_str(),
+                 in.tensors.size() == 1 ? "" : "s", (unsigned long long)quantized,
+                 (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
+                 human_bytes(in_bytes).c_str(), human_bytes(out_bytes).c_str(),
                  out_bytes ? double(in_bytes) / double(out_bytes) : 0.0, out.c_str());
   }
 }

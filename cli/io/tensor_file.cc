@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <unordered_set>
 #include <utility>
 
 #include "failure.h"
@@ -465,38 +465,60 @@ FileKind kind_of_path(const std::string& path) {
   return FileKind::kUnknown;
 }
 
+// What a safetensors header must pass before it is parsed into values, in a pass that keeps
+// none: no name given twice (a parse would silently keep its last entry), and no nesting past
+// kMaxSafetensorsDepth (a header nests three levels: header, tensor, shape; parsing is
+// iterative, but printing a value into a message recurses once per level). A parser callback
+// did both before, but nlohmann's callback parser scans an object's members at the end of
+// each object inside it: quadratic in the tensors (40,000 took 36 s to encode).
+struct HeaderCheck : nlohmann::json_sax<nlohmann::json> {
+  int depth = 0;  // containers open
+  bool too_deep = false;
+  std::unordered_set<std::string> seen;  // the top level's keys
+  std::string duplicate;                 // the first given twice
+
+  bool open() {
+    too_deep = depth >= kMaxSafetensorsDepth;
+    ++depth;
+    return !too_deep;
+  }
+  bool start_object(std::size_t) override { return open(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_object() override { return --depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth == 1 && !seen.insert(k).second && duplicate.empty()) duplicate = k;
+    return true;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;  // the parse of the values says why
+  }
+};
+
 void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name, TensorFile* out) {
   if (size < 8) bad(name, "not a safetensors file (shorter than its 8-byte header length)");
   const uint64_t hlen = load_le(b, 8);
   if (hlen > kMaxSafetensorsHeader) bad(name, "safetensors header longer than 100 MiB");
   if (hlen > size - 8) bad(name, "truncated safetensors header");
-  // A name given twice would otherwise silently keep its last entry. A header nests three
-  // levels (header, tensor, shape); parsing is iterative, but printing a value into a message
-  // recurses once per level, so a deeply nested one would overflow the stack.
-  std::set<std::string> seen;
-  std::string duplicate;
-  bool too_deep = false;
-  using event_t = nlohmann::json::parse_event_t;
-  const nlohmann::json::parser_callback_t check_keys = [&](int depth, event_t event,
-                                                           nlohmann::json& parsed) {
-    if ((event == event_t::object_start || event == event_t::array_start) &&
-        depth >= kMaxSafetensorsDepth) {
-      too_deep = true;
-      return false;
-    }
-    if (depth == 1 && event == event_t::key && !seen.insert(parsed.get<std::string>()).second &&
-        duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  const nlohmann::json h = nlohmann::json::parse(b + 8, b + 8 + hlen, check_keys, false);
-  if (too_deep) {
+  HeaderCheck check;
+  const bool checked = nlohmann::json::sax_parse(b + 8, b + 8 + hlen, &check);
+  if (check.too_deep) {
     bad(name, "safetensors header nests JSON deeper than " + std::to_string(kMaxSafetensorsDepth) +
                   " levels");
   }
-  if (!duplicate.empty()) bad(name, "the header names '" + ascii_escaped(duplicate) + "' twice");
+  if (!check.duplicate.empty())
+    bad(name, "the header names '" + ascii_escaped(check.duplicate) + "' twice");
+  const nlohmann::json h = checked ? nlohmann::json::parse(b + 8, b + 8 + hlen, nullptr, false)
+                                   : nlohmann::json(nlohmann::json::value_t::discarded);
   if (h.is_discarded()) {
-    // Parsed again for the reason, without the callback (a header this deep was refused).
+    // Parsed again for the reason (a header this deep was refused).
     try {
       const nlohmann::json again = nlohmann::json::parse(b + 8, b + 8 + hlen);
       (void)again;
@@ -683,6 +705,11 @@ std::vector<uint8_t> safetensors_header(const std::vector<TensorHeader>& tensors
   if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t at = 0;
   for (const TensorHeader& t : tensors) {
+    if (t.name == "__metadata__") {
+      throw giftc::Failure(giftc::kUsage,
+                           "tensor '__metadata__': a .safetensors file keeps that name for its "
+                           "metadata (decode it to .npy, or rename it)");
+    }
     const uint64_t bytes = t.elements() * giftDTypeSize(t.dtype);
     h[t.name] = {
         {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};

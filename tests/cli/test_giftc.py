@@ -1300,6 +1300,51 @@ class Giftc(unittest.TestCase):
         want = model_block_e4m3(tensors["layers.0.weight"]).astype(ml_dtypes.bfloat16).reshape(-1)
         self.assertTrue(np.array_equal(got.view(np.uint16), want.view(np.uint16)))
 
+    def test_a_dump_of_many_small_tensors_round_trips(self):
+        # 20,000 tensors, as a model with many experts has: every name and value back. (The
+        # header's checks and the frame writer's once took time quadratic in the tensors:
+        # 40,000 of them 36 s to encode.)
+        n = 20000
+        tensors = {f"experts.{i}.bias": np.full(3, i, dtype=np.float32) for i in range(n)}
+        src = self.path("many.safetensors")
+        save_file(tensors, src)
+        frame, out = self.path("many.gift"), self.path("back.safetensors")
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        r = run("decode", frame, "-o", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"{n} tensors ->", r.stderr)
+        back = load_file(out)
+        self.assertEqual(set(back), set(tensors))
+        for name in ("experts.0.bias", "experts.12345.bias", f"experts.{n - 1}.bias"):
+            self.assertEqual(back[name].tobytes(), tensors[name].tobytes())
+        # A name given twice is still found among them.
+        with open(src, "rb") as f:
+            hlen = struct.unpack("<Q", f.read(8))[0]
+            header, data = f.read(hlen), f.read()
+        twice = header.replace(b'"experts.19999.bias"', b'"experts.10000.bias"')
+        bad = self.path("twice.safetensors")
+        with open(bad, "wb") as f:
+            f.write(struct.pack("<Q", len(twice)) + twice + data)
+        r = run("encode", bad, "-o", self.path("twice.gift"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("the header names 'experts.10000.bias' twice", r.stderr)
+
+    def test_a_tensor_named_like_safetensors_metadata_is_not_written_to_safetensors(self):
+        # An .npy or .npz member may be called __metadata__; as a .safetensors key it is the
+        # file's metadata, so the decode wrote a file that no reader (giftc, safetensors) takes.
+        src = self.path("__metadata__.npy")
+        x = np.arange(16, dtype=np.float32).reshape(4, 4)
+        np.save(src, x)
+        self.assertEqual(run("encode", src, "-o", self.path("m.gift"), "-q").returncode, 0)
+        out = self.path("m.safetensors")
+        r = run("decode", self.path("m.gift"), "-o", out)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("tensor '__metadata__': a .safetensors file keeps that name", r.stderr)
+        self.assertEqual(sorted(os.listdir(self.dir)), ["__metadata__.npy", "m.gift"])
+        r = run("decode", self.path("m.gift"), "-o", self.path("m.npy"), "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(np.load(self.path("m.npy")).shape, (4, 4))
+
     def test_npz_and_options(self):
         rng = np.random.default_rng(1)
         a = rng.standard_normal((16, 256)).astype(np.float32)

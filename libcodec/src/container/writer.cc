@@ -552,10 +552,8 @@ giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t 
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name '%s' is not UTF-8 without NUL",
                 ascii_escaped(name).c_str());
   }
-  for (const Pending& t : tensors_) {
-    if (t.name == name) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s' added twice", name.c_str());
-    }
+  if (names_.count(name)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s' added twice", name.c_str());
   }
   if (!known_dtype(dtype)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name.c_str(),
@@ -628,6 +626,7 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
     if (const giftResult_t r = keep(&t.scales, sink_)) return r;
   }
   tensors_.push_back(std::move(t));
+  names_.insert(tensors_.back().name);
   mark.keep();
   return GIFT_OK;
 }
@@ -656,6 +655,7 @@ giftResult_t FrameWriter::add_tensor_rows(const std::string& name, const TensorS
   if (const giftResult_t r = encode_in_bands(&t, at, GIFT_DTYPE_F32, refused)) return r;
   if (!*refused) {
     tensors_.push_back(std::move(t));
+    names_.insert(tensors_.back().name);
     mark.keep();
   }
   return GIFT_OK;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -156,6 +157,7 @@ class FrameWriter {
   decltype(&giftEncode) encoder_ = &giftEncode;
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<Pending> tensors_;
+  std::unordered_set<std::string> names_;  // tensors_' names: a check per tensor, not a scan
   ScratchFile scratch_;
   SectionFile* sink_ = nullptr;  // where sections go as they are made: scratch_, stream_ or memory
   // Streaming: none, into stream_ (until write_to), finished, or its output freed first.
