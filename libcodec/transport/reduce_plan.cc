@@ -114,8 +114,7 @@ giftResult_t make_scratch(const giftReducePlan& p, ChunkScratch* s) {
 template <typename F>
 void for_each_chunk(const ChunkScratch& s, uint64_t n, F&& f) {
   const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
-  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(s.threads, chunks)));
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(gift::team_size(s.threads, chunks))
   for (int64_t c = 0; c < chunks; ++c) {
     const gift::num::FpEnvGuard fp_env;
     const uint64_t b = uint64_t(c) * kChunk;

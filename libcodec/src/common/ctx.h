@@ -17,4 +17,14 @@ int thread_count(const giftCtx* ctx);
 // encoded on two threads of two processors in 0.17 to 0.19 s against 0.14 to 0.16 s.
 bool spare_processor(const giftCtx* ctx);
 
+// The threads of a parallel loop of `tasks` tasks on at most `threads`: no more than it has
+// tasks, so that a small tensor runs on the calling thread alone. A team wakes every thread
+// and waits for each at its barrier, busy or not: with another process busy on the second of
+// 2 processors, a .npz of 2,000 small tensors took 0.06 to 0.25 s to encode (0.06 on one
+// thread) and 0.13 to 0.18 s to decode (0.04), and up to 100 times longer where the VM's
+// other processor was descheduled.
+inline int team_size(int threads, long long tasks) {
+  return int(tasks < 1 ? 1 : tasks < threads ? tasks : threads);
+}
+
 }  // namespace gift

@@ -160,7 +160,7 @@ Census encode_group(const giftQuantParams& p, const GroupGrid& grid, uint64_t g,
 template <typename F>
 void parallel_chunks(uint64_t begin, uint64_t n, int threads, F&& f) {
   const int64_t chunks = static_cast<int64_t>(ceil_div(n, kChunkElems));
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(team_size(threads, chunks))
   for (int64_t c = 0; c < chunks; ++c) {
     const num::FpEnvGuard fp_env;
     const uint64_t b = begin + uint64_t(c) * kChunkElems;
@@ -199,7 +199,7 @@ void for_each_block_run(
   const uint64_t nb = grid.grid_cols, groups = grid.count();
   const uint64_t per_task = std::max<uint64_t>(1, kChunkElems / p.block);
   const int64_t tasks = static_cast<int64_t>(ceil_div(groups, per_task));
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(team_size(threads, tasks))
   for (int64_t t = 0; t < tasks; ++t) {
     const num::FpEnvGuard fp_env;
     uint64_t g = uint64_t(t) * per_task;
@@ -269,7 +269,7 @@ void decode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const uin
   const uint64_t pieces_per_row = std::max<uint64_t>(1, ceil_div(grid.cols, piece));
   const int64_t tasks = static_cast<int64_t>(grid.rows * pieces_per_row);
   const size_t width = dtype_size(dst_dtype);
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(team_size(threads, tasks))
   {
 #pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < tasks; ++t) {
@@ -299,7 +299,7 @@ Census encode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const v
   const int64_t tasks = static_cast<int64_t>(grid.grid_rows * pieces_per_row);
   const uint32_t width = static_cast<uint32_t>(grid.width);
   std::vector<Census> parts(static_cast<size_t>(threads));
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(team_size(threads, tasks))
   {
     const num::FpEnvGuard fp_env;
     Census& acc = parts[static_cast<size_t>(omp_get_thread_num())];
@@ -370,7 +370,7 @@ giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const v
     total = encode_tile_rows(p, grid, src, src_dtype, codes, scales, threads, origin);
   } else {
     std::vector<Census> parts(static_cast<size_t>(threads));
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(team_size(threads, groups))
     for (int64_t g = 0; g < groups; ++g) {
       const num::FpEnvGuard fp_env;
       parts[static_cast<size_t>(omp_get_thread_num())].merge(
@@ -392,7 +392,7 @@ void group_amax(const giftCtx* ctx, const giftQuantParams& p, const void* src,
                 giftDType_t src_dtype, uint64_t rows, uint64_t cols, float* amax) {
   const GroupGrid grid = group_grid(p, rows, cols);
   const int64_t groups = static_cast<int64_t>(grid.count());
-#pragma omp parallel for schedule(static) num_threads(thread_count(ctx))
+#pragma omp parallel for schedule(static) num_threads(team_size(thread_count(ctx), groups))
   for (int64_t g = 0; g < groups; ++g) {
     Census census;
     for_each_row_span(grid, grid.rect(uint64_t(g)), [&](uint64_t b, uint64_t n) {
@@ -464,7 +464,7 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
     }
     return;
   }
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(team_size(threads, groups))
   {
 #pragma omp for schedule(static) nowait
     for (int64_t g = 0; g < groups; ++g) {
