@@ -109,13 +109,18 @@ inline giftResult_t make_layout(const giftQuantParams& params, const giftAllRedu
 }
 
 // Stochastic rounding draws fresh bits for every call, sender and shard (and for the second
-// encode of a shard), so no two encodes of a run share their random numbers.
+// encode of a shard), so no two encodes of a run share their random numbers. The encode's
+// index among a call's 2 * world^2 takes 64 bits past 46,340 ranks: its low 32 bits are the
+// codec's tensor_index, its high ones go into the seed (zero below that world, where the bytes
+// are those of the 32-bit index, which wrapped beyond it: step 1 drew step 0's bits).
 inline giftQuantParams encode_params(const giftQuantParams& params, const giftAllReduceConfig& c,
                                      uint64_t call, uint32_t step, int world, int sender,
                                      int shard) {
+  const uint64_t w = uint64_t(world);
+  const uint64_t index = (uint64_t(step) * w + uint64_t(sender)) * w + uint64_t(shard);
   giftQuantParams q = params;
-  q.seed = c.seed ^ (call * 0x9E3779B97F4A7C15ull);
-  q.tensor_index = uint32_t(step * world * world + sender * world + shard);
+  q.seed = c.seed ^ (call * 0x9E3779B97F4A7C15ull) ^ ((index >> 32) * 0xC2B2AE3D27D4EB4Full);
+  q.tensor_index = uint32_t(index);
   return q;
 }
 

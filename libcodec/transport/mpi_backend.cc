@@ -1,6 +1,7 @@
 // The MPI backend: fixed-size collectives on MPI_BYTE over a private communicator.
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <new>
@@ -93,10 +94,19 @@ giftResult_t agree(void* ctx, int* code, int* rank) {
   return GIFT_OK;
 }
 
+// Any size (a basis may pass 2 GiB), in pieces whose counts fit MPI's ints; every rank knows
+// `bytes`, so all make the same calls.
 giftResult_t broadcast(void* ctx, void* buf, uint64_t bytes, int root) {
   MpiContext& c = *static_cast<MpiContext*>(ctx);
-  if (bytes > uint64_t(INT_MAX)) return GIFT_ERROR_INVALID_ARGUMENT;
-  return mpi_result(c, MPI_Bcast(buf, int(bytes), MPI_BYTE, root, c.comm), "MPI_Bcast");
+  constexpr uint64_t kPiece = uint64_t(1) << 30;
+  for (uint64_t at = 0; at < bytes; at += kPiece) {
+    const int n = int(std::min(kPiece, bytes - at));
+    if (giftResult_t rc = mpi_result(
+            c, MPI_Bcast(static_cast<char*>(buf) + at, n, MPI_BYTE, root, c.comm), "MPI_Bcast")) {
+      return rc;
+    }
+  }
+  return GIFT_OK;
 }
 
 const char* last_error(void* ctx) { return static_cast<MpiContext*>(ctx)->error; }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -170,6 +171,29 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{4, GIFT_REDUCE_SUM, GIFT_FP8_E5M2, GIFT_SCALE_DTYPE_F32},
                       Case{4, GIFT_REDUCE_AVG, GIFT_FP8_E4M3, GIFT_SCALE_DTYPE_E8M0},
                       Case{5, GIFT_REDUCE_AVG, GIFT_FP8_E5M2, GIFT_SCALE_DTYPE_E8M0}));
+
+// Every encode of a call draws its own random bits, however many the ranks: (seed,
+// tensor_index) differs between any two. Past 46,340 ranks the index needs 64 bits; in 32
+// it wrapped, and at 65,536 ranks the second encode of a shard drew the first's bits.
+TEST(LocalSteps, EveryEncodeOfACallHasItsOwnRandomStreamInLargeWorlds) {
+  giftQuantParams base;
+  giftQuantParamsInit(&base);
+  const giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
+  const auto id = [&](uint32_t step, int world, int sender, int shard) {
+    const giftQuantParams q =
+        gift::transport::encode_params(base, c, 7, step, world, sender, shard);
+    return std::make_pair(q.seed, q.tensor_index);
+  };
+  for (const int world : {65536, 100000, 1 << 20}) {
+    EXPECT_NE(id(0, world, 0, 0), id(1, world, 0, 0)) << world;
+    EXPECT_NE(id(0, world, world - 1, world - 1), id(1, world, world - 1, world - 1)) << world;
+    EXPECT_NE(id(1, world, 0, 0), id(0, world, 1, 0)) << world;
+  }
+  // Smaller worlds keep the index they had, and the seed: the bytes of every run so far.
+  const giftQuantParams q = gift::transport::encode_params(base, c, 7, 1, 8, 3, 5);
+  EXPECT_EQ(q.tensor_index, 1u * 8 * 8 + 3 * 8 + 5);
+  EXPECT_EQ(q.seed, c.seed ^ (7 * 0x9E3779B97F4A7C15ull));
+}
 
 TEST(LocalSteps, MessagesStayNearOneBytePerElement) {
   // 1 MiB of fp32 over 4 ranks: each message carries a quarter of the bucket in FP8 plus

@@ -171,7 +171,10 @@ GIFT_API giftResult_t giftReducePlanLoadState(giftReducePlan* plan, const void* 
 /* ---- Communicators -------------------------------------------------------------------- */
 
 /* What a backend provides: collectives over host buffers of fixed-size messages. Each
- * returns GIFT_OK or an error code; last_error then gives the backend's detail. */
+ * returns GIFT_OK or an error code; last_error then gives the backend's detail. A collective
+ * that fails on some ranks only fails their call at once, while the others may wait in it or
+ * in the next one: the communicator cannot recover from that, and the job should end
+ * (MPI_Abort). The outcomes the library agrees on are its own checks and steps. */
 typedef struct {
   size_t size; /* sizeof(giftCommBackend) */
   unsigned int magic;
@@ -199,24 +202,30 @@ typedef struct giftComm giftComm;
  * returns `code`. */
 GIFT_API giftResult_t giftBackendFail(giftResult_t code, const char* message);
 
-/* A communicator over a backend; plans are cached per bucket shape (with their error
- * feedback) for the communicator's life. Backend headers (gift_mpi.h) wrap this. */
+/* A communicator over a backend; plans are cached per bucket shape (the tensors' names,
+ * dtypes and shapes), with their error feedback, for the communicator's life: calls with the
+ * same shape share one plan's error feedback. Backend headers (gift_mpi.h) wrap this. Its
+ * checks (of the config) are local: a rank refused here fails alone, so check the result on
+ * every rank before the first call. */
 GIFT_API giftResult_t giftCommCreate(const giftCommBackend* backend,
                                      const giftAllReduceConfig* config, giftComm** comm);
 GIFT_API void giftCommDestroy(giftComm* comm);
 
-/* All-reduce of one flat buffer (send == recv allowed). stream must be NULL for host
- * backends. Collective: every rank calls it with the same count and dtype. An error on any
- * rank is returned on every rank, and the message names the rank and step that failed; the
- * error feedback and the choice of coordinates then stay as they were on every rank, and recv
- * holds no result (but for a dump that failed after its call completed, which the message
- * says). Before anything is sent, the ranks compare their calls: a rank whose arguments fail
- * their checks, whose bucket (element count, dtypes, shapes) differs from rank 0's, whose
- * config differs in what the messages depend on (kind, block, scale_dtype, op, integrity,
- * coords, and reselect_every under AUTO, nonfinite), or whose plan for the bucket has made
- * another number of calls, fails the call on every rank, named, before any plan changes. A
- * call that fails later (a NaN, a corrupted message) still counts as a call on every rank:
- * stochastic rounding draws other bits for the calls after it than without it. */
+/* All-reduce of one flat buffer (send == recv allowed). stream must be NULL for host backends.
+ * Its bucket is one tensor named "buffer": every giftAllReduce of the same count and dtype
+ * shares one plan, and so its error feedback (buffers that need theirs apart, layers of the
+ * same size, go through giftAllReduceBucket under names of their own). Collective: every rank
+ * calls it with the same count and dtype. An error on any rank is returned on every rank, and
+ * the message names the rank and step that failed; the error feedback and the choice of
+ * coordinates then stay as they were on every rank, and recv holds no result (but for a dump
+ * that failed after its call completed, which the message says). Before anything is sent, the
+ * ranks compare their calls: a rank whose arguments fail their checks, whose bucket (element
+ * count, dtypes, shapes) differs from rank 0's, whose config differs in what the messages
+ * depend on (kind, block, scale_dtype, op, integrity, coords, and reselect_every under AUTO,
+ * nonfinite), or whose plan for the bucket has made another number of calls, fails the call on
+ * every rank, named, before any plan changes. A call that fails later (a NaN, a corrupted
+ * message) still counts as a call on every rank: stochastic rounding draws other bits for the
+ * calls after it than without it. */
 GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv, uint64_t count,
                                     giftDType_t dtype, void* stream);
 
