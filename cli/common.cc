@@ -364,6 +364,12 @@ int OutputTarget::open_fd(const std::string& path, bool force) const {
   return device ? open_not_terminal(path, force) : -1;
 }
 
+CLI::Validator file_name() {
+  return CLI::Validator(
+      [](const std::string& v) { return v.empty() ? std::string("an empty file name") : ""; }, "",
+      "file name");
+}
+
 void add_threads_option(CLI::App* command, int* threads) {
   command
       ->add_option("--threads", *threads,

@@ -186,7 +186,8 @@ void add_decode(CLI::App& app, Verbosity& v) {
   c->add_option("IN", o->input, "Input frame (.gift; - reads standard input)")->required();
   c->add_option("-o,--output", o->output,
                 "Output file (default: IN without .gift, as NAME.decoded.safetensors or .npy; "
-                "- writes standard output)");
+                "- writes standard output)")
+      ->check(file_name());
   c->add_flag("-c,--stdout", o->to_stdout, "Write to standard output");
   c->add_option("--format", o->format,
                 "Output format: safetensors or npy (default: by the output's extension; "

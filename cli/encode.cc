@@ -202,7 +202,8 @@ void add_encode(CLI::App& app, Verbosity& v) {
   c->add_option("IN", o->input, "Input tensor file (- reads standard input)")->required();
   c->add_option("-o,--output", o->output,
                 "Output frame (default: IN.gift, or standard output for standard input; - "
-                "writes standard output)");
+                "writes standard output)")
+      ->check(file_name());
   c->add_flag("-c,--stdout", o->to_stdout, "Write to standard output");
   c->add_option("--fp8", o->fp8, "FP8 kind: e4m3 or e5m2")->capture_default_str();
   c->add_option("--scale", o->scale, "Scale groups: tensor, row, block:N or tile:RxC")

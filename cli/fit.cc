@@ -207,7 +207,8 @@ void add_fit(CLI::App& app, Verbosity& v) {
       "fit", "Fit a GIFT basis (.giftb) to gradient dumps or activation statistics");
   c->add_option("IN", o->inputs, "Gradient dumps, oldest first")->required();
   c->add_option("-o,--output", o->output, "Output basis (.giftb; - for standard output)")
-      ->required();
+      ->required()
+      ->check(file_name());
   c->add_option("--rank", o->rank, "Rank r of each whitener")->capture_default_str();
   c->add_option(
       "--activations", o->activations,

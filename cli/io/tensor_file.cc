@@ -635,6 +635,11 @@ void align_data(TensorFile* f, const std::string& name) {
 }
 
 MappedBytes map_stdin() {
+  // As gzip and zstd do: a terminal would only wait for a file typed by hand.
+  if (::isatty(STDIN_FILENO)) {
+    throw giftc::Failure(giftc::kUsage,
+                         "standard input is a terminal: name a file, or redirect one (< FILE)");
+  }
   MappedBytes m;
   std::vector<std::shared_ptr<void>> storage;
   map_fd(spill(STDIN_FILENO, kStdinName), kStdinName, &storage, &m.data, &m.size);

@@ -168,6 +168,34 @@ class Giftc(unittest.TestCase):
                 if fd >= 0:
                     os.close(fd)
 
+    def test_an_empty_output_name_is_a_usage_error(self):
+        # -o "" wrote the default name (encode) as if no -o had been given.
+        src = self.path("x.npy")
+        np.save(src, np.ones(4, np.float32))
+        for command in (["encode", src], ["decode", src + ".gift"], ["fit", src]):
+            r = run(*command, "-o", "")
+            self.assertEqual(r.returncode, 1, command)
+            self.assertIn("--output: an empty file name", r.stderr)
+        self.assertEqual(os.listdir(self.dir), ["x.npy"])
+
+    def test_standard_input_from_a_terminal_is_refused(self):
+        # As gzip and zstd refuse it: each command waited for bytes typed by hand.
+        import pty
+
+        master, slave = pty.openpty()
+        try:
+            for command in (["encode", "-", "-o", self.path("x.gift")],
+                            ["decode", "-", "-o", self.path("x.npy")], ["inspect", "-"],
+                            ["fit", "-", "-o", self.path("x.giftb")]):
+                r = subprocess.run([GIFTC, *command], stdin=slave, capture_output=True,
+                                   text=True, timeout=60)
+                self.assertEqual(r.returncode, 1, command)
+                self.assertIn("standard input is a terminal", r.stderr)
+            self.assertEqual(os.listdir(self.dir), [])
+        finally:
+            os.close(master)
+            os.close(slave)
+
     def test_standard_input_and_output_give_the_files_bytes(self):
         src = self.path("g.safetensors")
         rng = np.random.default_rng(5)
