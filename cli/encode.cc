@@ -162,6 +162,14 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
                     o.input + ": " + giftGetLastErrorMessage() + " (--keep-nonfinite stores them)");
     }
     check(r, o.input);
+    // --coords gift asked for GIFT coordinates: a tensor the basis names but cannot take
+    // (another width, too small, non-finite or too large values) says why it stays Euclidean.
+    uint64_t entry = 0;
+    if (fp8 && select.mode == GIFT_COORDS_MODE_GIFT && chosen.chosen != GIFT_COORDS_GIFT &&
+        !v.quiet && giftBasisFindEntry(basis.get(), t.name.c_str(), &entry) == GIFT_OK) {
+      std::fprintf(stderr, "giftc: warning: tensor '%s' stays in Euclidean coordinates: %s\n",
+                   shown(t.name, stderr).c_str(), chosen.reason);
+    }
     in_bytes += t.bytes;
     quantized += fp8;
     in_gift += chosen.chosen == GIFT_COORDS_GIFT;

@@ -1450,6 +1450,24 @@ class Giftc(unittest.TestCase):
         for name, v in bases[0].items():
             self.assertEqual(bases[1][name].tobytes(), v.tobytes(), name)
 
+    def test_coords_gift_says_which_tensors_of_the_basis_stay_euclidean(self):
+        # --coords gift on a tensor whose whitener has another width: it stays Euclidean, as
+        # inspect records, and encode now says so where it was silent.
+        rng = np.random.default_rng(5)
+        fit_on, src = self.path("a.safetensors"), self.path("b.safetensors")
+        save_file({"w": rng.standard_normal((64, 32)).astype(np.float32)}, fit_on)
+        save_file({"w": rng.standard_normal((64, 48)).astype(np.float32),
+                   "other": rng.standard_normal((64, 32)).astype(np.float32)}, src)
+        basis = self.path("b.giftb")
+        self.assertEqual(run("fit", fit_on, "-o", basis, "-q").returncode, 0)
+        r = run("encode", src, "--basis", basis, "--coords", "gift")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("giftc: warning: tensor 'w' stays in Euclidean coordinates: basis dimension "
+                      "differs", r.stderr)
+        self.assertNotIn("'other'", r.stderr)  # not in the basis: nothing to say
+        r = run("encode", src, "--basis", basis, "--coords", "gift", "-q", "-f")
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+
     def test_fit_and_the_gift_frame(self):
         # A basis fitted on one dump, used on the next: the same low-rank structure with fresh
         # noise (the frame must win), and fresh isotropic noise (it must not be chosen).
