@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -556,6 +558,35 @@ Basis one_entry_basis() {
 }
 
 // A basis whose contents match its id but break another rule of FORMAT.md 2.4.
+// A second moment with a NaN, or a negative diagonal entry (which no second moment has), is
+// refused by name and place; the negative one was fitted before, as if it were one.
+TEST(Basis, BuilderRefusesWhatCannotBeASecondMoment) {
+  const uint32_t dim = 4;
+  const auto add = [&](double* a) {
+    const giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+    giftBasisBuilder* b = nullptr;
+    EXPECT_EQ(giftBasisBuilderCreate(&fp, &b), GIFT_OK);
+    const giftResult_t r = giftBasisBuilderAdd(b, "w", a, dim, "activations", nullptr, 0, nullptr,
+                                               0, nullptr, nullptr);
+    giftBasisBuilderFree(b);
+    return std::make_pair(r, std::string(giftGetLastErrorMessage()));
+  };
+  std::vector<double> a(dim * dim, 0.0);
+  for (uint32_t k = 0; k < dim; ++k) a[k * dim + k] = 1.0 + k;
+  EXPECT_EQ(add(a.data()).first, GIFT_OK);
+  a[2 * dim + 2] = -0.5;
+  EXPECT_EQ(add(a.data()), std::make_pair(GIFT_ERROR_INVALID_ARGUMENT,
+                                          std::string("'w': the second moment is not positive "
+                                                      "semi-definite: diagonal entry 2 is "
+                                                      "negative (-0.5)")));
+  a[2 * dim + 2] = 3.0;
+  a[1 * dim + 3] = std::nan("");
+  EXPECT_EQ(add(a.data()), std::make_pair(GIFT_ERROR_INVALID_ARGUMENT,
+                                          std::string("'w': the second moment holds 1 non-finite "
+                                                      "value, the first at (1, 3): its data has "
+                                                      "NaN or Inf")));
+}
+
 TEST(Basis, ContentsThatBreakTheFormatAreRefusedByName) {
   struct Case {
     const char* what;

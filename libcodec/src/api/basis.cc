@@ -298,6 +298,16 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
                   name, (unsigned long long)bad, bad == 1 ? "" : "s",
                   (unsigned long long)(first / dim), (unsigned long long)(first % dim));
     }
+    // The cheap half of semi-definiteness, as giftc compare checks its A: a negative diagonal
+    // entry cannot come from a second moment (a file of something else, or of another order).
+    for (uint64_t k = 0; k < dim; ++k) {
+      if (a[k * dim + k] < 0) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                    "'%s': the second moment is not positive semi-definite: diagonal entry %llu "
+                    "is negative (%g)",
+                    name, (unsigned long long)k, a[k * dim + k]);
+      }
+    }
     gift::coords::LowRankPlusDiagonal fit;
     if (const giftResult_t r = gift::coords::fit_low_rank(a, dim, builder->options, &fit))
       return fail(r, "%s: %s", what.c_str(), giftGetLastErrorMessage());
