@@ -307,13 +307,23 @@ std::string scratch_dir(const std::string& output) {
   return slash == std::string::npos ? "." : slash == 0 ? "/" : output.substr(0, slash);
 }
 
-OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace) {
+OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace,
+                      const std::vector<std::string>& inputs) {
   giftOutput* out = nullptr;
   check(fd >= 0 ? giftOutputOpenFd(fd, path.c_str(), &out)
                 : giftOutputOpenFile(path.c_str(), &out));
   OutputPtr owned(out, giftOutputFree);
   check(giftOutputSetSync(out, sync));
   check(giftOutputSetReplace(out, replace));
+  unsigned shared = 0777;
+  bool any = false;
+  for (const std::string& in : inputs) {
+    struct stat st;
+    if (in.empty() || in == "-" || ::stat(in.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    shared &= unsigned(st.st_mode) & 0777;
+    any = true;
+  }
+  if (any) check(giftOutputSetMode(out, shared));
   return owned;
 }
 
@@ -435,8 +445,8 @@ void add_fsync_flag(CLI::App* command, bool* fsync) {
 }
 
 void write_output(const std::string& path, int fd, const void* data, uint64_t size, bool sync,
-                  bool replace) {
-  const OutputPtr out = open_output(path, fd, sync, replace);
+                  bool replace, const std::vector<std::string>& inputs) {
+  const OutputPtr out = open_output(path, fd, sync, replace, inputs);
   check(giftOutputReserve(out.get(), size));
   check(giftOutputWrite(out.get(), data, size));
   check(giftOutputCommit(out.get()));

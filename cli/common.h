@@ -124,8 +124,11 @@ using OutputPtr = std::unique_ptr<giftOutput, decltype(&giftOutputFree)>;
 // temporary name until committed, then renamed, and synced first only with --fsync (`sync`),
 // as cp, gzip and zstd leave their outputs to the kernel's writeback. Without -f (`replace`
 // false) it takes the name only if the name is still free then: check_output looked before
-// the work, and a file made there meanwhile is kept (the command fails).
-OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace);
+// the work, and a file made there meanwhile is kept (the command fails). A file takes the
+// permission bits its `inputs` share (those every one that is a regular file has), as gzip
+// and zstd give theirs: a dump only its owner reads does not come out readable by all.
+OutputPtr open_output(const std::string& path, int fd, bool sync, bool replace,
+                      const std::vector<std::string>& inputs);
 
 // Where a command writes `path`: standard output (std_out), a character device or a FIFO
 // named as the output (/dev/null, a named pipe), which a rename cannot replace and which is
@@ -149,7 +152,7 @@ bool is_device(const std::string& path);
 // `size` bytes as the file `path`, or into `fd` (standard output, a device or a FIFO, named
 // `path` in messages), through open_output.
 void write_output(const std::string& path, int fd, const void* data, uint64_t size, bool sync,
-                  bool replace);
+                  bool replace, const std::vector<std::string>& inputs);
 
 // "label: i/n" on standard error while it is a terminal and not quiet.
 class Progress {

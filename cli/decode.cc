@@ -147,7 +147,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()));
   const OutputPtr out =
-      open_output(target.path, where.open_fd(target.path, o.force), o.fsync, o.force);
+      open_output(target.path, where.open_fd(target.path, o.force), o.fsync, o.force, {o.input});
   uint64_t total = head.size();
   for (const gift::io::TensorHeader& h : headers) total += h.elements() * giftDTypeSize(h.dtype);
   check(giftOutputReserve(out.get(), total));

@@ -131,7 +131,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     names[i] = t.name.c_str();
     ndims[i] = uint32_t(t.shape.size());
   }
-  const OutputPtr output = open_output(out, target.open_fd(out, o.force), o.fsync, o.force);
+  const OutputPtr output =
+      open_output(out, target.open_fd(out, o.force), o.fsync, o.force, {o.input});
   giftOutput* sink = output.get();
   // A file gets the sections as they are made, its header written in front at the end. The
   // sections wait in the scratch file for a pipe, and where the header's length is known

@@ -12,6 +12,7 @@ import os
 import pathlib
 import re
 import select
+import stat
 import struct
 import subprocess
 import sys
@@ -167,6 +168,27 @@ class Giftc(unittest.TestCase):
             for fd in (silent, held, master, slave):
                 if fd >= 0:
                     os.close(fd)
+
+    def test_outputs_take_their_inputs_permissions(self):
+        # As gzip and zstd: a dump only its owner reads gave a frame (and a decode) readable by
+        # all (0644 under the usual umask). fit takes what all its inputs share.
+        rng = np.random.default_rng(2)
+        src = self.path("g.safetensors")
+        save_file({"w": rng.standard_normal((64, 32)).astype(np.float32)}, src)
+        mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)
+        for bits in (0o600, 0o640, 0o644):
+            os.chmod(src, bits)
+            frame, back = self.path("g.gift"), self.path("back.safetensors")
+            self.assertEqual(run("encode", src, "-o", frame, "-q", "-f").returncode, 0)
+            self.assertEqual(run("decode", frame, "-o", back, "-q", "-f").returncode, 0)
+            self.assertEqual((mode(frame), mode(back)), (bits, bits))
+        other = self.path("h.safetensors")
+        save_file({"w": rng.standard_normal((64, 32)).astype(np.float32)}, other)
+        os.chmod(src, 0o640)
+        os.chmod(other, 0o604)
+        basis = self.path("b.giftb")
+        self.assertEqual(run("fit", src, other, "-o", basis, "-q").returncode, 0)
+        self.assertEqual(mode(basis), 0o600)
 
     def test_an_empty_output_name_is_a_usage_error(self):
         # -o "" wrote the default name (encode) as if no -o had been given.

@@ -1133,6 +1133,49 @@ TEST(Streaming, WithoutReplacingAFileMadeMeanwhileIsKept) {
   ::rmdir(dir.c_str());
 }
 
+// giftOutputSetMode's bits are the committed file's, whatever the umask, with unnamed files
+// and named temporaries alike; without it the file has open(2)'s 0666 less the umask.
+TEST(Streaming, ACommittedFileTakesTheModeItWasGiven) {
+  const std::string dir = temp_dir();
+  struct Restore {  // unnamed files and the umask again, however the test ends
+    mode_t mask = ::umask(022);
+    ~Restore() {
+      gift::set_unnamed_files_for_test(true);
+      ::umask(mask);
+    }
+  } restore;
+  const auto mode_of = [](const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    return unsigned(st.st_mode & 07777);
+  };
+  for (bool unnamed : {true, false}) {
+    gift::set_unnamed_files_for_test(unnamed);
+    for (const int mode : {-1, 0600, 0640, 0777}) {
+      SCOPED_TRACE(std::string(unnamed ? "unnamed" : "named temporary") + ", mode " +
+                   std::to_string(mode));
+      const std::string path = dir + "/out.bin";
+      giftOutput* o = nullptr;
+      ASSERT_EQ(giftOutputOpenFile(path.c_str(), &o), GIFT_OK);
+      EXPECT_EQ(giftOutputSetSync(o, 0), GIFT_OK);
+      if (mode >= 0) {
+        EXPECT_EQ(giftOutputSetMode(o, unsigned(mode)), GIFT_OK);
+      }
+      EXPECT_EQ(giftOutputWrite(o, "x", 1), GIFT_OK);
+      ASSERT_EQ(giftOutputCommit(o), GIFT_OK) << giftGetLastErrorMessage();
+      giftOutputFree(o);
+      EXPECT_EQ(mode_of(path), mode >= 0 ? unsigned(mode) : 0644u);
+      ::unlink(path.c_str());
+    }
+  }
+  giftOutput* o = nullptr;
+  ASSERT_EQ(giftOutputOpenFile((dir + "/x").c_str(), &o), GIFT_OK);
+  EXPECT_EQ(giftOutputSetMode(o, 04755), GIFT_ERROR_INVALID_ARGUMENT);  // no set-user-ID
+  giftOutputFree(o);
+  EXPECT_EQ(giftOutputSetMode(nullptr, 0600), GIFT_ERROR_INVALID_ARGUMENT);
+  ::rmdir(dir.c_str());
+}
+
 // What giftRemoveTemporaryFiles (a signal handler's call) removes: the names recorded and
 // not forgotten, never a committed output; a full registry only loses the clean-up.
 TEST(Streaming, RecordedTemporariesAreRemovedOnRequest) {
@@ -1243,6 +1286,7 @@ TEST(Streaming, CallsOnAnOutputWaitForItsWriteBehind) {
       {"giftOutputWait", giftOutputWait},
       {"giftOutputSetSync", [](giftOutput* o) { return giftOutputSetSync(o, 0); }},
       {"giftOutputSetReplace", [](giftOutput* o) { return giftOutputSetReplace(o, 0); }},
+      {"giftOutputSetMode", [](giftOutput* o) { return giftOutputSetMode(o, 0600); }},
       {"giftFrameWriterStreamTo",  // refused (a descriptor), but only after the write
        [w](giftOutput* o) {
          return giftFrameWriterStreamTo(w, o, 0, nullptr, nullptr, nullptr) ==

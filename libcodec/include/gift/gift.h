@@ -481,6 +481,11 @@ GIFT_API giftResult_t giftOutputSetSync(giftOutput* out, int sync);
  * GIFT_ERROR_IO otherwise, discarding the output. Any time before the commit; nothing for a
  * descriptor. */
 GIFT_API giftResult_t giftOutputSetReplace(giftOutput* out, int replace);
+/* The permission bits (at most 0777) the committed file gets, as chmod(2) sets them: giftc
+ * gives an output its input's, as gzip and zstd do, so that a file only its owner reads does
+ * not come out readable by all. By default those of open(2) with mode 0666 (less the umask).
+ * Any time before the commit; nothing for a descriptor. */
+GIFT_API giftResult_t giftOutputSetMode(giftOutput* out, unsigned int mode);
 /* Bytes written to `out` so far. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);
 GIFT_API void giftOutputFree(giftOutput* out);

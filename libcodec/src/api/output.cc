@@ -76,6 +76,16 @@ giftResult_t giftOutputSetReplace(giftOutput* out, int replace) {
   return GIFT_OK;
 }
 
+giftResult_t giftOutputSetMode(giftOutput* out, unsigned int mode) {
+  gift::clear_error();
+  if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputSetMode: null output");
+  if (mode > 0777) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputSetMode: mode %o has bits past 0777", mode);
+  }
+  out->file.set_mode(mode);
+  return GIFT_OK;
+}
+
 giftResult_t giftOutputCommit(giftOutput* out) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputCommit: null output");

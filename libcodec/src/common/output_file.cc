@@ -351,6 +351,8 @@ giftResult_t OutputFile::commit() {
   }
   if (reserved_ > written_ && ::ftruncate(fd_, off_t(written_)) != 0)
     return fail_io("cannot finish writing", errno);
+  if (mode_ >= 0 && ::fchmod(fd_, mode_t(mode_)) != 0)
+    return fail_io("cannot set the finished file's permissions", errno);
   if (sync_ && ::fsync(fd_) != 0) return fail_io("cannot finish writing", errno);
   const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
   if (unnamed_ && !replace_) {

@@ -91,6 +91,11 @@ class OutputFile : public SectionFile {
     (void)settle();
     replace_ = replace;
   }
+  // The permission bits a file gets at commit (giftOutputSetMode); by default open(2)'s.
+  void set_mode(unsigned mode) {
+    (void)settle();
+    mode_ = int(mode & 0777);
+  }
   // A file: fsync (when syncing), then the rename over the destination (or without replacing,
   // the name taken only if it is free), then (syncing) an fsync of its folder. A descriptor:
   // nothing to do. Refused while a frame writer streams into the file (its header is not written
@@ -123,6 +128,7 @@ class OutputFile : public SectionFile {
   int fd_ = -1;
   bool owned_ = false, unnamed_ = false, committed_ = false, unfinished_ = false;
   bool sync_ = true, replace_ = true;
+  int mode_ = -1;  // -1: as created
   std::string path_, temp_, name_;
   int temp_slot_ = -1;  // temp_'s place among the names giftRemoveTemporaryFiles removes
   uint64_t written_ = 0, reserved_ = 0;
