@@ -49,6 +49,14 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   doc["producer"] = info.producer;
   doc["metadata"] = nlohmann::ordered_json::object();
   for (const auto& [k, val] : frame_metadata(f.get())) doc["metadata"][k] = val;
+  // The basis the frame carries (--embed-basis), which decodes its GIFT tensors on its own.
+  const giftBasis* embedded = nullptr;
+  check(giftFrameEmbeddedBasis(f.get(), &embedded), o.input);
+  doc["embedded_basis"] = nullptr;
+  if (embedded) {
+    doc["embedded_basis"] = {{"basis_id", basis_id_hex(giftBasisGetId(embedded))},
+                             {"whiteners", giftBasisEntryCount(embedded)}};
+  }
   doc["tensors"] = nlohmann::ordered_json::array();
   uint64_t total_original = 0, total_stored = 0;
   for (uint64_t i = 0; i < info.tensor_count; ++i) {
@@ -109,6 +117,11 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   for (const auto& [k, val] : doc["metadata"].items())
     std::printf("  %s = %s\n", shown(k, stdout).c_str(),
                 shown(val.get<std::string>(), stdout).c_str());
+  if (embedded) {
+    std::printf("  embedded basis %s (%llu whiteners)\n",
+                doc["embedded_basis"]["basis_id"].get<std::string>().c_str(),
+                (unsigned long long)giftBasisEntryCount(embedded));
+  }
   std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape", "dtype",
               "fp8", "scales", "coords", "rounding", "original", "stored", "ratio");
   for (const auto& j : doc["tensors"]) {

@@ -1544,6 +1544,14 @@ class Giftc(unittest.TestCase):
         emb = self.path("emb.gift")
         self.assertEqual(run("encode", src, "--basis", basis, "--embed-basis", "-o", emb, "-q").returncode, 0)
         self.assertEqual(run("decode", emb, "-o", self.path("d2.safetensors")).returncode, 0)
+        # inspect says which frame carries a basis, and which one.
+        doc = json.loads(run("inspect", emb, "--json").stdout)
+        used = {t["name"]: t for t in doc["tensors"]}["mlp.down.weight"]["basis_id"]
+        self.assertEqual(doc["embedded_basis"]["basis_id"], used)
+        self.assertEqual(doc["embedded_basis"]["whiteners"], 2)
+        self.assertIn(f"  embedded basis {used} (2 whiteners)", run("inspect", emb).stdout)
+        self.assertIsNone(json.loads(run("inspect", frame, "--json").stdout)["embedded_basis"])
+        self.assertNotIn("embedded basis", run("inspect", frame).stdout)
         a, b = load_file(self.path("d.safetensors")), load_file(self.path("d2.safetensors"))
         for k in a:
             self.assertTrue(np.array_equal(a[k], b[k]), k)
