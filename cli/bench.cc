@@ -119,8 +119,7 @@ void run_bench(const BenchOptions& o, const Verbosity&) {
   const giftDType_t dt = parse_dtype(o.dtype);
   const int threads = giftCtxThreads(ctx.get());
   const uint64_t width = giftDTypeSize(dt);
-  const uint64_t n = parse_bytes(o.size, "--size", 1, uint64_t(1) << 40) / width;
-  if (n < 1024) throw Failure(kUsage, "--size: at least 4 KiB");
+  const uint64_t n = parse_bytes(o.size, "--size", 4096, uint64_t(1) << 40) / width;
   const uint64_t cols = std::min<uint64_t>(4096, n), rows = n / cols;
   const uint64_t elems = rows * cols;
   if (parse_device(o.device) == Device::kCuda) {

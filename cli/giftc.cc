@@ -110,8 +110,15 @@ int run(int argc, char** argv) {
       // giftc's own options are flags, so its first other argument is the command it was given.
       const auto given =
           std::find_if(argv + 1, argv + argc, [](const char* a) { return *a != '-'; });
-      what = given == argv + argc ? "a command is required:"
-                                  : std::string("'") + *given + "' is not a command; commands:";
+      // An option before any command that giftc's own are not (giftc --bogus).
+      const auto unknown = std::find_if(argv + 1, given, [&](const char* a) {
+        return !app.get_option_no_throw(a) && std::strcmp(a, "--") != 0;
+      });
+      what = unknown != given ? std::string("'") + *unknown +
+                                    "' is not an option of giftc (a command's options follow "
+                                    "it); commands:"
+             : given == argv + argc ? "a command is required:"
+                                    : std::string("'") + *given + "' is not a command; commands:";
       for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
         what += " " + sub->get_name();
     }

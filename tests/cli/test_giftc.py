@@ -1210,7 +1210,8 @@ class Giftc(unittest.TestCase):
         self.assertIn("negative", r.stderr)
         for size, why in (("4X", "not a byte count"), ("M", "not a byte count"),
                           ("4 M", "not a byte count"), ("", "not a byte count"),
-                          ("0K", "less than 1 byte"), ("0", "less than 1 byte"),
+                          ("0K", "0K is less than 4096 bytes"), ("0", "0 is less than 4096 bytes"),
+                          ("4095", "4095 is less than 4096 bytes"),
                           ("2000000000000", "larger than 1099511627776 bytes"),
                           ("2T", "larger than 1099511627776 bytes"),
                           ("99999999999999999999K", "larger than"),
@@ -1734,6 +1735,7 @@ class Giftc(unittest.TestCase):
                                    (["-q", "frobnicate"], "'frobnicate' is not a command",
                                     "giftc"),
                                    ([], "a command is required: encode decode", "giftc"),
+                                   (["--bogus"], "'--bogus' is not an option of giftc", "giftc"),
                                    (["decode", "--bogus", a], "--bogus", "giftc decode"),
                                    (["encode", "--threads", "x", a], "--threads = x",
                                     "giftc encode")):
