@@ -149,13 +149,20 @@ giftResult_t clear_extra(const giftReduceDevicePlan& p, uint8_t* msgs, int n, cu
   return GIFT_OK;
 }
 
-// Applies a new choice of coordinates, dropping the reduced residual of the tensors whose
-// coordinates change (enqueued on `stream`).
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// The ranges set_coords drops for a new choice of coordinates (which may run out of memory:
+// taken before the plan changes).
+Ranges changed_ranges(const giftReduceDevicePlan& p, const tr::PlanCoords& coords,
+                      const std::vector<uint8_t>& in_gift, bool new_whiteners) {
+  if (!p.shard_residual) return {};
+  return coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift, new_whiteners);
+}
+
+// Applies a new choice of coordinates, dropping the reduced residual in the `changed` ranges
+// (a tensor that changes coordinates or whiteners; enqueued on `stream`).
 giftResult_t set_coords(giftReduceDevicePlan& p, const std::vector<uint8_t>& in_gift,
-                        bool new_whiteners, cudaStream_t stream) {
-  std::vector<std::pair<uint64_t, uint64_t>> changed;
-  if (p.shard_residual)
-    changed = p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift, new_whiteners);
+                        const Ranges& changed, cudaStream_t stream) {
   // Chosen first, so that the choice matches the whiteners even if a reset below fails.
   p.coords.choose(in_gift);
   for (const auto& [b, e] : changed) {
@@ -489,7 +496,8 @@ giftResult_t decode_result(giftReduceDevicePlan* plan, const uint8_t* gathered,
     // A measuring call whose result is not finite does not count: the next call measures.
     const bool decision = flags[0] & tr::kCarriesDecision;
     if (decision && finite) {
-      if (const giftResult_t rc = set_coords(p, p.host_extra, false, stream)) return rc;
+      const Ranges changed = changed_ranges(p, p.coords, p.host_extra, false);
+      if (const giftResult_t rc = set_coords(p, p.host_extra, changed, stream)) return rc;
     }
     p.coords.end_call(decision && !finite);
   } else {
@@ -538,6 +546,7 @@ giftResult_t giftReduceDevicePlanSetBasis(giftReduceDevicePlan* plan, const gift
     const bool new_whiteners = p.coords.other_basis(basis);
     std::vector<uint8_t> in_gift;
     next.set_basis(p.bucket, p.config, basis, &in_gift);
+    const Ranges changed = changed_ranges(p, next, in_gift, new_whiteners);
     std::vector<std::unique_ptr<kn::DeviceWhitener>> w(next.whitener.size());
     for (size_t i = 0; i < w.size(); ++i) {
       if (!next.whitener[i]) continue;
@@ -551,7 +560,7 @@ giftResult_t giftReduceDevicePlanSetBasis(giftReduceDevicePlan* plan, const gift
     p.coords = std::move(next);
     p.whitener = std::move(w);
     p.measuring = false;
-    if (const giftResult_t rc = set_coords(p, in_gift, new_whiteners, nullptr)) return rc;
+    if (const giftResult_t rc = set_coords(p, in_gift, changed, nullptr)) return rc;
     // The uploads and the residual's reset complete before any stream's next step.
     GIFT_CUDA_TRY(cudaDeviceSynchronize());
     return GIFT_OK;

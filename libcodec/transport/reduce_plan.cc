@@ -166,15 +166,23 @@ void apply_coords(const giftReducePlan& p, float* flat, bool inverse) {
   }
 }
 
-// Applies a new choice of coordinates; the reduced shard's residual of a tensor that changes
-// coordinates no longer means anything and is dropped (a call's uncommitted one too).
-void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift, bool new_whiteners) {
-  if (!p.shard_residual.empty()) {
-    for (const auto& [b, e] :
-         p.coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift, new_whiteners)) {
-      std::fill(p.shard_residual.begin() + b, p.shard_residual.begin() + e, 0.0f);
-      if (p.shard_residual_pending) std::fill(p.sum.begin() + b, p.sum.begin() + e, 0.0f);
-    }
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// The ranges set_coords drops for a new choice of coordinates (which may run out of memory:
+// taken before the plan changes).
+Ranges changed_ranges(const giftReducePlan& p, const gift::transport::PlanCoords& coords,
+                      const std::vector<uint8_t>& in_gift, bool new_whiteners) {
+  if (p.shard_residual.empty()) return {};
+  return coords.changed_ranges(p.bucket, p.layout, p.rank, in_gift, new_whiteners);
+}
+
+// Applies a new choice of coordinates, which cannot fail: the reduced shard's residual in the
+// `changed` ranges (a tensor that changes coordinates or whiteners) no longer means anything
+// and is dropped (a call's uncommitted one too).
+void set_coords(giftReducePlan& p, const std::vector<uint8_t>& in_gift, const Ranges& changed) {
+  for (const auto& [b, e] : changed) {
+    std::fill(p.shard_residual.begin() + b, p.shard_residual.begin() + e, 0.0f);
+    if (p.shard_residual_pending) std::fill(p.sum.begin() + b, p.sum.begin() + e, 0.0f);
   }
   p.coords.choose(in_gift);
 }
@@ -428,10 +436,17 @@ giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis
     const bool whole =
         (basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN) || !p.residual.empty();
     if (whole && p.flat.empty()) p.flat.resize(p.bucket.offset.back());
+    // The new whiteners and what they change, made aside: a failure until the plan takes
+    // them leaves it in the old basis (a half-made choice could send a tensor whose whitener
+    // went to be whitened).
+    gift::transport::PlanCoords next(p.coords.in_gift.size());
+    next.in_gift = p.coords.in_gift;
+    next.hash = p.coords.hash;
     std::vector<uint8_t> in_gift;
-    const bool new_whiteners = p.coords.other_basis(basis);
-    p.coords.set_basis(p.bucket, p.config, basis, &in_gift);
-    set_coords(p, in_gift, new_whiteners);
+    next.set_basis(p.bucket, p.config, basis, &in_gift);
+    const Ranges changed = changed_ranges(p, next, in_gift, p.coords.other_basis(basis));
+    p.coords = std::move(next);
+    set_coords(p, in_gift, changed);
     if (!whole) gift::LineAlignedVector<float>().swap(p.flat);
     return GIFT_OK;
   } catch (const std::bad_alloc&) {
@@ -734,7 +749,7 @@ giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered
                                 gathered + p.layout.extra_at + p.coords.in_gift.size());
     for (size_t i = 0; i < choice.size(); ++i)
       choice[i] = choice[i] && p.coords.whitener[i] ? 1 : 0;
-    set_coords(p, choice, false);
+    set_coords(p, choice, changed_ranges(p, p.coords, choice, false));
   }
   p.coords.end_call(decision && !finite);
   if (finite && p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
