@@ -227,12 +227,19 @@ void test_corruption_is_reported_everywhere() {
   }
 }
 
-void test_dump(const std::string& dir) {
+// A config that dumps every `every` calls into `dir` (which outlives it), made on rank 0
+// before any rank goes on.
+giftAllReduceConfig dumping_into(const std::string& dir, uint32_t every) {
   if (g_rank == 0) std::filesystem::create_directories(dir);
   MPI_Barrier(MPI_COMM_WORLD);
   giftAllReduceConfig c = base_config();
-  c.dump_every = 2;
+  c.dump_every = every;
   c.dump_path = dir.c_str();
+  return c;
+}
+
+void test_dump(const std::string& dir) {
+  const giftAllReduceConfig c = dumping_into(dir, 2);
   const std::vector<TensorSpec> specs = gift::test::mixed_bucket();
   const Bucket in = gift::test::make_input(specs, 9, g_rank);
   Comm comm(c);
@@ -444,12 +451,8 @@ void test_nonfinite(const std::string& dir) {
     allreduce(comm.c, specs, in, &rc);
     CHECK(rc == GIFT_OK, "after a non-finite call: %s", giftGetLastErrorMessage());
   }
-  if (g_rank == 0) std::filesystem::create_directories(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  giftAllReduceConfig c = base_config();
+  giftAllReduceConfig c = dumping_into(dir, 1);
   c.nonfinite = GIFT_NONFINITE_KEEP;
-  c.dump_every = 1;
-  c.dump_path = dir.c_str();
   Comm comm(c);
   const Bucket out = allreduce(comm.c, specs, bad, &rc);
   CHECK(rc == GIFT_OK, "keep policy: %s", giftGetLastErrorMessage());
@@ -666,12 +669,7 @@ void test_buckets_apart_have_plans_apart() {
 // Every bucket dumps to a file of its own: flat buffers of 4 and of 1000 elements (both named
 // "buffer") once dumped to the same name, the second frame replacing the first.
 void test_buckets_dump_apart(const std::string& dir) {
-  if (g_rank == 0) std::filesystem::create_directories(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  giftAllReduceConfig c = base_config();
-  c.dump_every = 1;
-  c.dump_path = dir.c_str();
-  Comm comm(c);
+  Comm comm(dumping_into(dir, 1));
   std::vector<float> x(1000, 0.5f), y(1000);
   for (const uint64_t n : {uint64_t(4), uint64_t(1000)}) {
     const giftResult_t rc = giftAllReduce(comm.c, x.data(), y.data(), n, GIFT_DTYPE_F32, nullptr);
@@ -684,12 +682,7 @@ void test_buckets_dump_apart(const std::string& dir) {
 // With dumps on, a bucket whose names a frame cannot hold fails its first call on every rank,
 // naming it, instead of every dump failing after its call.
 void test_names_a_dump_cannot_hold_fail_first(const std::string& dir) {
-  if (g_rank == 0) std::filesystem::create_directories(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  giftAllReduceConfig c = base_config();
-  c.dump_every = 1;
-  c.dump_path = dir.c_str();
-  Comm comm(c);
+  Comm comm(dumping_into(dir, 1));
   // Tensor 1 is unnamed: "t1", as tensor 0 is called.
   const uint64_t shape[] = {3};
   const giftBucketTensor d[] = {{"t1", GIFT_DTYPE_F32, 1, shape},
@@ -733,12 +726,7 @@ void test_failed_dump_reports_a_completed_call(const std::string& dir) {
       CHECK(rc == GIFT_OK, "%s", giftGetLastErrorMessage());
     }
   }
-  if (g_rank == 0) std::filesystem::create_directories(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  giftAllReduceConfig c = base_config();
-  c.dump_every = 2;
-  c.dump_path = dir.c_str();
-  Comm comm(c);
+  Comm comm(dumping_into(dir, 2));
   for (int i = 1; i <= 3; ++i) {
     if (i == 2) {  // the folder goes away after the plan checked it
       if (g_rank == 0) std::filesystem::remove_all(dir);
