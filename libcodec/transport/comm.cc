@@ -240,6 +240,7 @@ giftResult_t run(giftComm& c, Bucket& b, void* const* recv) {
   }
   apply_test_corruption(c, 1, b.send.data(), m);
   // No rank commits the call's state before every rank's result has passed its checks.
+  gift::transport::count_call(b.plan.get(), b.send.data());
   gift::transport::StepScratch scratch;
   rc = gift::transport::check_result(b.plan.get(), b.send.data(), recv, &scratch);
   if ((rc = agree(c, rc, "checking the result"))) return rc;

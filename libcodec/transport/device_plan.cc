@@ -499,9 +499,9 @@ giftResult_t decode_result(giftReduceDevicePlan* plan, const uint8_t* gathered,
       const Ranges changed = changed_ranges(p, p.coords, p.host_extra, false);
       if (const giftResult_t rc = set_coords(p, p.host_extra, changed, stream)) return rc;
     }
-    p.coords.end_call(decision && !finite);
+    p.coords.end_call(!(decision && !finite));
   } else {
-    p.coords.end_call(false);
+    p.coords.end_call(true);
   }
   return end.finish();
 }

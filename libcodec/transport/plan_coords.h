@@ -31,9 +31,10 @@ struct PlanCoords {
   std::vector<uint8_t> in_gift;
   uint32_t hash = 0;
   // Calls with the present basis that count towards the next measurement: a call counts once
-  // its step 5 completes (end_call), which every rank decides from the same gathered bytes, so
-  // that a measuring call abandoned before then, or whose result is not finite, is measured
-  // again by the next call on every rank.
+  // it reaches step 5 (end_call), unless a rank abandoned it or it measured and its result is
+  // not finite, which every rank reads from the same gathered bytes: such a measuring call is
+  // measured again by the next call on every rank, and the ranks stay in step where step 5
+  // then fails on one of them alone.
   uint64_t calls_with_basis = 0;
   bool call_counts = false;      // the call in flight began with the present basis
   std::vector<float> estimates;  // 2 per tensor: this rank's, or the sum over ranks
@@ -66,11 +67,10 @@ struct PlanCoords {
 
   // Whether this call measures (AUTO: the first call with a basis and every reselect_every).
   bool measuring(const giftAllReduceConfig& config) const;
-  // Step 1 of a call, and the completion of its step 5: the call counts unless it measured
-  // and its result is not finite (measured_not_finite).
+  // Step 1 of a call, and its step 5 reached: the call counts, or not (`counts`).
   void begin_call() { call_counts = has_basis; }
-  void end_call(bool measured_not_finite) {
-    if (call_counts && !measured_not_finite) ++calls_with_basis;
+  void end_call(bool counts) {
+    if (call_counts && counts) ++calls_with_basis;
     call_counts = false;
   }
   // This rank's estimates of each eligible tensor's round-trip error in both coordinates, on

@@ -518,8 +518,9 @@ giftResult_t encode_shards(giftReducePlan* plan, const void* const* tensors, uin
   const gift::num::FpEnvGuard fp_env;  // residuals, sums and means in IEEE arithmetic
   if (const giftResult_t rc = check_plan(plan)) return rc;
   giftReducePlan& p = *plan;
-  // Every call advances the counters, failed ones too, so that ranks stay on the same call
-  // number, and agree on which calls measure, after an error on one of them.
+  // Every call advances the call counter, failed ones too, so that ranks stay on the same
+  // call number after an error on one of them (the count of calls towards the next
+  // measurement moves in step 5: count_call).
   ++p.call;
   const bool measure_now = p.coords.measuring(p.config);
   p.coords.begin_call();
@@ -680,6 +681,7 @@ giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msgs, int n)
 giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                     void* const* out_tensors) {
   return gift::without_exceptions("step 5 (decoding the result)", [&] {
+    gift::transport::count_call(plan, gathered);
     ChunkScratch scratch;
     if (const giftResult_t rc =
             gift::transport::check_result(plan, gathered, out_tensors, &scratch))
@@ -693,6 +695,22 @@ giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathere
 namespace gift::transport {
 
 uint64_t plan_calls(const giftReducePlan* plan) { return plan->call; }
+
+void count_call(giftReducePlan* plan, const uint8_t* gathered) {
+  if (check_plan(plan) != GIFT_OK) return;
+  giftReducePlan& p = *plan;
+  bool counts = true;  // where gathered is missing too: an error of this rank alone
+  if (gathered) {
+    MessageHeader h;
+    for (int s = 0; s < p.world; ++s) {
+      memcpy(&h, gathered + uint64_t(s) * p.layout.message_bytes, sizeof h);
+      counts = counts && h.magic != gift::transport::kAbandonedMagic;
+    }
+    memcpy(&h, gathered, sizeof h);
+    counts = counts && !((h.flags & kCarriesDecision) && holds_nonfinite(p, gathered));
+  }
+  p.coords.end_call(counts);
+}
 
 giftResult_t check_result(const giftReducePlan* plan, const uint8_t* gathered,
                           void* const* out_tensors, StepScratch* scratch) {
@@ -737,8 +755,9 @@ giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered
       scatter_span(p, p.flat.data() + b, b, n, out_tensors);
     });
   }
-  // Every rank reads rank 0's decision from the same gathered bytes, so all switch together.
-  // A measuring call whose result is not finite does not count: the next call measures.
+  // Every rank reads rank 0's decision from the same gathered bytes, so all switch together;
+  // a measuring call whose result is not finite decides nothing (count_call does not count it:
+  // the next call measures).
   MessageHeader zero;
   memcpy(&zero, gathered, sizeof zero);
   const bool decision = zero.flags & kCarriesDecision;
@@ -751,7 +770,6 @@ giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered
       choice[i] = choice[i] && p.coords.whitener[i] ? 1 : 0;
     set_coords(p, choice, changed_ranges(p, p.coords, choice, false));
   }
-  p.coords.end_call(decision && !finite);
   if (finite && p.rank == 0 && gift::transport::dump_due(p.dump, p.call)) {
     if (const giftResult_t rc =
             write_dump(p.dump, p.config, p.world, p.call, p.bucket, out_tensors)) {

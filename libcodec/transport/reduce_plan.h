@@ -20,8 +20,13 @@ struct StepScratch {
 // another call.
 uint64_t plan_calls(const giftReducePlan* plan);
 
-// giftReduceDecodeResult in two parts, so that a communicator can agree over the ranks that
-// every rank's checks passed before any rank commits the call's state: check_result checks
+// Step 5 reached with `gathered`: the call counts towards the next measurement, unless a rank
+// abandoned it or it measured and its result is not finite (PlanCoords::calls_with_basis).
+// First in step 5, before anything that can fail on this rank alone.
+void count_call(giftReducePlan* plan, const uint8_t* gathered);
+
+// The rest of giftReduceDecodeResult in two parts, so that a communicator can agree over the ranks
+// that every rank's checks passed before any rank commits the call's state: check_result checks
 // what step 5 reads (the output pointers, every gathered message's checksum and header) and
 // allocates its scratch, changing nothing of the plan; decode_checked_result then writes the
 // tensors and commits, and fails only for a dump, after it committed.

@@ -961,6 +961,39 @@ TEST(LocalStepsCoords, AbandonedMeasuringCallIsMeasuredAgain) {
   }
 }
 
+// A step 5 that fails on one rank alone (here a missing output buffer) still counts there
+// towards the next measurement, as on the ranks whose step 5 completed: the ranks agree on
+// which calls measure, and the calls after go on. Counted only on completion, the failed rank
+// fell one behind, and from the next measuring call on every call failed ("the ranks disagree
+// on whether this call measures").
+TEST(LocalStepsCoords, AStep5ThatFailsOnOneRankKeepsTheRanksInStep) {
+  const int world = 2;
+  const BasisPtr basis = fit_basis(16);
+  giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_AUTO);
+  c.reselect_every = 2;
+  SimulatedWorld sim(c, world, kCoordsBucket);
+  sim.set_basis(basis.get());
+  const std::vector<Bucket> in = coords_inputs(world);
+  sim.allreduce(in);  // call 1 measures
+  const auto recv = sim.scatter(in);
+  std::vector<uint8_t> gathered(uint64_t(world) * sim.message_bytes());
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(sim.reduce(r, recv[size_t(r)], gathered.data() + uint64_t(r) * sim.message_bytes()),
+              GIFT_OK);
+  }
+  for (int r = 0; r < world; ++r) {
+    Bucket out = in[0];
+    std::vector<void*> o;
+    for (auto& t : out) o.push_back(r == 1 ? nullptr : t.data());
+    EXPECT_EQ(giftReduceDecodeResult(sim.plan(r), gathered.data(), o.data()),
+              r == 1 ? GIFT_ERROR_INVALID_ARGUMENT : GIFT_OK);
+  }
+  for (int call = 3; call <= 6; ++call) {
+    const std::vector<Bucket> out = sim.allreduce(in);  // each step checked inside
+    EXPECT_EQ(out[1], out[0]) << "call " << call;
+  }
+}
+
 // Another basis in GIFT mode drops the reduced residual of the tensors whitened until then: it
 // is in the old basis's coordinates, which the tensors keep no longer (their coordinates stay
 // GIFT, which is all that dropped it before). A plan taking B2 straight after a call in B1
