@@ -20,7 +20,8 @@ void add_fsync_flag(CLI::App* command, bool* fsync);
 // --threads N, of the commands that code (0 or none: all the processors giftc may use),
 // refused when negative.
 void add_threads_option(CLI::App* command, int* threads);
-// A check for options that name a file: not empty (-o "" is a mistake, not the default).
+// A check for options that name a file: not empty (-o "" or --basis "" is a mistake, not the
+// default).
 CLI::Validator file_name();
 
 // The threads the library codes on for --threads `asked` (giftCtxThreads), returned, and the

@@ -455,7 +455,9 @@ void write_output(const std::string& path, int fd, const void* data, uint64_t si
 Progress::Progress(const char* label, uint64_t total, const Verbosity& v)
     : label_(label), total_(total), on_(!v.quiet && ::isatty(STDERR_FILENO) && total > 1) {}
 
-Progress::~Progress() {
+Progress::~Progress() { clear(); }
+
+void Progress::clear() const {
   if (on_) std::fprintf(stderr, "\r\033[K");
 }
 

@@ -160,6 +160,8 @@ class Progress {
   Progress(const char* label, uint64_t total, const Verbosity& v);
   ~Progress();
   void step(uint64_t done);
+  // Clears the line before a message on standard error (the next step draws it again).
+  void clear() const;
 
  private:
   const char* label_;

@@ -226,10 +226,12 @@ void add_compare(CLI::App& app, Verbosity& v) {
                 "Decoded tensors, matched by name (any two single-tensor files match)")
       ->required();
   c->add_option("--basis", o->basis,
-                "Basis (.giftb) for tensors in GIFT coordinates of .gift inputs");
+                "Basis (.giftb) for tensors in GIFT coordinates of .gift inputs")
+      ->check(file_name());
   c->add_option("--activations", o->activations,
                 "Activation statistics (the d_in x d_in A of each gradient, by name): adds the "
-                "A-norm error");
+                "A-norm error")
+      ->check(file_name());
   c->add_flag("--json", o->json, "Print a JSON document instead of a table");
   add_threads_option(c, &o->threads);
   c->callback([o, &v] { run_compare(*o, v); });

@@ -145,7 +145,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   // Before the output exists: a header that cannot be written fails first.
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
-          : gift::io::safetensors_header(headers, metadata_map(f.get()));
+          : gift::io::safetensors_header(headers, metadata_map(f.get()),
+                                         o.input == "-" ? gift::io::kStdinName : o.input);
   const OutputPtr out =
       open_output(target.path, where.open_fd(target.path, o.force), o.fsync, o.force, {o.input});
   uint64_t total = head.size();
@@ -195,7 +196,8 @@ void add_decode(CLI::App& app, Verbosity& v) {
   c->add_option("--dtype", o->dtype,
                 "Output element type: f32, bf16 or f16 (default: each tensor's own)");
   c->add_option("--basis", o->basis,
-                "Basis (.giftb) for tensors in GIFT coordinates (default: the embedded one)");
+                "Basis (.giftb) for tensors in GIFT coordinates (default: the embedded one)")
+      ->check(file_name());
   c->add_option("--device", o->device,
                 "Where to decode: cpu or cuda (the same values; the inverse whitening of "
                 "tensors in GIFT coordinates stays on the CPU)")

@@ -168,6 +168,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     uint64_t entry = 0;
     if (fp8 && select.mode == GIFT_COORDS_MODE_GIFT && chosen.chosen != GIFT_COORDS_GIFT &&
         !v.quiet && giftBasisFindEntry(basis.get(), t.name.c_str(), &entry) == GIFT_OK) {
+      progress.clear();
       std::fprintf(stderr, "giftc: warning: tensor '%s' stays in Euclidean coordinates: %s\n",
                    shown(t.name, stderr).c_str(), chosen.reason);
     }
@@ -175,6 +176,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     quantized += fp8;
     in_gift += chosen.chosen == GIFT_COORDS_GIFT;
     if (v.verbose) {
+      progress.clear();
       std::fprintf(
           stderr, "%s %s %s: %s%s\n", shown(t.name, stderr).c_str(),
           shape_string(t.shape.data(), ndim).c_str(), dtype_name(t.dtype).c_str(),
@@ -230,7 +232,7 @@ void add_encode(CLI::App& app, Verbosity& v) {
                 "Where to encode: cpu or cuda (the same bytes; the choice of coordinates and the "
                 "whitening stay on the CPU)")
       ->capture_default_str();
-  c->add_option("--basis", o->basis, "Basis (.giftb) for GIFT coordinates");
+  c->add_option("--basis", o->basis, "Basis (.giftb) for GIFT coordinates")->check(file_name());
   c->add_option(
       "--coords", o->coords,
       "Coordinates: euclidean, gift or auto (default: auto with --basis, else euclidean)");

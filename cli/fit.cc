@@ -169,7 +169,10 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     check(giftBasisBuilderAdd(builder, name.c_str(), a.data(), dim, source.c_str(), dampings.data(),
                               uint32_t(dampings.size()), probe, probe ? last->shape[0] : 0, nullptr,
                               &chosen));
-    if (v.verbose) std::fprintf(stderr, "%s: damping %g\n", shown(name, stderr).c_str(), chosen);
+    if (v.verbose) {
+      progress.clear();
+      std::fprintf(stderr, "%s: damping %g\n", shown(name, stderr).c_str(), chosen);
+    }
     progress.step(++done);
   }
   giftBasis* fitted = nullptr;
@@ -191,8 +194,9 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
       check(giftBasisGetEntry(basis.get(), i, &e));
       rank = std::max(rank, e.rank);
     }
-    std::fprintf(stderr, "%s: %zu whiteners (rank up to %u, %s damping %s, from %s), basis %s\n",
-                 out.c_str(), size_t(giftBasisEntryCount(basis.get())), rank,
+    const size_t whiteners = size_t(giftBasisEntryCount(basis.get()));
+    std::fprintf(stderr, "%s: %zu whitener%s (rank up to %u, %s damping %s, from %s), basis %s\n",
+                 out.c_str(), whiteners, whiteners == 1 ? "" : "s", rank,
                  o.damping_absolute ? "absolute" : "relative",
                  o.damping == "auto" ? "measured per tensor" : o.damping.c_str(), source.c_str(),
                  basis_id_hex(giftBasisGetId(basis.get())).c_str());
@@ -211,8 +215,9 @@ void add_fit(CLI::App& app, Verbosity& v) {
       ->check(file_name());
   c->add_option("--rank", o->rank, "Rank r of each whitener")->capture_default_str();
   c->add_option(
-      "--activations", o->activations,
-      "Activation statistics: a tensor file whose tensor named like each gradient holds A");
+       "--activations", o->activations,
+       "Activation statistics: a tensor file whose tensor named like each gradient holds A")
+      ->check(file_name());
   c->add_option("--decay", o->decay, "Smoothing of A over several dumps")->capture_default_str();
   c->add_option("--damping", o->damping,
                 "Floor of the residual diagonal, relative to mean diag(A); auto: the best of "

@@ -106,21 +106,25 @@ int run(int argc, char** argv) {
     // As every other error: prefixed with the program, and naming the help that applies.
     std::string command = "giftc", what = e.what();
     for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
-    if (command == "giftc" && dynamic_cast<const CLI::RequiredError*>(&e)) {
-      // giftc's own options are flags, so its first other argument is the command it was given.
-      const auto given =
-          std::find_if(argv + 1, argv + argc, [](const char* a) { return *a != '-'; });
-      // An option before any command that giftc's own are not (giftc --bogus).
-      const auto unknown = std::find_if(argv + 1, given, [&](const char* a) {
-        return !app.get_option_no_throw(a) && std::strcmp(a, "--") != 0;
-      });
-      what = unknown != given ? std::string("'") + *unknown +
-                                    "' is not an option of giftc (a command's options follow "
-                                    "it); commands:"
-             : given == argv + argc ? "a command is required:"
-                                    : std::string("'") + *given + "' is not a command; commands:";
+    // giftc's own options are flags, so its first other argument is the command it was given;
+    // an option before it that giftc's own are not is named as such (giftc --bogus encode).
+    const auto given = std::find_if(argv + 1, argv + argc, [](const char* a) { return *a != '-'; });
+    const auto unknown = std::find_if(argv + 1, given, [&](const char* a) {
+      return !app.get_option_no_throw(a) && std::strcmp(a, "--") != 0;
+    });
+    const auto commands = [&](std::string text) {
       for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
-        what += " " + sub->get_name();
+        text += " " + sub->get_name();
+      return text;
+    };
+    if (unknown != given) {
+      command = "giftc";
+      what = commands(std::string("'") + *unknown +
+                      "' is not an option of giftc (a command's options follow it); commands:");
+    } else if (command == "giftc" && dynamic_cast<const CLI::RequiredError*>(&e)) {
+      what = commands(given == argv + argc
+                          ? "a command is required:"
+                          : std::string("'") + *given + "' is not a command; commands:");
     }
     std::fprintf(stderr, "giftc: %s\nTry '%s --help' for more information.\n",
                  shown(what, stderr).c_str(), command.c_str());

@@ -118,9 +118,10 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     std::printf("  %s = %s\n", shown(k, stdout).c_str(),
                 shown(val.get<std::string>(), stdout).c_str());
   if (embedded) {
-    std::printf("  embedded basis %s (%llu whiteners)\n",
+    const uint64_t whiteners = giftBasisEntryCount(embedded);
+    std::printf("  embedded basis %s (%llu whitener%s)\n",
                 doc["embedded_basis"]["basis_id"].get<std::string>().c_str(),
-                (unsigned long long)giftBasisEntryCount(embedded));
+                (unsigned long long)whiteners, whiteners == 1 ? "" : "s");
   }
   std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape", "dtype",
               "fp8", "scales", "coords", "rounding", "original", "stored", "ratio");

@@ -518,7 +518,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
   const nlohmann::json h = checked ? nlohmann::json::parse(b + 8, b + 8 + hlen, nullptr, false)
                                    : nlohmann::json(nlohmann::json::value_t::discarded);
   if (h.is_discarded()) {
-    // Parsed again for the reason (a header this deep was refused).
+    // Parsed again, for the reason.
     try {
       const nlohmann::json again = nlohmann::json::parse(b + 8, b + 8 + hlen);
       (void)again;
@@ -705,15 +705,18 @@ void parse_tensor_file(FileKind kind, const uint8_t* b, uint64_t size, const std
 }
 
 std::vector<uint8_t> safetensors_header(const std::vector<TensorHeader>& tensors,
-                                        const std::map<std::string, std::string>& metadata) {
+                                        const std::map<std::string, std::string>& metadata,
+                                        const std::string& source) {
   nlohmann::json h = nlohmann::json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t at = 0;
   for (const TensorHeader& t : tensors) {
     if (t.name == "__metadata__") {
       throw giftc::Failure(giftc::kUsage,
-                           "tensor '__metadata__': a .safetensors file keeps that name for its "
-                           "metadata (decode it to .npy, or rename it)");
+                           source +
+                               ": tensor '__metadata__': a .safetensors file keeps that name "
+                               "for its metadata" +
+                               (tensors.size() == 1 ? " (decode it to .npy)" : ""));
     }
     const uint64_t bytes = t.elements() * giftDTypeSize(t.dtype);
     h[t.name] = {

@@ -126,9 +126,10 @@ struct TensorHeader {
 
 // The bytes that precede the tensors' data, which follows in the given order, each
 // elements * dtype size bytes, little-endian. A tensor named __metadata__, the key safetensors
-// keeps for the file's metadata, fails (kUsage): the file would not read back.
+// keeps for the file's metadata, fails (kUsage, naming `source`): the file would not read back.
 std::vector<uint8_t> safetensors_header(const std::vector<TensorHeader>& tensors,
-                                        const std::map<std::string, std::string>& metadata);
+                                        const std::map<std::string, std::string>& metadata,
+                                        const std::string& source);
 std::vector<uint8_t> npy_header(const TensorHeader& tensor);
 
 }  // namespace gift::io

@@ -242,9 +242,15 @@ giftResult_t run(giftComm& c, Bucket& b, void* const* recv) {
   // No rank commits the call's state before every rank's result has passed its checks.
   gift::transport::count_call(b.plan.get(), b.send.data());
   gift::transport::StepScratch scratch;
-  rc = gift::transport::check_result(b.plan.get(), b.send.data(), recv, &scratch);
+  // Memory that runs out here fails this rank's step, which every rank then agrees on, where
+  // an exception would leave the others waiting in the agreement.
+  rc = gift::without_exceptions("checking the result", [&] {
+    return gift::transport::check_result(b.plan.get(), b.send.data(), recv, &scratch);
+  });
   if ((rc = agree(c, rc, "checking the result"))) return rc;
-  rc = gift::transport::decode_checked_result(b.plan.get(), b.send.data(), recv, scratch);
+  rc = gift::without_exceptions("decoding the result", [&] {
+    return gift::transport::decode_checked_result(b.plan.get(), b.send.data(), recv, scratch);
+  });
   return agree(c, rc, "decoding the result");
 }
 

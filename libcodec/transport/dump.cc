@@ -84,11 +84,11 @@ giftResult_t check_dump_names(const DumpSettings& s, const BucketShape& bucket) 
 giftResult_t write_dump(const DumpSettings& s, const giftAllReduceConfig& config, int world,
                         uint64_t call, const BucketShape& bucket, const void* const* data) {
   giftFrameWriter* raw = nullptr;
-  if (const giftResult_t rc = giftFrameWriterCreate(&raw)) return rc;
+  giftResult_t rc = giftFrameWriterCreate(&raw);
   WriterPtr w(raw, giftFrameWriterFree);
   const std::string calls = std::to_string(call), worlds = std::to_string(world);
   const std::string conf = config_text(config);
-  giftResult_t rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.call", calls.c_str());
+  if (!rc) rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.call", calls.c_str());
   if (!rc) rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.world", worlds.c_str());
   if (!rc) rc = giftFrameWriterAddMetadata(w.get(), "gift.allreduce.config", conf.c_str());
   for (size_t i = 0; i < bucket.dtypes.size() && !rc; ++i) {

@@ -189,6 +189,13 @@ class Giftc(unittest.TestCase):
         basis = self.path("b.giftb")
         self.assertEqual(run("fit", src, other, "-o", basis, "-q").returncode, 0)
         self.assertEqual(mode(basis), 0o600)
+        # Where the file system cannot set them, the output keeps the bits it was made with:
+        # it is not lost for its permissions.
+        frame = self.path("nochmod.gift")
+        r = subprocess.run([GIFTC, "encode", src, "-o", frame, "-q"], capture_output=True,
+                           text=True, env=self.preloading("no_chmod"))
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+        self.assertTrue(os.path.isfile(frame))
 
     def test_an_empty_output_name_is_a_usage_error(self):
         # -o "" wrote the default name (encode) as if no -o had been given.
@@ -198,6 +205,15 @@ class Giftc(unittest.TestCase):
             r = run(*command, "-o", "")
             self.assertEqual(r.returncode, 1, command)
             self.assertIn("--output: an empty file name", r.stderr)
+        # Nor does --basis "" mean no basis, or --activations "" none (both went unnoticed).
+        for command, option in ((["encode", src, "--basis", ""], "--basis"),
+                                (["decode", src + ".gift", "--basis", ""], "--basis"),
+                                (["compare", src, src, "--activations", ""], "--activations"),
+                                (["fit", src, "-o", self.path("b.giftb"), "--activations", ""],
+                                 "--activations")):
+            r = run(*command)
+            self.assertEqual(r.returncode, 1, command)
+            self.assertIn(option + ": an empty file name", r.stderr)
         self.assertEqual(os.listdir(self.dir), ["x.npy"])
 
     def test_standard_input_from_a_terminal_is_refused(self):
@@ -208,6 +224,7 @@ class Giftc(unittest.TestCase):
         try:
             for command in (["encode", "-", "-o", self.path("x.gift")],
                             ["decode", "-", "-o", self.path("x.npy")], ["inspect", "-"],
+                            ["compare", "-", self.path("x.gift")],
                             ["fit", "-", "-o", self.path("x.giftb")]):
                 r = subprocess.run([GIFTC, *command], stdin=slave, capture_output=True,
                                    text=True, timeout=60)
@@ -1390,7 +1407,8 @@ class Giftc(unittest.TestCase):
         out = self.path("m.safetensors")
         r = run("decode", self.path("m.gift"), "-o", out)
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn("tensor '__metadata__': a .safetensors file keeps that name", r.stderr)
+        self.assertIn("m.gift: tensor '__metadata__': a .safetensors file keeps that name for its "
+                      "metadata (decode it to .npy)", r.stderr)
         self.assertEqual(sorted(os.listdir(self.dir)), ["__metadata__.npy", "m.gift"])
         r = run("decode", self.path("m.gift"), "-o", self.path("m.npy"), "-q")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -1736,6 +1754,8 @@ class Giftc(unittest.TestCase):
                                     "giftc"),
                                    ([], "a command is required: encode decode", "giftc"),
                                    (["--bogus"], "'--bogus' is not an option of giftc", "giftc"),
+                                   (["-q", "--bogus", "encode", a], "'--bogus' is not an option of giftc",
+                                    "giftc"),
                                    (["decode", "--bogus", a], "--bogus", "giftc decode"),
                                    (["encode", "--threads", "x", a], "--threads = x",
                                     "giftc encode")):

@@ -557,7 +557,6 @@ Basis one_entry_basis() {
   return b;
 }
 
-// A basis whose contents match its id but break another rule of FORMAT.md 2.4.
 // A second moment with a NaN, or a negative diagonal entry (which no second moment has), is
 // refused by name and place; the negative one was fitted before, as if it were one.
 TEST(Basis, BuilderRefusesWhatCannotBeASecondMoment) {
@@ -587,6 +586,7 @@ TEST(Basis, BuilderRefusesWhatCannotBeASecondMoment) {
                                                       "NaN or Inf")));
 }
 
+// A basis whose contents match its id but break another rule of FORMAT.md 2.4.
 TEST(Basis, ContentsThatBreakTheFormatAreRefusedByName) {
   struct Case {
     const char* what;

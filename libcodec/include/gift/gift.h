@@ -483,8 +483,9 @@ GIFT_API giftResult_t giftOutputSetSync(giftOutput* out, int sync);
 GIFT_API giftResult_t giftOutputSetReplace(giftOutput* out, int replace);
 /* The permission bits (at most 0777) the committed file gets, as chmod(2) sets them: giftc
  * gives an output its input's, as gzip and zstd do, so that a file only its owner reads does
- * not come out readable by all. By default those of open(2) with mode 0666 (less the umask).
- * Any time before the commit; nothing for a descriptor. */
+ * not come out readable by all. By default, and where the file system cannot set them (vfat,
+ * some FUSE mounts), those of open(2) with mode 0666 (less the umask). Any time before the
+ * commit; nothing for a descriptor. */
 GIFT_API giftResult_t giftOutputSetMode(giftOutput* out, unsigned int mode);
 /* Bytes written to `out` so far. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);

@@ -351,8 +351,9 @@ giftResult_t OutputFile::commit() {
   }
   if (reserved_ > written_ && ::ftruncate(fd_, off_t(written_)) != 0)
     return fail_io("cannot finish writing", errno);
-  if (mode_ >= 0 && ::fchmod(fd_, mode_t(mode_)) != 0)
-    return fail_io("cannot set the finished file's permissions", errno);
+  // Where the file system cannot set them (vfat, some FUSE mounts: EPERM), the file keeps the
+  // bits it was made with, as zstd leaves them: the output is not lost for its permissions.
+  if (mode_ >= 0) (void)::fchmod(fd_, mode_t(mode_));
   if (sync_ && ::fsync(fd_) != 0) return fail_io("cannot finish writing", errno);
   const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
   if (unnamed_ && !replace_) {
