@@ -29,7 +29,8 @@ std::string id_text(uint64_t lo, uint64_t hi) {
 }
 
 constexpr uint32_t kStateMagic = 0x53544647u;  // "GFTS"
-constexpr uint32_t kStateVersion = 2;          // 1: a fingerprint without the shapes (StateKey)
+// 1: a fingerprint without the shapes, 2: without the coordinates mode (StateKey).
+constexpr uint32_t kStateVersion = 3;
 
 }  // namespace
 
@@ -187,6 +188,8 @@ StateKey state_key(int world, int rank, const giftAllReduceConfig& config,
     words.insert(words.end(), shape.begin(), shape.end());
   }
   key.v2 = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+  words.push_back(uint64_t(config.coords));
+  key.v3 = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
   return key;
 }
 
@@ -199,7 +202,7 @@ giftResult_t save_state(const StateLayout& l, const StateKey& key, uint64_t call
   }
   const StateHeader h{kStateMagic,
                       kStateVersion,
-                      key.v2,
+                      key.v3,
                       call,
                       l.residual_count,
                       l.shard_residual_count,
@@ -217,7 +220,8 @@ giftResult_t check_state(const StateLayout& l, const StateKey& key, const PlanCo
   if (!state) return fail(GIFT_ERROR_INVALID_ARGUMENT, "state is NULL");
   StateHeader h{};
   if (bytes >= sizeof h) memcpy(&h, state, sizeof h);
-  const bool ours = (h.version == kStateVersion && h.fingerprint == key.v2) ||
+  const bool ours = (h.version == kStateVersion && h.fingerprint == key.v3) ||
+                    (h.version == 2 && h.fingerprint == key.v2) ||
                     (h.version == 1 && h.fingerprint == key.v1);
   if (bytes != l.bytes() || h.magic != kStateMagic || !ours ||
       h.residual_count != l.residual_count || h.shard_residual_count != l.shard_residual_count) {

@@ -115,12 +115,14 @@ struct StateLayout {
   uint64_t bytes() const { return coords_at() + tensors; }
 };
 
-// What a saved state must have been saved from, as its header's fingerprint: version 2 (the
-// one written) covers the config, world, rank and the tensors' offsets, dtypes and shapes;
-// version 1 (states saved before it, still loaded) did not cover the shapes, so that a state
-// loaded into a plan of other shapes with the same element counts.
+// What a saved state must have been saved from, as its header's fingerprint: version 3 (the
+// one written) covers the config (its coordinates mode too), world, rank and the tensors'
+// offsets, dtypes and shapes. States saved before it still load: version 2 did not cover the
+// coordinates mode, so that a state of a GIFT-mode plan, its reduced residual in whitened
+// coordinates, loaded into a Euclidean one; version 1 did not cover the shapes either, so that
+// a state loaded into a plan of other shapes with the same element counts.
 struct StateKey {
-  uint64_t v1, v2;
+  uint64_t v1, v2, v3;
 };
 StateKey state_key(int world, int rank, const giftAllReduceConfig& config,
                    const BucketShape& bucket);

@@ -473,32 +473,45 @@ TEST(LocalSteps, SavedStateResumesTheSameRun) {
             GIFT_ERROR_BUFFER_TOO_SMALL);
 }
 
-TEST(LocalSteps, SavedStateLoadsOnlyIntoTheSameShapesAndFromVersionOne) {
+TEST(LocalSteps, SavedStateLoadsOnlyIntoTheSameShapesAndModeAndFromOlderVersions) {
   const std::vector<TensorSpec> wide = {{"w", GIFT_DTYPE_F32, {4, 64}}};
   const std::vector<TensorSpec> tall = {{"w", GIFT_DTYPE_F32, {64, 4}}};  // same count
   giftAllReduceConfig c = GIFT_ALLREDUCE_CONFIG_INITIALIZER;
   c.rounding = GIFT_ROUND_STOCHASTIC;
-  SimulatedWorld run(c, 1, wide), other(c, 1, tall), resumed(c, 1, wide);
+  giftAllReduceConfig euclidean = c;
+  euclidean.coords = GIFT_COORDS_MODE_EUCLIDEAN;  // c's is AUTO
+  SimulatedWorld run(c, 1, wide), other(c, 1, tall), other_mode(euclidean, 1, wide);
   run.allreduce(inputs_for(wide, 1, 1));
   std::vector<uint8_t> state(giftReducePlanStateBytes(run.plan(0)));
   ASSERT_EQ(giftReducePlanSaveState(run.plan(0), state.data(), state.size()), GIFT_OK);
-  ASSERT_EQ(giftReducePlanStateBytes(other.plan(0)), state.size());
-  EXPECT_EQ(giftReducePlanLoadState(other.plan(0), state.data(), state.size()),
-            GIFT_ERROR_INVALID_ARGUMENT);
-  // A state of version 1 (its fingerprint without the shapes; as libgift wrote them before)
-  // still loads, and resumes the same run.
+  for (SimulatedWorld* sim : {&other, &other_mode}) {
+    ASSERT_EQ(giftReducePlanStateBytes(sim->plan(0)), state.size());
+    EXPECT_EQ(giftReducePlanLoadState(sim->plan(0), state.data(), state.size()),
+              GIFT_ERROR_INVALID_ARGUMENT);
+  }
+  // States of versions 1 (their fingerprint without the shapes) and 2 (without the mode), as
+  // libgift wrote them before, still load, and resume the same run.
   gift::transport::StateHeader h;
   memcpy(&h, state.data(), sizeof h);
-  ASSERT_EQ(h.version, 2u);
+  ASSERT_EQ(h.version, 3u);
   gift::transport::BucketShape shape;
   const std::vector<giftBucketTensor> d = gift::test::describe(wide);
   ASSERT_EQ(gift::transport::read_bucket(d.data(), d.size(), &shape), GIFT_OK);
-  h.version = 1;
-  h.fingerprint = gift::transport::state_key(1, 0, c, shape).v1;
-  memcpy(state.data(), &h, sizeof h);
-  ASSERT_EQ(giftReducePlanLoadState(resumed.plan(0), state.data(), state.size()), GIFT_OK)
-      << giftGetLastErrorMessage();
-  EXPECT_EQ(run.allreduce(inputs_for(wide, 1, 2)), resumed.allreduce(inputs_for(wide, 1, 2)));
+  const gift::transport::StateKey key = gift::transport::state_key(1, 0, c, shape);
+  for (const auto& [version, fingerprint] :
+       {std::make_pair(1u, key.v1), std::make_pair(2u, key.v2)}) {
+    SimulatedWorld resumed(c, 1, wide);
+    h.version = version;
+    h.fingerprint = fingerprint;
+    std::vector<uint8_t> old = state;
+    memcpy(old.data(), &h, sizeof h);
+    ASSERT_EQ(giftReducePlanLoadState(resumed.plan(0), old.data(), old.size()), GIFT_OK)
+        << "version " << version << ": " << giftGetLastErrorMessage();
+    SimulatedWorld again(c, 1, wide);  // the original run, resumed from its own state
+    ASSERT_EQ(giftReducePlanLoadState(again.plan(0), state.data(), state.size()), GIFT_OK);
+    EXPECT_EQ(again.allreduce(inputs_for(wide, 1, 2)), resumed.allreduce(inputs_for(wide, 1, 2)))
+        << "version " << version;
+  }
 }
 
 // The codec threads of each rank are a local choice: ranks configured differently must still

@@ -13,7 +13,10 @@
  *   4. the backend all-gathers the reduced messages;
  *   5. giftReduceDecodeResult: decodes them and writes each tensor in its own dtype.
  * So every value is rounded to FP8 twice whatever the world size, and every rank decodes the
- * same bytes: replicas end bit-identical.
+ * same bytes: replicas end bit-identical. (Tensors in GIFT coordinates are whitened back in
+ * step 5 with fused multiply-adds: bit-identical where every rank's CPU has them, AVX2 and
+ * newer on x86, Arm64, as the device plans do; a rank without them, SSE4 say, ends within
+ * fp32 rounding of the others.)
  *
  * Scale groups are blocks of `block` elements of the flat bucket (tensor boundaries do not
  * cut blocks); shard r holds blocks [r*nb/world, (r+1)*nb/world) in the balanced split of the
@@ -158,10 +161,11 @@ GIFT_API giftResult_t giftReduceAbandon(const giftReducePlan* plan, uint8_t* msg
 
 /* The plan's state between calls (its call counter, error-feedback residuals and choice of
  * coordinates) as bytes, so that a training run can be checkpointed and resumed with the
- * same results. The state loads only into a plan of the same config, world, rank and tensors
- * (dtypes and shapes; GIFT_ERROR_INVALID_ARGUMENT otherwise) that holds the same basis (set
- * it first; GIFT_ERROR_BASIS_MISSING otherwise). States of the first state version, whose
- * check did not cover the shapes, still load where the dtypes and element counts match. */
+ * same results. The state loads only into a plan of the same config (its coordinates mode
+ * included), world, rank and tensors (dtypes and shapes; GIFT_ERROR_INVALID_ARGUMENT
+ * otherwise) that holds the same basis (set it first; GIFT_ERROR_BASIS_MISSING otherwise).
+ * States saved by earlier releases still load: those of the second state version whatever
+ * the coordinates mode, those of the first where the dtypes and element counts match. */
 GIFT_API uint64_t giftReducePlanStateBytes(const giftReducePlan* plan);
 GIFT_API giftResult_t giftReducePlanSaveState(const giftReducePlan* plan, void* state,
                                               uint64_t bytes);
