@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "io/tensor_file.h"
+#include "json_number.h"
 
 namespace giftc {
 namespace {
@@ -113,10 +114,11 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   doc["tensors"] = nlohmann::ordered_json::array();
   giftErrorMetrics total = GIFT_ERROR_METRICS_INIT;
   auto row = [](const giftErrorMetrics& m) {
-    nlohmann::ordered_json j{
-        {"rel_l2", m.rel_l2}, {"cosine", m.cosine}, {"max_abs", m.max_abs}, {"bias", m.bias}};
-    j["rel_anorm"] =
-        m.rel_anorm < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(m.rel_anorm);
+    nlohmann::ordered_json j{{"rel_l2", json_number(m.rel_l2)},
+                             {"cosine", json_number(m.cosine)},
+                             {"max_abs", json_number(m.max_abs)},
+                             {"bias", json_number(m.bias)}};
+    j["rel_anorm"] = m.rel_anorm < 0 ? nlohmann::ordered_json() : json_number(m.rel_anorm);
     j["nonfinite"] = m.nonfinite;
     return j;
   };
@@ -199,12 +201,21 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   const bool anorm = !o.activations.empty();
   std::printf("%-40s %12s %12s %12s %12s%s\n", "name", "rel_l2", "cosine", "max_abs", "bias",
               anorm ? "    rel_anorm" : "");
-  auto print = [anorm](const std::string& name, const nlohmann::ordered_json& j) {
-    std::printf("%-40s %12.4e %12.8f %12.4e %12.4e", shown(name, stdout).c_str(),
-                j["rel_l2"].get<double>(), j["cosine"].get<double>(), j["max_abs"].get<double>(),
-                j["bias"].get<double>());
-    if (anorm && j["rel_anorm"].is_null()) std::printf(" %12s", "-");
-    if (anorm && !j["rel_anorm"].is_null()) std::printf(" %12.4e", j["rel_anorm"].get<double>());
+  // A metric as json_number left it: a number in `format`, "inf", or - for none.
+  const auto cell = [](const nlohmann::ordered_json& v, const char* format) {
+    char buf[32];
+    if (v.is_number()) {
+      std::snprintf(buf, sizeof buf, format, v.get<double>());
+    } else {
+      std::snprintf(buf, sizeof buf, "%12s", v.is_string() ? v.get<std::string>().c_str() : "-");
+    }
+    return std::string(buf);
+  };
+  auto print = [&](const std::string& name, const nlohmann::ordered_json& j) {
+    std::printf("%-40s %s %s %s %s", shown(name, stdout).c_str(),
+                cell(j["rel_l2"], "%12.4e").c_str(), cell(j["cosine"], "%12.8f").c_str(),
+                cell(j["max_abs"], "%12.4e").c_str(), cell(j["bias"], "%12.4e").c_str());
+    if (anorm) std::printf(" %s", cell(j["rel_anorm"], "%12.4e").c_str());
     std::printf("\n");
   };
   for (const auto& j : doc["tensors"]) print(j["name"].get<std::string>(), j);

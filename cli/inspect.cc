@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "json_number.h"
 
 namespace giftc {
 namespace {
@@ -13,14 +14,6 @@ struct InspectOptions {
   bool json = false, verify = false;
   int threads = 0;
 };
-
-// A selection estimate: null when the encoder did not make it, "inf" when the trial encode
-// failed (JSON has no infinity).
-nlohmann::ordered_json estimate(float e) {
-  if (std::isnan(e)) return nlohmann::ordered_json();
-  if (std::isinf(e)) return "inf";
-  return e;
-}
 
 std::string estimate_text(const nlohmann::ordered_json& e) {
   if (e.is_null()) return "-";
@@ -84,8 +77,8 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     if (e.selection.made) {
       const giftSelection& s = e.selection;
       j["selection"] = {{"chosen", coords_name(s.chosen)},
-                        {"euclidean_error", estimate(s.euclidean_error)},
-                        {"gift_error", estimate(s.gift_error)},
+                        {"euclidean_error", json_number(s.euclidean_error)},
+                        {"gift_error", json_number(s.gift_error)},
                         {"transform_flops", s.transform_flops},
                         {"reason", s.reason}};
     }

@@ -1308,6 +1308,18 @@ class Giftc(unittest.TestCase):
                 self.assertAlmostEqual(t["max_abs"], np.max(np.abs(y - x)), delta=1e-12)
                 self.assertAlmostEqual(t["bias"], np.mean(y - x), delta=1e-12)
 
+    def test_compare_writes_an_infinite_metric_as_inf(self):
+        # rel_l2 of a zero reference against ones: JSON has no infinity, and null (what it was)
+        # reads as a metric not measured, as rel_anorm without an A is.
+        z, o = self.path("z.npy"), self.path("o.npy")
+        np.save(z, np.zeros((4, 4), np.float32))
+        np.save(o, np.ones((4, 4), np.float32))
+        doc = json.loads(run("compare", z, o, "--json").stdout)
+        self.assertEqual((doc["tensors"][0]["rel_l2"], doc["total"]["rel_l2"]), ("inf", "inf"))
+        self.assertEqual((doc["tensors"][0]["max_abs"], doc["tensors"][0]["rel_anorm"]), (1.0, None))
+        table = run("compare", z, o).stdout.splitlines()
+        self.assertEqual(table[1].split()[:3], ["z", "inf", "0.00000000"])
+
     def test_compare_leaves_out_nonfinite_pairs_and_counts_them(self):
         # A reference with NaNs must not hide the error of every other element.
         a = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
