@@ -902,6 +902,18 @@ TEST(LocalStepsCoords, MeasuredChoiceIsMadeOnceForAllRanksAfterTheFirstCall) {
   EXPECT_LT(rel_error(in, second[0], 0), 0.6 * rel_error(in, first[0], 0));
 }
 
+// After a measuring call of `hit` that did not count (reselect_every 3): calls 1-4 of `clean`
+// and the next four of `hit` give the same bytes and coordinates, measuring at 1 and 4, and
+// the anisotropic matrix ends in GIFT coordinates.
+void expect_measured_again(SimulatedWorld& hit, SimulatedWorld& clean,
+                           const std::vector<Bucket>& in, const char* what) {
+  for (int call = 1; call <= 4; ++call) {
+    EXPECT_EQ(hit.allreduce(in), clean.allreduce(in)) << what << ", call " << call;
+    EXPECT_EQ(coords_of(hit.plan(0)), coords_of(clean.plan(0))) << what << ", call " << call;
+  }
+  EXPECT_EQ(coords_of(hit.plan(0))[0], GIFT_COORDS_GIFT) << what;
+}
+
 // A measuring call whose result is not finite (GIFT_NONFINITE_KEEP) decides nothing and
 // does not count: the next call measures and decides, and the run then equals one that never
 // had that call (round to nearest: the call counter does not change the bytes).
@@ -923,12 +935,7 @@ TEST(LocalStepsCoords, NonFiniteMeasuringCallIsMeasuredAgain) {
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(coords_of(hit.plan(r)), coords_of(clean.plan(r))) << "rank " << r;
   }
-  // Calls 1-4 of the clean run against calls 2-5 of the other: measuring at 1 and 4.
-  for (int call = 1; call <= 4; ++call) {
-    EXPECT_EQ(hit.allreduce(in), clean.allreduce(in)) << "call " << call;
-    EXPECT_EQ(coords_of(hit.plan(0)), coords_of(clean.plan(0))) << "call " << call;
-  }
-  EXPECT_EQ(coords_of(hit.plan(0))[0], GIFT_COORDS_GIFT);
+  expect_measured_again(hit, clean, in, "a non-finite result");
 }
 
 // A measuring call abandoned before step 5 on every rank (here a NaN under
@@ -964,13 +971,7 @@ TEST(LocalStepsCoords, AbandonedMeasuringCallIsMeasuredAgain) {
                   r == 1 ? GIFT_ERROR_NONFINITE_INPUT : GIFT_OK);
       }
     }
-    // Calls 1-4 of the clean run against calls 2-5 of the other: measuring at 1 and 4.
-    for (int call = 1; call <= 4; ++call) {
-      EXPECT_EQ(hit.allreduce(in), clean.allreduce(in))
-          << "after step 3: " << after_step3 << ", call " << call;
-      EXPECT_EQ(coords_of(hit.plan(0)), coords_of(clean.plan(0))) << "call " << call;
-    }
-    EXPECT_EQ(coords_of(hit.plan(0))[0], GIFT_COORDS_GIFT);
+    expect_measured_again(hit, clean, in, after_step3 ? "after step 3" : "after step 1");
   }
 }
 
