@@ -3,8 +3,10 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 
 #include "common/error.h"
+#include "common/processors.h"
 
 namespace gift {
 namespace {
@@ -17,7 +19,49 @@ constexpr size_t kStackBytes = size_t(256) << 10;
 std::atomic<bool> threads_allowed{true};  // set_background_threads_for_test
 thread_local bool background_thread = false;
 
+// Each side of a job polls for the other for up to kPoll before it sleeps on the condition
+// variable: the caller for the job's end (wait), the thread for the next job. Waking a thread
+// blocked in a futex takes tens of microseconds on a virtual machine, and a pipeline of jobs
+// that each write a few hundred KiB (about 100 us) paid it twice per job on its slower side.
+// A poll that runs out turns that side's polling off for the next kPollsOff waits: the other
+// side is the slower one, or shares this side's processor with it or another process, where
+// polling holds back what it waits for. giftc decode --threads 1 of a 512 MiB fp32 dump in
+// 512 KiB bands, Zen 4 VM, medians of 7 to 9 interleaved rounds, each pair from one run:
+// - polling always: 0.161 s, against 0.233 s sleeping at once (cp of the dump 0.17 s);
+// - with another process busy on one of the 2 processors, polling always took 0.50 s, against
+//   0.19 s;
+// - this way: 0.171 s against 0.249 s (cp 0.176 s), and busy 0.241 s against 0.232 s.
+// Never where the process has one processor.
+constexpr auto kPoll = std::chrono::microseconds(200);
+constexpr unsigned kPollsOff = 64;
+
+// Whether ready() held within kPoll.
+template <typename Ready>
+bool poll_until(Ready ready) {
+  const auto end = std::chrono::steady_clock::now() + kPoll;
+  for (unsigned k = 1; !ready(); ++k) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+    if (k % 64 == 0 && std::chrono::steady_clock::now() > end) return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+template <typename Ready>
+void BackgroundJob::Poll::until(Ready ready) {
+  static const bool kTwoProcessors = processors() > 1;
+  if (!kTwoProcessors) return;
+  if (off) {
+    --off;
+  } else if (!poll_until(ready)) {
+    off = kPollsOff;
+  }
+}
 
 void set_background_threads_for_test(bool allowed) { threads_allowed.store(allowed); }
 
@@ -60,12 +104,14 @@ giftResult_t BackgroundJob::start(std::function<giftResult_t()> job) {
     return GIFT_OK;
   }
   job_ = std::move(job);
+  busy_.store(true, std::memory_order_release);
   changed_.notify_all();
   return GIFT_OK;
 }
 
 giftResult_t BackgroundJob::wait() {
   if (!pending_) return GIFT_OK;
+  caller_poll_.until([&] { return !busy_.load(std::memory_order_acquire); });
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return !job_; });
   pending_ = false;
@@ -79,13 +125,20 @@ void BackgroundJob::finish(giftResult_t r) {
   result_ = r;
   message_ = r ? last_message() : "";
   job_ = nullptr;
+  busy_.store(false, std::memory_order_release);
 }
 
 void* BackgroundJob::run(void* self) {
   background_thread = true;
   BackgroundJob& b = *static_cast<BackgroundJob*>(self);
   std::unique_lock<std::mutex> lock(b.mutex_);
+  Poll poll;
   for (;;) {
+    if (!b.job_ && !b.stop_) {
+      lock.unlock();
+      poll.until([&] { return b.busy_.load(std::memory_order_acquire) || b.stop_.load(); });
+      lock.lock();
+    }
     b.changed_.wait(lock, [&] { return b.job_ || b.stop_; });
     if (!b.job_) return nullptr;  // stopped
     lock.unlock();

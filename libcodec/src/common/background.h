@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -38,6 +39,14 @@ class BackgroundJob {
   giftResult_t wait();
 
  private:
+  // A side's polling for the other before it sleeps (background.cc says why): on until a
+  // poll runs out, then off for some waits.
+  struct Poll {
+    unsigned off = 0;  // waits left that sleep at once
+    template <typename Ready>
+    void until(Ready ready);
+  };
+
   static void* run(void* self);
   void finish(giftResult_t r);  // with mutex_ held
 
@@ -46,8 +55,10 @@ class BackgroundJob {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::function<giftResult_t()> job_;  // set: queued or running
+  std::atomic<bool> busy_{false};      // bool(job_), read without mutex_ while polling
   bool pending_ = false;               // a job started and not yet waited for
-  bool stop_ = false;
+  Poll caller_poll_;                   // wait()'s
+  std::atomic<bool> stop_{false};
   giftResult_t result_ = GIFT_OK;
   std::string message_;
 };
