@@ -586,6 +586,54 @@ TEST(Basis, BuilderRefusesWhatCannotBeASecondMoment) {
                                                       "NaN or Inf")));
 }
 
+// Fit parameters a C caller can get wrong: an oversample that made rank + oversample wrap
+// (a subspace smaller than the rank, read out of bounds), a power iteration count of -1 (a
+// loop without end), an infinite damping; and dampings whose whitener fp32 cannot hold, which
+// the builder took and then wrote a basis its own reader refused.
+TEST(Basis, BuilderRefusesFitParamsAndDampingsItCannotUse) {
+  const uint32_t dim = 64;
+  std::vector<double> a(dim * dim, 0.0);
+  for (uint32_t k = 0; k < dim; ++k) a[k * dim + k] = 1.0 + k;
+  const auto add = [&](giftFitParams fp, const double* damping = nullptr) {
+    giftBasisBuilder* b = nullptr;
+    giftResult_t r = giftBasisBuilderCreate(&fp, &b);
+    if (r == GIFT_OK) {
+      r = giftBasisBuilderAdd(b, "w", a.data(), dim, "activations", damping, damping ? 1 : 0,
+                              nullptr, 0, nullptr, nullptr);
+    }
+    giftBasisBuilderFree(b);
+    return std::make_pair(r, std::string(r ? giftGetLastErrorMessage() : ""));
+  };
+  giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+  fp.rank = 4;
+  fp.exact_max_dim = 8;  // the randomized fit
+  EXPECT_EQ(add(fp).first, GIFT_OK);
+  fp.oversample = 0xFFFFFFF0u;  // rank + oversample past 2^32: the exact fit, as past dim
+  EXPECT_EQ(add(fp).first, GIFT_OK) << add(fp).second;
+  fp.oversample = 10;
+  fp.power_iterations = GIFT_FIT_MAX_POWER_ITERATIONS;
+  EXPECT_EQ(add(fp).first, GIFT_OK);
+  fp.power_iterations = UINT32_MAX;
+  EXPECT_EQ(add(fp), std::make_pair(GIFT_ERROR_INVALID_ARGUMENT,
+                                    std::string("power_iterations 4294967295 is above 64")));
+  fp.power_iterations = 4;
+  fp.damping = INFINITY;
+  EXPECT_EQ(add(fp), std::make_pair(GIFT_ERROR_INVALID_ARGUMENT,
+                                    std::string("damping inf is not a positive finite number")));
+  fp.damping = 1e-3;
+  for (const double huge : {1e300, 1e80}) {  // D's root or its inverse past fp32
+    const auto r = add(fp, &huge);
+    EXPECT_EQ(r.first, GIFT_ERROR_INVALID_ARGUMENT) << huge;
+    EXPECT_NE(r.second.find("out of fp32's range"), std::string::npos) << r.second;
+  }
+  fp.damping_relative = 0;
+  const double tiny = 1e-90;  // absolute: D = 1e-90 where A has no weight outside the rank
+  std::fill(a.begin(), a.end(), 0.0);
+  const auto r = add(fp, &tiny);
+  EXPECT_EQ(r.first, GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(r.second.find("D[0] = 1e-90 is out of fp32's range"), std::string::npos) << r.second;
+}
+
 // A basis whose contents match its id but break another rule of FORMAT.md 2.4.
 TEST(Basis, ContentsThatBreakTheFormatAreRefusedByName) {
   struct Case {

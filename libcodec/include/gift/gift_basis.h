@@ -58,8 +58,11 @@ GIFT_API giftResult_t giftBasisFindEntry(const giftBasis* basis, const char* nam
 /* ---- Fitting ------------------------------------------------------------------------ */
 
 /* How a whitener is fitted to a second moment A: its top `rank` eigenpairs (exact up to
- * exact_max_dim, else by randomized subspace iteration) plus the residual diagonal, floored
- * at the damping (times mean diag A when damping_relative). */
+ * exact_max_dim, or where rank + oversample reaches dim; else by randomized subspace iteration
+ * on rank + oversample vectors, power_iterations of them, at most
+ * GIFT_FIT_MAX_POWER_ITERATIONS) plus the residual diagonal, floored at the damping (times
+ * mean diag A when damping_relative), a positive finite number. */
+#define GIFT_FIT_MAX_POWER_ITERATIONS 64
 typedef struct {
   size_t size; /* sizeof(giftFitParams) */
   unsigned int magic;

@@ -242,8 +242,13 @@ giftResult_t giftBasisBuilderCreate(const giftFitParams* params, giftBasisBuilde
     giftFitParams p;
     if (const giftResult_t r = gift::read_sized(params, kDefaultFit, &p, "giftFitParams")) return r;
     if (p.rank == 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "rank is 0");
-    if (!(p.damping > 0))
-      return fail(GIFT_ERROR_INVALID_ARGUMENT, "damping %g is not positive", p.damping);
+    if (!(p.damping > 0) || !std::isfinite(p.damping))
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "damping %g is not a positive finite number",
+                  p.damping);
+    if (p.power_iterations > GIFT_FIT_MAX_POWER_ITERATIONS) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "power_iterations %u is above %u",
+                  p.power_iterations, GIFT_FIT_MAX_POWER_ITERATIONS);
+    }
     auto* b = new giftBasisBuilder();
     b->options.rank = p.rank;
     b->options.damping = p.damping;

@@ -51,13 +51,13 @@ giftResult_t fit_low_rank(const double* a, uint32_t dim, const FitOptions& o,
   const uint32_t rank = std::min(o.rank, dim);
   out->dim = dim;
   out->rank = rank;
-  if (dim <= o.exact_max_dim || rank + o.oversample >= dim) {
+  if (dim <= o.exact_max_dim || uint64_t(rank) + o.oversample >= dim) {
     if (const giftResult_t r =
             top_eigen(std::vector<double>(a, a + uint64_t(dim) * dim), dim, rank, &out->u, &out->l))
       return r;
   } else {
     // Randomized subspace iteration (Halko, Martinsson, Tropp 2011, alg. 4.4).
-    const uint32_t k = rank + o.oversample;
+    const uint32_t k = rank + o.oversample;  // below dim
     std::vector<double> omega(uint64_t(dim) * k), y(uint64_t(dim) * k);
     std::mt19937_64 gen(o.seed);
     std::normal_distribution<double> nd;

@@ -69,6 +69,22 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
   for (uint32_t i = 0; i < dim; ++i) {
     out->d_rsqrt[i] = float(1.0 / std::sqrt(diag[i]));
     out->d_sqrt[i] = float(std::sqrt(diag[i]));
+    // A D past fp32's range (an extreme damping, or A's scale) would give a whitener that a
+    // basis file cannot hold (its reader refuses non-finite parts) or that loses W (a zero).
+    if (!std::isfinite(out->d_sqrt[i]) || out->d_rsqrt[i] == 0.0f || out->d_sqrt[i] == 0.0f ||
+        !std::isfinite(out->d_rsqrt[i])) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "whitener: D[%u] = %g is out of fp32's range for its square root and its "
+                  "inverse (the damping, or A's scale)",
+                  i, diag[i]);
+    }
+  }
+  const auto finite = [](const std::vector<float>& p) {
+    return std::all_of(p.begin(), p.end(), [](float x) { return std::isfinite(x); });
+  };
+  if (!finite(out->v) || !finite(out->c) || !finite(out->c_inv)) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "whitener: the low-rank part is not finite in fp32 (A's scale against D)");
   }
   return GIFT_OK;
 }
