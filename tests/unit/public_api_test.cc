@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gift/gift.h"
@@ -476,6 +477,37 @@ TEST_F(BasisApi, FrameInBasisDecodesWithTheEmbeddedOrAnExplicitBasis) {
   EXPECT_LT(error, euclidean);
 
   EXPECT_EQ(giftFrameVerify(frame.get()), GIFT_OK) << giftGetLastErrorMessage();
+}
+
+// Whole-tensor decodes of one frame on several threads at once, the first of them parsing
+// the embedded basis (which each thread once parsed into the same place: TSan's run of this
+// test, scripts/sanitize.sh, saw the race).
+TEST_F(BasisApi, FrameDecodesOnSeveralThreadsAtOnce) {
+  const Layer& l = *layer_;
+  const BasisPtr basis = fit(l, "layer.w");
+  const Frame written = write_frame(l, basis.get(), true);
+  ASSERT_EQ(written.selection.chosen, GIFT_COORDS_GIFT);
+  const uint64_t bytes = l.w.size() * sizeof(float);
+  std::vector<float> alone(l.w.size());
+  ASSERT_EQ(
+      giftFrameDecodeTensor(open(written.bytes).get(), 0, alone.data(), bytes, GIFT_DTYPE_F32),
+      GIFT_OK);
+  for (int round = 0; round < 4; ++round) {
+    const FramePtr frame = open(written.bytes);
+    std::vector<std::vector<float>> out(3, std::vector<float>(l.w.size()));
+    std::vector<giftResult_t> results(out.size(), GIFT_ERROR_INTERNAL);
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < out.size(); ++t) {
+      threads.emplace_back([&, t] {
+        results[t] = giftFrameDecodeTensor(frame.get(), 0, out[t].data(), bytes, GIFT_DTYPE_F32);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t t = 0; t < out.size(); ++t) {
+      EXPECT_EQ(results[t], GIFT_OK);
+      EXPECT_EQ(out[t], alone);
+    }
+  }
 }
 
 TEST_F(BasisApi, AnotherBasisIsRefusedNamingBothIds) {

@@ -22,7 +22,8 @@ giftResult_t open_source(std::unique_ptr<gift::container::ByteSource> src, const
                          giftFrame** frame) {
   std::unique_ptr<gift::container::FrameReader> r;
   if (const giftResult_t e = gift::container::FrameReader::open(std::move(src), name, &r)) return e;
-  *frame = new (std::nothrow) giftFrame{std::move(r), false, false, {}, {}};
+  *frame = new (std::nothrow) giftFrame();
+  if (*frame) (*frame)->reader = std::move(r);
   return *frame ? GIFT_OK : fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory");
 }
 
@@ -38,6 +39,7 @@ giftBasisId id_of(const gift::fb::BasisId* id) {
 }  // namespace
 
 giftResult_t gift::frame_basis(giftFrame* frame, const giftBasis** out) {
+  const std::lock_guard<std::mutex> lock(frame->basis_mutex);
   if (!frame->basis_read) {
     if (const giftResult_t r = gift::coords::read_embedded_basis(
             *frame->reader, &frame->basis.basis, &frame->has_basis))

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ struct giftFrame {
   giftBasis basis;
   // The sections of the tensor giftFrameDecodeRows reads, kept for its bands.
   gift::container::FrameReader::SectionCache rows_cache;
+  // Taken while the basis is parsed: whole-tensor decodes may run on several threads.
+  std::mutex basis_mutex;
 };
 
 struct giftOutput {
