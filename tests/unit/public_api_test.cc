@@ -510,6 +510,26 @@ TEST_F(BasisApi, FrameDecodesOnSeveralThreadsAtOnce) {
   }
 }
 
+// Rows past a tensor in GIFT coordinates are refused as past the Euclidean ones are, before
+// the fp32 buffer of the band is made (which failed as out of memory for 2^40 rows).
+TEST_F(BasisApi, RowsPastATensorInBasisAreRefusedBeforeAnyBuffer) {
+  const Layer& l = *layer_;
+  const BasisPtr basis = fit(l, "layer.w");
+  const Frame written = write_frame(l, basis.get(), true);
+  ASSERT_EQ(written.selection.chosen, GIFT_COORDS_GIFT);
+  const FramePtr frame = open(written.bytes);
+  std::vector<uint16_t> band(l.w.size());  // room for the whole tensor
+  for (const uint64_t rows : {uint64_t(1) << 40, uint64_t(l.rows)}) {
+    EXPECT_EQ(giftFrameDecodeRowsWithBasis(frame.get(), 0, 1, rows, basis.get(), band.data(),
+                                           band.size() * 2, GIFT_DTYPE_BF16),
+              GIFT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(
+        std::string(giftGetLastErrorMessage()).find(std::to_string(rows) + " rows from row 1"),
+        std::string::npos)
+        << giftGetLastErrorMessage();
+  }
+}
+
 TEST_F(BasisApi, AnotherBasisIsRefusedNamingBothIds) {
   const Layer& l = *layer_;
   const BasisPtr basis = fit(l, "layer.w");

@@ -611,10 +611,7 @@ giftResult_t FrameReader::decode_band(const TensorEntry& e, SectionCache& c, con
   return r;
 }
 
-giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t rows, void* dst,
-                                      uint64_t dst_bytes, giftDType_t dst_dtype, bool coded_values,
-                                      SectionCache* cache) const {
-  if (index >= tensors_.size()) return check_output(index, dst, dst_bytes, dst_dtype);
+giftResult_t FrameReader::check_rows(size_t index, uint64_t first_row, uint64_t rows) const {
   const TensorEntry& e = tensors_[index];
   if (first_row > e.rows || rows > e.rows - first_row) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
@@ -628,6 +625,15 @@ giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t
                 " cross a tile's edge without starting at one (tiles of %" PRIu64 " rows)",
                 name_.c_str(), e.name.c_str(), first_row, first_row + rows - 1, unit);
   }
+  return GIFT_OK;
+}
+
+giftResult_t FrameReader::decode_rows(size_t index, uint64_t first_row, uint64_t rows, void* dst,
+                                      uint64_t dst_bytes, giftDType_t dst_dtype, bool coded_values,
+                                      SectionCache* cache) const {
+  if (index >= tensors_.size()) return check_output(index, dst, dst_bytes, dst_dtype);
+  const TensorEntry& e = tensors_[index];
+  if (const giftResult_t r = check_rows(index, first_row, rows)) return r;
   if (const giftResult_t r = check_output(index, dst, dst_bytes, dst_dtype, rows * e.cols))
     return r;
   if (e.fb->coords() == fb::Coords::Gift && !coded_values) {

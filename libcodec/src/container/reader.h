@@ -106,6 +106,9 @@ class FrameReader {
   struct Band {
     uint64_t row, rows, col, cols;
   };
+  // Whether rows [first_row, first_row + rows) of tensor `index` (which exists) may be
+  // decoded as a band: within the tensor, and not across a tile's edge (see decode_rows).
+  giftResult_t check_rows(size_t index, uint64_t first_row, uint64_t rows) const;
   // Rows [first_row, first_row + rows) of the rows x cols view, as decode() gives them.
   // first_row must be a multiple of row_unit(), or the rows lie within one such unit (a tile's
   // rows). The tensor's sections are checked when `cache` does not hold them yet (a
