@@ -133,8 +133,9 @@ class GiftState:
 
     def _transient(self):
         self._plans = {}
-        self._canon = {}     # id(parameter) -> its place in the canonical order (see _layout)
+        self._canon = {}     # (id(parameter), shape) -> its place in the canonical order
         self._param_of = {}  # place -> parameter
+        self._shape_of = {}  # place -> the parameter's shape when it took the place
         self._group_of = self._places_of_groups()  # (dtype, place) -> its group's key
         self._layouts = {}   # a bucket's parameters, in bucket order -> _Layout
         self._messages = {}  # plan key -> the plan's message buffers (see _plan)
@@ -144,7 +145,8 @@ class GiftState:
         self._agreed = False  # whether the ranks' options were compared (_agree_on_options)
         self._failure = None  # a host step 5's error, raised at the step's last bucket
 
-    _TRANSIENT = ("process_group", "_plans", "_canon", "_param_of", "_group_of", "_names",
+    _TRANSIENT = ("process_group", "_plans", "_canon", "_param_of", "_shape_of", "_group_of",
+                  "_names",
                   "_moments", "_hooks", "_layouts", "_messages", "_pending", "_waiting",
                   "_regrouped", "_agreed", "_failure")
 
@@ -362,12 +364,15 @@ class GiftState:
         regrouped. Parameters never seen make a group of their own. The gradients are views
         into the bucket, so regrouping costs no copy.
 
-        Layouts are kept by the bucket's parameters (whose hash is their identity), so that a
-        step looks its layout up instead of walking the parameters in Python; the state
-        holds those parameters while it lives. Learned on every call, warm-up steps
+        Layouts are kept by the bucket's parameters (whose hash is their identity), its dtype
+        and the parameters' shapes, so that a step looks its layout up instead of walking the
+        gradients; the state holds those parameters while it lives. A parameter given another
+        shape (its .data replaced) takes a new place, as a new parameter would, and its old
+        groups go. Learned on every call, warm-up steps
         included, so that the first layout is the initial one of the wrapper."""
         params = tuple(bucket.parameters())
-        layout = self._layouts.get(params)
+        seen = (params, buf.dtype, tuple(p.shape for p in params))
+        layout = self._layouts.get(seen)
         if layout is None:
             layout = _Layout(self, params, bucket.gradients(), buf)
             if not layout.group and self._quiet < 2:
@@ -375,7 +380,7 @@ class GiftState:
                 self._drop_groups({self._group_of[(dtype, p)] for p in places
                                    if (dtype, p) in self._group_of})
                 layout = _Layout(self, params, bucket.gradients(), buf)
-            self._layouts[params] = layout
+            self._layouts[seen] = layout
         return layout
 
     def _places_of_groups(self):
@@ -419,7 +424,7 @@ class GiftState:
         """The plan specs of group `key`: (name, dtype, shape) in canonical order. The basis
         names weights as the model does; unattached, names are places."""
         return [(self._names.get(id(self._param_of[place]), f"p{place}"), dtype,
-                 tuple(self._param_of[place].shape)) for place in key[1]]
+                 self._shape_of[place]) for place in key[1]]
 
     def _plan(self, key, buf, world, rank):
         """The plan of group `key` and its message buffers: created on first use, zeroed
@@ -436,7 +441,7 @@ class GiftState:
             self._plans[key] = plan
             m = plan.message_bytes
             send = torch.zeros(world * m, dtype=torch.uint8, device=buf.device)
-            elements = sum(self._param_of[place].numel() for place in key[1])
+            elements = sum(math.prod(self._shape_of[place]) for place in key[1])
             self._messages[key] = (send, torch.zeros_like(send),
                                    torch.zeros(m, dtype=torch.uint8, device=buf.device),
                                    torch.zeros_like(send), elements)
@@ -523,9 +528,20 @@ class _Layout:
     __slots__ = ("key", "group", "offsets", "pieces", "_at")
 
     def __init__(self, state, params, grads, buf):
-        places = [state._canon.setdefault(id(p), len(state._canon)) for p in params]
+        _check_views(params, grads, buf)
+        # A parameter given another shape takes a new place, and leaves the groups of its old
+        # ones for good.
+        gone = set()
+        for p in params:
+            if (id(p), tuple(p.shape)) not in state._canon:
+                gone.update(place for (i, _), place in state._canon.items() if i == id(p))
+        places = [state._canon.setdefault((id(p), tuple(p.shape)), len(state._canon))
+                  for p in params]
         for p, place in zip(params, places):
             state._param_of[place] = p
+            state._shape_of[place] = tuple(p.shape)
+        if gone:
+            state._drop_groups({key for (_, p), key in state._group_of.items() if p in gone})
         dtype = str(buf.dtype)
         self.key = (dtype, tuple(sorted(places)))
         new = tuple(sorted(p for p in places if (dtype, p) not in state._group_of))
@@ -554,6 +570,19 @@ class _Layout:
         if self._at is None or self._at[0] != base:
             self._at = (base, [base + o for o in self.offsets])
         return [(buf, o) for o in self.offsets], self._at[1]
+
+
+def _check_views(params, grads, buf):
+    """Plans read and write the gradients through raw addresses: each must be a view of its
+    parameter's shape within the bucket's buffer, of its dtype."""
+    base, end = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+    for p, g in zip(params, grads):
+        at = g.data_ptr()
+        if (g.dtype != buf.dtype or g.shape != p.shape or not g.is_contiguous() or at < base
+                or at + g.numel() * g.element_size() > end):
+            raise ValueError(f"gift_hook: a gradient of shape {tuple(g.shape)} and dtype "
+                             f"{g.dtype} is not a contiguous view of its parameter's shape "
+                             f"{tuple(p.shape)} in the bucket's {buf.dtype} buffer")
 
 
 def _allreduce_fp32(state, buf, world):

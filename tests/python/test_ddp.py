@@ -228,6 +228,54 @@ def test_frozen_and_cast_parameters(rank, world):
               "identical", flush=True)
 
 
+def test_parameters_cast_or_resized_in_place(rank, world):
+    """The same parameter objects cast (what model.to(dtype) does) or given another shape
+    (.data replaced) come back in a bucket of the same parameters: the plans made for them
+    must not run on the new buffer (an fp32 plan read and wrote a bf16 buffer past its end;
+    a plan of the old shape whitened and scaled the wrong rows). Every rank gets the average
+    within FP8's error, and the same bytes."""
+    params = [nn.Parameter(torch.empty(64, 128)), nn.Parameter(torch.empty(128))]
+    state = gift.ddp.GiftState(coords="euclidean")
+    for _ in range(4):
+        gift.ddp.gift_hook(state, Bucket(params, rank)).wait()
+    assert state._quiet == 2, "the plans did not settle"
+
+    def check(bucket, what):
+        exact = bucket.buf.float().clone()
+        dist.all_reduce(exact)
+        exact /= world
+        gift.ddp.gift_hook(state, bucket).wait()
+        got = bucket.buf.float()
+        everyone = [torch.empty_like(got) for _ in range(world)]
+        dist.all_gather(everyone, got)
+        assert all(torch.equal(b, got) for b in everyone), f"{what}: the ranks differ"
+        error = ((got - exact).norm() / exact.norm()).item()
+        assert error < 0.1, f"{what}: relative error {error} against the exact average"
+        specs = {tuple(s) for plan in state._plans.values() for _, _, s in plan._specs}
+        assert specs == {tuple(p.shape) for p in params}, f"{what}: plans of shapes {specs}"
+        return error
+
+    for p in params:
+        p.data = p.data.to(torch.bfloat16)
+    cast = [check(Bucket(params, rank, torch.bfloat16), "cast") for _ in range(2)]
+    assert {key[0] for key in state._groups} == {"torch.bfloat16"}, state._groups
+    params[0].data = torch.empty(64, 256, dtype=torch.bfloat16)
+    grown = [check(Bucket(params, rank, torch.bfloat16), "grown") for _ in range(2)]
+    params[0].data = torch.empty(16, 8, dtype=torch.bfloat16)
+    shrunk = [check(Bucket(params, rank, torch.bfloat16), "shrunk") for _ in range(2)]
+    bad = Bucket(params, rank, torch.bfloat16)
+    bad.grads[0] = torch.empty(16, 8, dtype=torch.bfloat16)  # not in the bucket's buffer
+    try:
+        gift.ddp.gift_hook(gift.ddp.GiftState(coords="euclidean"), bad)
+        raise AssertionError("a gradient outside the bucket's buffer was taken")
+    except ValueError as e:
+        assert "is not a contiguous view of its parameter's shape" in str(e), str(e)
+    if rank == 0:
+        print(f"cast and resized in place: relative errors {max(cast):.3f} (bf16), "
+              f"{max(grown):.3f} (grown), {max(shrunk):.3f} (shrunk); replicas identical",
+              flush=True)
+
+
 def test_uneven_inputs_with_join(rank, world):
     model = new_model("mlp")
     ddp = DDP(model)
@@ -371,6 +419,7 @@ def all_tests(rank, world, tmp):
     test_hundreds_of_tensors_in_one_call(rank, world)
     test_checkpoint_resumes_bit_for_bit(rank, world, tmp)
     test_frozen_and_cast_parameters(rank, world)
+    test_parameters_cast_or_resized_in_place(rank, world)
     test_uneven_inputs_with_join(rank, world)
     test_overflow_skips_the_step_everywhere(rank, world)
     test_status_error_fails_every_rank(rank, world)
