@@ -144,7 +144,13 @@ def _buffer(x, what, writable=False):
     if not isinstance(x, np.ndarray):
         if writable:
             raise TypeError(f"{what}: needs a NumPy array or a torch tensor to write into")
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        x = np.asarray(x, dtype=np.float32)  # a scalar stays 0-d (ascontiguousarray made it 1-d)
+    if not x.dtype.isnative:
+        # The library reads and writes the machine's byte order.
+        if writable:
+            raise ValueError(f"{what}: byte order {x.dtype.byteorder!r} is not the machine's "
+                             "(an array of dtype.newbyteorder('=') can be written into)")
+        x = x.astype(x.dtype.newbyteorder("="))
     if not x.flags.c_contiguous:
         raise ValueError(f"{what}: not C-contiguous (np.ascontiguousarray makes a copy that is)")
     if writable and not x.flags.writeable:
@@ -284,6 +290,9 @@ def _handle(basis):
 
 def _named_tensors(tensors):
     if isinstance(tensors, dict):
+        for name in tensors:
+            if not isinstance(name, str):
+                raise TypeError(f"tensor names are strings; {name!r} is a {type(name).__name__}")
         return list(tensors.items())
     return [("tensor", tensors)]
 

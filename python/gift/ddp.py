@@ -128,7 +128,9 @@ class GiftState:
 
     def _unpicklable(self):
         self._names = {}    # id(parameter) -> its name in the model given to attach
-        self._moments = {}  # weight name -> [sum of x x^T, rows] of the step being collected
+        # weight name -> [sum of x x^T (None until an input comes), rows, d_in] of the step
+        # being collected
+        self._moments = {}
         self._hooks = []
 
     def _transient(self):
@@ -169,9 +171,15 @@ class GiftState:
 
     def attach(self, model):
         """Collects the input statistics GIFT coordinates are fitted to: a forward pre-hook on
-        every nn.Linear of `model` (the module DDP wraps, or the wrapper), and the parameter
-        names the basis uses. Call it on every rank, before the first step; with
-        coords="euclidean" it only learns the names."""
+        every nn.Linear of `model` (the module DDP wraps, or the wrapper) whose weight is a
+        parameter that requires grad when attach() is called (frozen ones send no gradient;
+        a parametrized weight is computed, and its gradient is not the weight's), and the
+        parameter names the basis uses. Call it on every rank, before the first step; with
+        coords="euclidean" it only learns the names.
+
+        Memory: a collection step (every refresh_every steps) holds a d_in x d_in fp32 sum
+        per Linear where its inputs are, from its first input to the end of the step, when
+        the sums cross the ranks as one vector (and rank 0 fits in float64 on the host)."""
         model = getattr(model, "module", model)
         for h in self._hooks:
             h.remove()
@@ -179,15 +187,24 @@ class GiftState:
         self._names = {id(p): name for name, p in model.named_parameters()}
         if self.coords == "euclidean":
             return
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                # The parameter's name, so that Linears sharing a weight share its moment.
-                name = self._names[id(module.weight)]
-                d = module.in_features
-                # Where the layer's inputs are, so that collecting them copies nothing.
-                self._moments[name] = [torch.zeros(d, d, device=module.weight.device), 0]
-                self._hooks.append(module.register_forward_pre_hook(
-                    lambda module, inputs, name=name: self._collect(name, inputs)))
+        computed = []
+        for path, module in model.named_modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            # The parameter's name, so that Linears sharing a weight share its moment.
+            name = self._names.get(id(module.weight))
+            if name is None:
+                computed.append(path)
+                continue
+            if not module.weight.requires_grad:
+                continue
+            self._moments[name] = [None, 0, module.in_features]
+            self._hooks.append(module.register_forward_pre_hook(
+                lambda module, inputs, name=name: self._collect(name, inputs)))
+        if computed:
+            warnings.warn(f"gift: attach(): the weights of {', '.join(computed)} are computed "
+                          "(parametrized), not parameters; they travel in Euclidean coordinates",
+                          RuntimeWarning)
 
     def _collecting(self):
         return bool(self._moments) and self.iter % self.refresh_every == 0
@@ -196,9 +213,14 @@ class GiftState:
         # Evaluation passes (no_grad) are not the distribution the gradients come from.
         if not (torch.is_grad_enabled() and self._collecting()):
             return
+        if not inputs:  # called by keyword, which forward pre-hooks do not see in torch 1.x
+            return
         x = inputs[0].detach()
         x = x.reshape(-1, x.shape[-1]).float()
         acc = self._moments[name]
+        if acc[0] is None:
+            # Where the layer's inputs are, so that collecting them copies nothing.
+            acc[0] = torch.zeros(acc[2], acc[2], device=x.device)
         acc[0].addmm_(x.t(), x)
         acc[1] += x.shape[0]
 
@@ -212,8 +234,9 @@ class GiftState:
         # Each rank's moments, then a 1 per layer that saw inputs: one fp32 all-reduce.
         flat = []
         for name in names:
-            a, rows = self._moments[name]
-            flat.append((a / max(rows, 1)).reshape(-1).to(comm))
+            a, rows, d = self._moments[name]
+            flat.append(torch.zeros(d * d, device=comm) if a is None else
+                        (a / max(rows, 1)).reshape(-1).to(comm))
         flat.append(torch.tensor([float(self._moments[n][1] > 0) for n in names], device=comm))
         flat = torch.cat(flat)
         dist.all_reduce(flat, group=group)
@@ -228,11 +251,11 @@ class GiftState:
                           "basis is not refitted this time", RuntimeWarning)
         moments, at = {}, 0
         for name, ranks in zip(names, counts.tolist()):
-            d = self._moments[name][0].shape[0]
+            d = self._moments[name][2]
             if ranks > 0:
                 moments[name] = (flat[at:at + d * d].reshape(d, d) / ranks).double().numpy()
             at += d * d
-            self._moments[name] = [torch.zeros_like(self._moments[name][0]), 0]
+            self._moments[name] = [None, 0, d]
         if not moments or not finite:
             return
         # The basis' size, or 0 and rank 0's error code: a fit that fails there fails every
@@ -572,6 +595,9 @@ class _Layout:
         return [(buf, o) for o in self.offsets], self._at[1]
 
 
+_HOOK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _check_views(params, grads, buf):
     """Plans read and write the gradients through raw addresses: each must be a view of its
     parameter's shape within the bucket's buffer, of its dtype."""
@@ -599,6 +625,11 @@ def gift_hook(state, bucket):
     group = state.process_group
     world = dist.get_world_size(group)
     buf = bucket.buffer()
+    if buf.is_sparse or buf.dtype not in _HOOK_DTYPES:
+        # Every rank's bucket is alike: every rank raises here, none waits in an exchange.
+        raise ValueError(f"gift_hook: a bucket of {'sparse ' if buf.is_sparse else ''}"
+                         f"{buf.dtype} gradients; GIFT sends dense float32, bfloat16 and "
+                         "float16 ones (DDP's default hook serves the others)")
     if not state._agreed:
         state._agree_on_options(world)
     layout = state._layout(bucket, buf)

@@ -276,6 +276,29 @@ def test_parameters_cast_or_resized_in_place(rank, world):
               flush=True)
 
 
+def test_buckets_gift_cannot_send_are_refused_by_name(rank, world):
+    """Sparse gradients (an nn.Embedding(sparse=True)) and float64 ones: every rank raises
+    an error that names the hook and the bucket, where the sparse one failed on a data
+    pointer and the float64 one on an unknown plan dtype."""
+    def raised(run):
+        try:
+            run()
+        except (ValueError, RuntimeError) as e:
+            return str(e)
+        raise AssertionError("the bucket was taken")
+
+    params = [nn.Parameter(torch.empty(8, 16, dtype=torch.float64))]
+    said = raised(lambda: gift.ddp.gift_hook(gift.ddp.GiftState(),
+                                             Bucket(params, rank, torch.float64)))
+    assert "gift_hook: a bucket of torch.float64 gradients" in said, said
+    ddp = DDP(nn.Embedding(10, 4, sparse=True))
+    ddp.register_comm_hook(gift.ddp.GiftState(), gift.ddp.gift_hook)
+    said = raised(lambda: ddp(torch.tensor([1, 2, 3])).sum().backward())
+    assert "gift_hook: a bucket of sparse torch.float32 gradients" in said, said
+    if rank == 0:
+        print("sparse and float64 buckets refused by name", flush=True)
+
+
 def test_uneven_inputs_with_join(rank, world):
     model = new_model("mlp")
     ddp = DDP(model)
@@ -420,6 +443,7 @@ def all_tests(rank, world, tmp):
     test_checkpoint_resumes_bit_for_bit(rank, world, tmp)
     test_frozen_and_cast_parameters(rank, world)
     test_parameters_cast_or_resized_in_place(rank, world)
+    test_buckets_gift_cannot_send_are_refused_by_name(rank, world)
     test_uneven_inputs_with_join(rank, world)
     test_overflow_skips_the_step_everywhere(rank, world)
     test_status_error_fails_every_rank(rank, world)

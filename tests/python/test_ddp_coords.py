@@ -19,6 +19,7 @@ import os
 import pickle
 import sys
 import time
+import warnings
 
 try:
     import torch
@@ -227,12 +228,60 @@ def test_failed_fit_fails_every_rank(rank):
         print("failed fit: every rank raised", flush=True)
 
 
+class Mixed(nn.Module):
+    """Linears attach() must pass over: a frozen one, a weight-normed one (its weight is
+    computed from two parameters), and one called by keyword (unseen by a forward pre-hook
+    in torch 1.x); the last Linear is plain."""
+
+    def __init__(self):
+        super().__init__()
+        self.frozen = nn.Linear(64, 64).requires_grad_(False)
+        self.normed = nn.utils.weight_norm(nn.Linear(64, 64))
+        self.keyword = nn.Linear(64, 64)
+        self.plain = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.plain(torch.tanh(self.keyword(input=self.normed(self.frozen(x)))))
+
+
+def test_attach_passes_over_linears_it_cannot_serve(rank):
+    """attach() collected for frozen Linears too (a d x d moment each for the whole run),
+    failed with a KeyError on a parametrized weight, and a Linear called by keyword failed
+    the forward (IndexError in the pre-hook). Now: a warning names the weight-normed one,
+    only the trainable plain Linears collect, moments exist only in collection steps, and
+    the run fits a basis, identical on every rank."""
+    mix = mixing()
+    torch.manual_seed(0)
+    model = Mixed()
+    state = gift.ddp.GiftState(coords="auto", refresh_every=2)
+    ddp = DDP(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state.attach(ddp)
+    assert any("normed are computed (parametrized)" in str(w.message) for w in caught), caught
+    assert sorted(state._moments) == ["keyword.weight", "plain.weight"], sorted(state._moments)
+    ddp.register_comm_hook(state, gift.ddp.gift_hook)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    ddp_harness.train_steps(ddp, model, opt, range(3), lambda step: batch(rank, step, mix),
+                            WORLD, "mixed Linears, ")
+    assert state.basis is not None, "no basis was fitted"
+    assert all(m[0] is None for m in state._moments.values()), "moments outlived their step"
+    names = [e["name"] for e in state.basis.entries]
+    assert "plain.weight" in names, names
+    ids = [None] * WORLD
+    dist.all_gather_object(ids, state.basis.id)
+    assert all(i == ids[0] for i in ids), ids
+    if rank == 0:
+        print(f"attach over mixed Linears: basis of {names}", flush=True)
+
+
 def all_tests(rank, world, tmp):
     test_auto_coords(rank)
     test_checkpoint_with_basis(rank, tmp)
     test_basis_mismatch_fails_every_rank(rank)
     test_overflowing_activations_skip_the_refresh(rank)
     test_failed_fit_fails_every_rank(rank)
+    test_attach_passes_over_linears_it_cannot_serve(rank)
 
 
 def main():

@@ -104,6 +104,23 @@ class Package(unittest.TestCase):
         self.assertEqual(gift.decode(frame)["w"].dtype, ml_dtypes.bfloat16)
         np.testing.assert_allclose(out, x.astype(np.float32), rtol=0.07, atol=1e-3)
 
+    def test_byte_order_scalars_and_names(self):
+        """Big-endian arrays are read as their values (the bytes were read as the machine's
+        order), and an output in another order is refused; a NumPy scalar keeps shape ();
+        a name that is not a string is named."""
+        x = sample_tensors()["a.weight"]
+        self.assertEqual(gift.encode({"w": x.astype(">f4")}), gift.encode({"w": x}))
+        v = np.arange(4, dtype=">f4")
+        np.testing.assert_array_equal(gift.decode(gift.encode({"v": v}))["v"], [0, 1, 2, 3])
+        with gift.open(gift.encode({"w": x})) as f:
+            with self.assertRaisesRegex(ValueError, "byte order '>' is not the machine's"):
+                f.decode("w", out=np.empty(x.shape, ">f4"))
+        with gift.open(gift.encode({"s": np.float32(3.0)})) as f:
+            self.assertEqual(f.tensors[0]["shape"], ())
+            self.assertEqual(f.decode("s"), np.float32(3.0))
+        with self.assertRaisesRegex(TypeError, "tensor names are strings; 0 is a int"):
+            gift.encode({0: x})
+
     def test_errors_carry_the_librarys_code_and_message(self):
         with self.assertRaises(gift.GiftError) as e:
             gift.decode(b"not a frame at all, not even close" * 4)
