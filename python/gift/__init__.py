@@ -137,6 +137,16 @@ def _buffer(x, what, writable=False):
                              "tensors")
         if not x.is_contiguous():
             raise ValueError(f"{what}: not contiguous (call .contiguous() first)")
+        if writable:
+            # Written through its address, which autograd does not see: a tensor that requires
+            # grad is refused, and the write counts as an in-place change (a version), so
+            # that a backward that saved the tensor's old values fails instead of using these.
+            if x.requires_grad:
+                raise ValueError(f"{what}: requires grad; gift writes it outside autograd "
+                                 "(give a tensor without grad, such as .detach())")
+            import torch
+            with torch.no_grad():
+                x.view(-1)[:0].zero_()
         dtype = str(x.dtype).replace("torch.", "")
         device = x.device if x.is_cuda else None
         return _Buffer(x, x.data_ptr(), x.numel() * x.element_size(), dtype, x.shape, device)
@@ -216,13 +226,26 @@ def _matrix(shape):
     return rows, cols
 
 
-def _like(x, shape, dtype_name):
-    """An uninitialized array of x's kind (torch, on x's device, or NumPy)."""
+def _numpy_dtype(name):
+    import numpy as np
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TypeError("bfloat16 NumPy arrays need ml_dtypes (pip install ml_dtypes)") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _like(x, shape, dtype):
+    """An uninitialized array of x's kind (torch, on x's device, or NumPy) of `dtype` (as
+    _dtype_name takes it)."""
+    name = _dtype_name(dtype)
     if _is_torch(x):
         import torch
-        return torch.empty(shape, dtype=getattr(torch, dtype_name), device=x.device)
+        return torch.empty(shape, dtype=getattr(torch, name), device=x.device)
     import numpy as np
-    return np.empty(shape, dtype=np.dtype(dtype_name))
+    return np.empty(shape, dtype=_numpy_dtype(name))
 
 
 class Basis:
@@ -468,7 +491,8 @@ def decode(frame, basis=None, dtype=None, device=None):
             return {t["name"]: f.decode(i, basis, dtype) for i, t in enumerate(f.tensors)}
         import torch
         return {t["name"]: f.decode(i, basis, out=torch.empty(
-                    t["shape"], dtype=getattr(torch, dtype or t["dtype"]), device=device))
+                    t["shape"], dtype=getattr(torch, _dtype_name(dtype or t["dtype"])),
+                    device=device))
                 for i, t in enumerate(f.tensors)}
 
 
@@ -638,10 +662,7 @@ class ReducePlan:
         held = []
         for t, (name, code, shape) in zip(tensors, self._specs):
             b = _float_buffer(t, f"tensor {name!r}", writable)
-            n = 1
-            for d in shape:
-                n *= d
-            if b.dtype != _DTYPE_NAMES[code] or b.nbytes != n * _ITEMSIZE[code]:
+            if b.dtype != _DTYPE_NAMES[code] or b.shape != tuple(shape):
                 raise ValueError(f"tensor {name!r}: {b.dtype} {b.shape}, the plan has "
                                  f"{_DTYPE_NAMES[code]} {tuple(shape)}")
             held.append(b)

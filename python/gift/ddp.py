@@ -57,6 +57,7 @@ collected on the model's device and cross the process group where its backend wa
 with the device plans' states, which load into host or device plans alike.
 """
 import math
+import numbers
 import warnings
 import zlib
 
@@ -103,8 +104,10 @@ class GiftState:
         start_iter = _int("start_iter", start_iter, high=2**63 - 1)
         refresh_every = _int("refresh_every", refresh_every, low=1, high=2**63 - 1)
         basis_rank = _int("basis_rank", basis_rank, low=1)
-        if not (isinstance(damping, (int, float)) and 0 < damping < math.inf):
+        if not (isinstance(damping, numbers.Real) and not isinstance(damping, bool)
+                and 0 < damping < math.inf):
             raise ValueError(f"damping: {damping!r} is not a positive number")
+        damping = float(damping)
         self.process_group = process_group
         self.config = dict(fp8=fp8, block=block, scale_dtype=scale_dtype, rounding=rounding,
                            seed=seed, op="avg", error_feedback=error_feedback,

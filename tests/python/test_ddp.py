@@ -23,6 +23,7 @@ import sys
 import time
 
 try:
+    import numpy as np
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -299,6 +300,44 @@ def test_buckets_gift_cannot_send_are_refused_by_name(rank, world):
         print("sparse and float64 buckets refused by name", flush=True)
 
 
+def test_package_on_torch_tensors(rank, world):
+    """The package's torch side (one process): outputs written through their address count
+    as in-place changes for autograd, and one that requires grad is refused; dtype given as
+    torch, NumPy or a name alike; a plan's tensors checked by shape, not only by bytes."""
+    if rank != 0:
+        return
+    x = torch.randn(8, 64)
+    frame = gift.encode({"x": x})
+    w = torch.randn(8, 64, requires_grad=True)
+    y = w * 2
+    z = y.sin()  # saves y for its backward
+    with gift.open(frame) as f:
+        f.decode("x", out=y.detach())
+        try:
+            f.decode("x", out=w)
+            raise AssertionError("a tensor that requires grad was written")
+        except ValueError as e:
+            assert "requires grad; gift writes it outside autograd" in str(e), str(e)
+    try:
+        z.sum().backward()
+        raise AssertionError("backward used values gift overwrote")
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e), str(e)
+    for dtype in (torch.float16, "float16"):
+        got = gift.decode(frame, device="cpu", dtype=dtype)["x"]
+        assert got.dtype == torch.float16, got.dtype
+        codes, scales = gift.encode_tensor(x)
+        assert gift.decode_tensor(codes, scales, dtype=dtype).dtype == torch.float16
+    plan = gift.ReducePlan(1, 0, [("w", "float32", (4, 128))], coords="euclidean")
+    try:
+        plan.encode_shards([torch.zeros(128, 4)])
+        raise AssertionError("a tensor of another shape (the same bytes) was taken")
+    except ValueError as e:
+        assert "float32 (128, 4), the plan has float32 (4, 128)" in str(e), str(e)
+    print("package on torch tensors: autograd sees the writes, dtypes and shapes checked",
+          flush=True)
+
+
 def test_uneven_inputs_with_join(rank, world):
     model = new_model("mlp")
     ddp = DDP(model)
@@ -403,6 +442,9 @@ def test_bad_options_fail_at_construction(rank, world):
             assert says in str(e), f"{kwargs}: {e}"
         else:
             raise AssertionError(f"GiftState({kwargs}) was accepted")
+    # A NumPy number is a number (refused before as "0.001 is not a positive number").
+    assert gift.ddp.GiftState(damping=np.float32(1e-3)).damping == float(np.float32(1e-3))
+    assert gift.ddp.GiftState(damping=np.float64(1e-3)).damping == 1e-3
 
 
 def test_options_that_differ_fail_every_rank(rank, world):
@@ -444,6 +486,7 @@ def all_tests(rank, world, tmp):
     test_frozen_and_cast_parameters(rank, world)
     test_parameters_cast_or_resized_in_place(rank, world)
     test_buckets_gift_cannot_send_are_refused_by_name(rank, world)
+    test_package_on_torch_tensors(rank, world)
     test_uneven_inputs_with_join(rank, world)
     test_overflow_skips_the_step_everywhere(rank, world)
     test_status_error_fails_every_rank(rank, world)
