@@ -1111,6 +1111,14 @@ TEST(Streaming, WithoutReplacingAFileMadeMeanwhileIsKept) {
       EXPECT_EQ(giftOutputCommit(o), GIFT_ERROR_IO);
       EXPECT_NE(std::string(giftGetLastErrorMessage()).find("already exists"), std::string::npos)
           << giftGetLastErrorMessage();
+      // Discarded, as the header says: nothing more can be written or committed.
+      EXPECT_EQ(giftOutputWrite(o, "more", 4), GIFT_ERROR_IO);
+      ::unlink(path.c_str());
+      EXPECT_EQ(giftOutputCommit(o), GIFT_ERROR_IO);
+      EXPECT_NE(std::string(giftGetLastErrorMessage()).find("already exists"), std::string::npos)
+          << giftGetLastErrorMessage();
+      EXPECT_EQ(entries(dir), std::vector<std::string>()) << "a temporary left behind";
+      { std::ofstream(path) << "made meanwhile"; }
       giftOutputFree(o);
       EXPECT_EQ(text(path), "made meanwhile");
       EXPECT_EQ(entries(dir), std::vector<std::string>({name})) << "a temporary left behind";
@@ -1363,15 +1371,22 @@ TEST(Streaming, BrokenPipeBehindRaisesSigpipeOnTheCaller) {
   gift::set_background_threads_for_test(true);
 }
 
+// A failed write ends the output: every later call reports the same failure (as after a
+// write behind; they said "not open", an invalid argument), and the bytes that failed are
+// not counted as written.
 TEST(Streaming, FullDiskFailsAndLeavesNothing) {
   giftOutput* o = nullptr;
   if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
   const int fd = ::open("/dev/full", O_WRONLY);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(giftOutputOpenFd(fd, "/dev/full", &o), GIFT_OK);
-  EXPECT_EQ(giftOutputWrite(o, "x", 1), GIFT_ERROR_IO);
-  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("No space left"), std::string::npos)
-      << giftGetLastErrorMessage();
+  for (int call = 0; call < 3; ++call) {
+    EXPECT_EQ(call == 2 ? giftOutputCommit(o) : giftOutputWrite(o, "x", 1), GIFT_ERROR_IO);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("/dev/full: write failed: No space"),
+              std::string::npos)
+        << giftGetLastErrorMessage();
+  }
+  EXPECT_EQ(giftOutputBytes(o), 0u);
   giftOutputFree(o);
   ::close(fd);
 }

@@ -492,7 +492,9 @@ GIFT_API giftResult_t giftOutputSetReplace(giftOutput* out, int replace);
  * some FUSE mounts), those of open(2) with mode 0666 (less the umask). Any time before the
  * commit; nothing for a descriptor. */
 GIFT_API giftResult_t giftOutputSetMode(giftOutput* out, unsigned int mode);
-/* Bytes written to `out` so far. */
+/* Bytes written to `out` so far (a write behind's from the call that gives them; a write that
+ * failed counts none). A failure of a write or of the commit ends the output: every later
+ * call on it reports that failure again. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);
 GIFT_API void giftOutputFree(giftOutput* out);
 /* Removes the temporary files of this process's unfinished file outputs (written under

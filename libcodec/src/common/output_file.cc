@@ -145,7 +145,12 @@ giftResult_t OutputFile::io_error(const char* what, int err) const {
 }
 
 giftResult_t OutputFile::fail_io(const char* what, int err) {
-  const giftResult_t r = io_error(what, err);
+  return fail_for_good(io_error(what, err));
+}
+
+giftResult_t OutputFile::fail_for_good(giftResult_t r) {
+  failed_ = r;
+  failure_ = last_message();
   discard();
   return r;
 }
@@ -226,8 +231,8 @@ giftResult_t OutputFile::write(const void* data, uint64_t size) {
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   written_ += size;
   if (const giftResult_t r = put_bytes(data, size)) {
-    discard();
-    return r;
+    written_ -= size;  // not all of them were
+    return fail_for_good(r);
   }
   return GIFT_OK;
 }
@@ -409,8 +414,10 @@ giftResult_t OutputFile::commit() {
 }
 
 giftResult_t OutputFile::fail_exists() {
-  return fail(GIFT_ERROR_IO, "%s: already exists (it was made while this output was written)",
-              name_.c_str());
+  return fail_for_good(fail(GIFT_ERROR_IO,
+                            "%s: already exists, and this output does not replace a file "
+                            "(giftOutputSetReplace)",
+                            name_.c_str()));
 }
 
 // Once the finished file has its name.

@@ -120,6 +120,8 @@ class OutputFile : public SectionFile {
   // write(2) of the bytes after written_ - size, and writeback of what is then complete.
   giftResult_t put_bytes(const void* data, uint64_t size);
   giftResult_t fail_exists();
+  // Ends the output with failure r (the last message): later calls report it again.
+  giftResult_t fail_for_good(giftResult_t r);
   giftResult_t finish_named();
   void discard();
   void start_writeback();
@@ -136,7 +138,7 @@ class OutputFile : public SectionFile {
   uint64_t hold_ = UINT64_MAX;  // and not from here on
   std::function<void()> lost_;
   BackgroundJob behind_;  // write_behind's job and write(2), while nothing else touches the file
-  giftResult_t failed_ = GIFT_OK;  // a write_behind's failure, and its message
+  giftResult_t failed_ = GIFT_OK;  // the failure that ended the output, and its message
   std::string failure_;
   bool broken_pipe_ = false;  // that failure was EPIPE on the background thread (SIGPIPE blocked)
 };
