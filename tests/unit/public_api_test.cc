@@ -530,6 +530,59 @@ TEST_F(BasisApi, RowsPastATensorInBasisAreRefusedBeforeAnyBuffer) {
   }
 }
 
+// The basis a frame embeds must be the one its tensors in GIFT coordinates are in: another
+// one was written without an error into a frame that then failed to decode (BASIS_MISSING).
+// Refused both ways round, naming the tensor and both ids; the writer stays usable.
+TEST_F(BasisApi, EmbeddingAnotherBasisThanTheTensorsIsRefused) {
+  const Layer& l = *layer_;
+  const BasisPtr a = fit(l, "layer.w"), b = fit(make_layer(5), "layer.w");
+  const std::string a_hex = hex(giftBasisGetId(a.get())), b_hex = hex(giftBasisGetId(b.get()));
+  const giftQuantParams p = GIFT_QUANT_PARAMS_INIT;
+  giftSelectParams s = GIFT_SELECT_PARAMS_INIT;
+  s.mode = GIFT_COORDS_MODE_GIFT;
+  const uint64_t shape[2] = {l.rows, l.dim};
+  const auto add = [&](giftFrameWriter* w, const char* name, const giftBasis* basis) {
+    return giftFrameWriterAddTensorInBasis(w, name, shape, 2, GIFT_DTYPE_F32, l.w.data(), &p, basis,
+                                           &s, nullptr);
+  };
+  const std::string refused = "is in basis " + a_hex + ", and the basis embedded is " + b_hex;
+  for (const bool embed_first : {false, true}) {
+    SCOPED_TRACE(embed_first ? "embedded first" : "tensor first");
+    giftFrameWriter* w = nullptr;
+    ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+    if (embed_first) {
+      ASSERT_EQ(giftFrameWriterEmbedBasis(w, b.get()), GIFT_OK);
+      EXPECT_EQ(add(w, "layer.w", a.get()), GIFT_ERROR_INVALID_ARGUMENT);
+      ASSERT_EQ(giftFrameWriterEmbedBasis(w, a.get()), GIFT_OK);
+      ASSERT_EQ(add(w, "layer.w", a.get()), GIFT_OK) << giftGetLastErrorMessage();
+    } else {
+      ASSERT_EQ(add(w, "layer.w", a.get()), GIFT_OK) << giftGetLastErrorMessage();
+      EXPECT_EQ(giftFrameWriterEmbedBasis(w, b.get()), GIFT_ERROR_INVALID_ARGUMENT);
+      ASSERT_EQ(giftFrameWriterEmbedBasis(w, a.get()), GIFT_OK);
+    }
+    void* data = nullptr;
+    uint64_t size = 0;
+    ASSERT_EQ(giftFrameWriterFinish(w, &data, &size), GIFT_OK);
+    giftFrameWriterFree(w);
+    const std::vector<uint8_t> bytes(static_cast<uint8_t*>(data),
+                                     static_cast<uint8_t*>(data) + size);
+    giftFree(data);
+    std::vector<float> out(l.w.size());
+    EXPECT_EQ(
+        giftFrameDecodeTensor(open(bytes).get(), 0, out.data(), out.size() * 4, GIFT_DTYPE_F32),
+        GIFT_OK)
+        << giftGetLastErrorMessage();
+  }
+  giftFrameWriter* w = nullptr;
+  ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+  ASSERT_EQ(add(w, "layer.w", a.get()), GIFT_OK);
+  EXPECT_EQ(giftFrameWriterEmbedBasis(w, b.get()), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("tensor 'layer.w' " + refused),
+            std::string::npos)
+      << giftGetLastErrorMessage();
+  giftFrameWriterFree(w);
+}
+
 TEST_F(BasisApi, AnotherBasisIsRefusedNamingBothIds) {
   const Layer& l = *layer_;
   const BasisPtr basis = fit(l, "layer.w");

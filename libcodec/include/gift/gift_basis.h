@@ -164,7 +164,8 @@ GIFT_API giftResult_t giftFrameWriterAddTensorInBasis(
     const giftSelectParams* select, giftSelection* selection);
 
 /* Carries `basis` inside the frame (compressed as the writer's data sections are), so that
- * it decodes on its own. */
+ * it decodes on its own: the basis of every tensor in GIFT coordinates, before or after it
+ * (GIFT_ERROR_INVALID_ARGUMENT, naming both ids, for a tensor in another). */
 GIFT_API giftResult_t giftFrameWriterEmbedBasis(giftFrameWriter* writer, const giftBasis* basis);
 
 /* The basis a frame carries (checked against Frame.basis_id), or NULL in *basis when it

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/error.h"
+#include "common/id_hex.h"
 #include "common/map_ahead.h"
 #include "common/utf8.h"
 #include "container/census.h"
@@ -317,6 +318,9 @@ giftResult_t FrameWriter::stream_to(OutputFile* out, const std::vector<Declared>
 }
 
 giftResult_t FrameWriter::embed_basis(std::vector<uint8_t> bytes, uint64_t lo, uint64_t hi) {
+  for (const Pending& t : tensors_) {
+    if (const giftResult_t r = check_basis(t.name, t.coords, lo, hi)) return r;
+  }
   embedded_ = store_section(std::move(bytes), zstd_level_);
   // Never streamed: the basis is the frame's last section, written at the end.
   if (const giftResult_t r = keep(&embedded_, scratch_.is_open() ? &scratch_ : nullptr)) return r;
@@ -545,7 +549,20 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       &t->scales, scale_bytes, [&](const Put& put) { return scales.put_all(put); }, false);
 }
 
-giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t dtype) const {
+giftResult_t FrameWriter::check_basis(const std::string& name, const CoordsChoice& c, uint64_t lo,
+                                      uint64_t hi) {
+  if (!c.gift || (c.basis_lo == lo && c.basis_hi == hi)) return GIFT_OK;
+  return fail(GIFT_ERROR_INVALID_ARGUMENT,
+              "tensor '%s' is in basis %s, and the basis embedded is %s: the frame would not "
+              "decode on its own",
+              name.c_str(), id_hex(c.basis_lo, c.basis_hi).c_str(), id_hex(lo, hi).c_str());
+}
+
+giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t dtype,
+                                           const CoordsChoice* coords) const {
+  if (coords && has_embedded_) {
+    if (const giftResult_t r = check_basis(name, *coords, basis_lo_, basis_hi_)) return r;
+  }
   if (const giftResult_t r = check_stream_open(("tensor '" + name + "'").c_str())) return r;
   if (name.empty()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor name is empty");
   if (!valid_utf8_c_string(name)) {
@@ -568,7 +585,7 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
                                      int data_dtype_arg) {
   const giftDType_t data_dtype =
       data_dtype_arg < 0 ? dtype : static_cast<giftDType_t>(data_dtype_arg);
-  if (const giftResult_t r = check_new_tensor(name, dtype)) return r;
+  if (const giftResult_t r = check_new_tensor(name, dtype, coords)) return r;
   if (shape.elements && !data) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': data is NULL", name.c_str());
   }
@@ -644,7 +661,7 @@ giftResult_t FrameWriter::add_tensor_rows(const std::string& name, const TensorS
     }
     return add_tensor(name, shape, dtype, values.data(), &params, &coords, GIFT_DTYPE_F32);
   }
-  if (const giftResult_t r = check_new_tensor(name, dtype)) return r;
+  if (const giftResult_t r = check_new_tensor(name, dtype, &coords)) return r;
   SinkMark mark(sink_);
   Pending t{name, shape, dtype, false, params, {}, 0.0f, {}, {}, coords};
   std::vector<float> band;

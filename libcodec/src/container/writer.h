@@ -137,7 +137,13 @@ class FrameWriter {
   using BandAt = std::function<const void*(uint64_t first_row, uint64_t rows)>;
   giftResult_t encode_in_bands(Pending* t, const BandAt& band_at, giftDType_t data_dtype,
                                bool* refused);
-  giftResult_t check_new_tensor(const std::string& name, giftDType_t dtype) const;
+  // With `coords`, a tensor in GIFT coordinates must be in the embedded basis, if any.
+  giftResult_t check_new_tensor(const std::string& name, giftDType_t dtype,
+                                const CoordsChoice* coords = nullptr) const;
+  // A tensor in GIFT coordinates in another basis than (lo, hi), the embedded one, is refused:
+  // the frame would not decode on its own.
+  static giftResult_t check_basis(const std::string& name, const CoordsChoice& c, uint64_t lo,
+                                  uint64_t hi);
   // A section's raw bytes, handed in order to `put`; a piece's bytes stay as they are until
   // the next put returns (or the walk ends), since put may write them behind.
   using Put = std::function<giftResult_t(const void* data, uint64_t size)>;

@@ -7,6 +7,7 @@
 
 #include "common/bytes.h"
 #include "common/error.h"
+#include "common/id_hex.h"
 #include "common/xxh3.h"
 
 namespace gift::coords {
@@ -39,11 +40,7 @@ const std::vector<float>& whitener_part(const Whitener& w, int i) {
   return whitener_part(const_cast<Whitener&>(w), i);
 }
 
-std::string BasisId::hex() const {
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64 "%016" PRIx64, hi, lo);
-  return buf;
-}
+std::string BasisId::hex() const { return id_hex(lo, hi); }
 
 const Whitener* Basis::find(const std::string& name) const {
   for (const BasisEntry& e : entries) {
