@@ -417,7 +417,10 @@ GIFT_API giftResult_t giftFrameWriterSetThreads(giftFrameWriter* writer, int thr
  * uncompressed. A section that does not shrink is stored uncompressed. */
 GIFT_API giftResult_t giftFrameWriterSetCompression(giftFrameWriter* writer, int zstd_level);
 
-/* A UTF-8 key and value for the header; a key once (GIFT_ERROR_INVALID_ARGUMENT again). */
+/* A UTF-8 key and value for the header; a key once (GIFT_ERROR_INVALID_ARGUMENT again). The
+ * header holds at most 64 MiB (FORMAT.md 2.1): metadata or a tensor name that would take the
+ * names and metadata past it is refused when given (GIFT_ERROR_INVALID_ARGUMENT), and a
+ * header past it with the tensors' records at the finish. */
 GIFT_API giftResult_t giftFrameWriterAddMetadata(giftFrameWriter* writer, const char* key,
                                                  const char* value);
 

@@ -41,7 +41,8 @@ giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
   }
   if (ndim && !dims) return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape is NULL");
   if (!matrix_view(dims, ndim, out)) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape's element count overflows");
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "shape's element count is 2^61 or more (the format's limit)");
   }
   out->dims.assign(dims, dims + ndim);
   return GIFT_OK;
@@ -258,6 +259,10 @@ giftResult_t FrameWriter::add_metadata(std::string key, std::string value) {
                   ascii_escaped(key).c_str());
     }
   }
+  const uint64_t bytes = key.size() + value.size();
+  if (const giftResult_t r = check_header_room(("metadata '" + ascii_escaped(key) + "'"), bytes))
+    return r;
+  header_strings_ += bytes;
   metadata_.emplace_back(std::move(key), std::move(value));
   return GIFT_OK;
 }
@@ -549,6 +554,14 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       &t->scales, scale_bytes, [&](const Put& put) { return scales.put_all(put); }, false);
 }
 
+giftResult_t FrameWriter::check_header_room(const std::string& what, uint64_t bytes) const {
+  if (bytes <= kMaxHeaderBytes && header_strings_ <= kMaxHeaderBytes - bytes) return GIFT_OK;
+  return fail(GIFT_ERROR_INVALID_ARGUMENT,
+              "%s: %" PRIu64 " bytes, after %" PRIu64
+              " of names and metadata, pass the frame header's limit of %" PRIu64 " bytes",
+              what.c_str(), bytes, header_strings_, kMaxHeaderBytes);
+}
+
 giftResult_t FrameWriter::check_basis(const std::string& name, const CoordsChoice& c, uint64_t lo,
                                       uint64_t hi) {
   if (!c.gift || (c.basis_lo == lo && c.basis_hi == hi)) return GIFT_OK;
@@ -572,6 +585,7 @@ giftResult_t FrameWriter::check_new_tensor(const std::string& name, giftDType_t 
   if (names_.count(name)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s' added twice", name.c_str());
   }
+  if (const giftResult_t r = check_header_room("tensor name", name.size())) return r;
   if (!known_dtype(dtype)) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "tensor '%s': unknown dtype %d", name.c_str(),
                 enum_int(dtype));
@@ -644,6 +658,7 @@ giftResult_t FrameWriter::add_tensor(const std::string& name, const TensorShape&
   }
   tensors_.push_back(std::move(t));
   names_.insert(tensors_.back().name);
+  header_strings_ += tensors_.back().name.size();
   mark.keep();
   return GIFT_OK;
 }
@@ -673,6 +688,7 @@ giftResult_t FrameWriter::add_tensor_rows(const std::string& name, const TensorS
   if (!*refused) {
     tensors_.push_back(std::move(t));
     names_.insert(tensors_.back().name);
+    header_strings_ += tensors_.back().name.size();
     mark.keep();
   }
   return GIFT_OK;
@@ -779,7 +795,13 @@ giftResult_t FrameWriter::layout(const std::vector<Pending>& tensors, Layout* ou
   out->sections = place(out->data_start);
   flatbuffers::FlatBufferBuilder b;
   build(out->sections, b);
-  if (b.GetSize() != probe.GetSize() || b.GetSize() > kMaxHeaderBytes) {
+  if (b.GetSize() > kMaxHeaderBytes) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "the frame header would take %u bytes, past its limit of %" PRIu64
+                " (its tensors' names and records, and the metadata)",
+                unsigned(b.GetSize()), kMaxHeaderBytes);
+  }
+  if (b.GetSize() != probe.GetSize()) {
     return fail(GIFT_ERROR_INTERNAL, "frame header of %u bytes could not be laid out",
                 unsigned(b.GetSize()));
   }

@@ -140,6 +140,10 @@ class FrameWriter {
   // With `coords`, a tensor in GIFT coordinates must be in the embedded basis, if any.
   giftResult_t check_new_tensor(const std::string& name, giftDType_t dtype,
                                 const CoordsChoice* coords = nullptr) const;
+  // Whether `bytes` more of strings (a tensor's name, a metadata entry) leave the header
+  // within kMaxHeaderBytes, counting the strings alone: a frame past it is refused when the
+  // string is added, not only when the header is laid out.
+  giftResult_t check_header_room(const std::string& what, uint64_t bytes) const;
   // A tensor in GIFT coordinates in another basis than (lo, hi), the embedded one, is refused:
   // the frame would not decode on its own.
   static giftResult_t check_basis(const std::string& name, const CoordsChoice& c, uint64_t lo,
@@ -157,6 +161,7 @@ class FrameWriter {
 
   bool basis_kind_ = false, has_embedded_ = false;
   uint64_t basis_lo_ = 0, basis_hi_ = 0;
+  uint64_t header_strings_ = 0;  // bytes of the tensors' names and of the metadata
   StoredSection embedded_;
   int zstd_level_ = 0;
   giftCtx ctx_;
