@@ -14,7 +14,9 @@
  * program built against an older gift.h keeps working with a newer library. A struct
  * whose magic is not GIFT_STRUCT_MAGIC was not initialized and is refused; one larger than
  * the library knows comes from a newer gift.h and is refused too, since the library could
- * not honour its new fields. */
+ * not honour its new fields. giftTensorInfo holds a giftQuantParams and a giftSelection by
+ * value: those two grow only with a new version of giftTensorInfo, whose older layouts the
+ * library keeps writing. */
 #ifndef GIFT_GIFT_H
 #define GIFT_GIFT_H
 

@@ -1,6 +1,7 @@
 // The C API of frames: opaque handles over FrameReader and FrameWriter.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -180,6 +181,15 @@ giftResult_t giftFrameMetadata(const giftFrame* frame, uint64_t index, const cha
   *value = kv->value() ? kv->value()->c_str() : "";
   return GIFT_OK;
 }
+
+// giftTensorInfo holds a giftQuantParams and a giftSelection by value, and write_sized copies
+// the caller's size of it: were either to grow, the fields after it would move, and a program
+// built against the older gift.h would read them from the wrong places. Growing one needs a
+// new version of giftTensorInfo, with the older layouts written field by field here.
+static_assert(sizeof(void*) != 8 ||
+                  (sizeof(giftQuantParams) == 64 && sizeof(giftSelection) == 48 &&
+                   offsetof(giftTensorInfo, selection) == 168 && sizeof(giftTensorInfo) == 272),
+              "giftTensorInfo's layout changed on 64-bit targets: see above");
 
 giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index, giftTensorInfo* info) {
   gift::clear_error();
