@@ -583,6 +583,33 @@ TEST_F(BasisApi, EmbeddingAnotherBasisThanTheTensorsIsRefused) {
   giftFrameWriterFree(w);
 }
 
+// One alignment rule for every decode of a frame, as giftDecode's: only FP8 tensors in
+// Euclidean coordinates refused a misaligned dst (with giftDecode's message, naming neither
+// frame nor tensor); raw and whitened ones took it.
+TEST_F(BasisApi, AMisalignedOutputIsRefusedForEveryTensorAlike) {
+  const Layer& l = *layer_;
+  const BasisPtr basis = fit(l, "layer.w");
+  const Frame written = write_frame(l, basis.get(), true);  // layer.w whitened, layer.b raw
+  const FramePtr frame = open(written.bytes);
+  std::vector<float> room(l.w.size() + 1);
+  char* odd = reinterpret_cast<char*>(room.data()) + 2;
+  for (const uint64_t index : {0, 1}) {
+    giftTensorInfo ti = GIFT_TENSOR_INFO_INIT;
+    ASSERT_EQ(giftFrameTensorInfo(frame.get(), index, &ti), GIFT_OK);
+    EXPECT_EQ(giftFrameDecodeTensor(frame.get(), index, odd, ti.elements * 4, GIFT_DTYPE_F32),
+              GIFT_ERROR_INVALID_ARGUMENT)
+        << ti.name;
+    EXPECT_NE(std::string(giftGetLastErrorMessage())
+                  .find("tensor '" + std::string(ti.name) +
+                        "': dst is not aligned to its 4-byte elements"),
+              std::string::npos)
+        << giftGetLastErrorMessage();
+    EXPECT_EQ(giftFrameDecodeTensor(frame.get(), index, odd, ti.elements * 2, GIFT_DTYPE_BF16),
+              GIFT_OK)
+        << ti.name << ": 2-byte elements at an even address";
+  }
+}
+
 TEST_F(BasisApi, AnotherBasisIsRefusedNamingBothIds) {
   const Layer& l = *layer_;
   const BasisPtr basis = fit(l, "layer.w");

@@ -353,7 +353,8 @@ GIFT_API giftResult_t giftFrameTensorInfo(const giftFrame* frame, uint64_t index
 GIFT_API giftResult_t giftFrameFindTensor(const giftFrame* frame, const char* name,
                                           uint64_t* index);
 
-/* Decodes tensor `index` into dst (elements * size of dst_dtype bytes). A raw tensor comes
+/* Decodes tensor `index` into dst (elements * size of dst_dtype bytes, aligned to that size,
+ * as for giftDecode; so for every decode of a frame below). A raw tensor comes
  * back bit-identical when dst_dtype is its own dtype. A tensor encoded in GIFT coordinates is
  * mapped back with the frame's embedded basis (GIFT_ERROR_BASIS_MISSING without one). */
 GIFT_API giftResult_t giftFrameDecodeTensor(giftFrame* frame, uint64_t index, void* dst,
@@ -402,7 +403,9 @@ GIFT_API giftResult_t giftFrameSetLateChecksums(giftFrame* frame, int late);
 
 /* Zero-copy access to an FP8 tensor's codes and scales where they lie in the frame (after
  * checking their checksums); for compressed sections, GIFT_ERROR_INVALID_ARGUMENT. The
- * pointers are valid until giftFrameClose. */
+ * pointers are valid until giftFrameClose. Sections start 64-byte aligned from the frame's
+ * first byte: fp32 scales are aligned for giftDecode when that byte is (a file's map is; bytes
+ * given to giftFrameOpen at an address not a multiple of 4 give scales it refuses). */
 GIFT_API giftResult_t giftFrameTensorData(giftFrame* frame, uint64_t index, const uint8_t** codes,
                                           const void** scales, uint64_t* scale_bytes);
 

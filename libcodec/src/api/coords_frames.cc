@@ -186,13 +186,13 @@ giftResult_t decode_rows_in_basis(const container::FrameReader& r, size_t index,
   const Whitener* t = nullptr;
   if (const giftResult_t rc = resolve_whitener(r, index, basis, &t)) return rc;
   // The inverse whitening acts on each row by itself: a band maps back alone. It is done in
-  // place in an fp32 output (aligned as floats); another output gets the fp32 rows converted
-  // from a buffer, left uninitialized (the decode writes every element: a zero-filled one cost
-  // a pass more).
+  // place in an fp32 output (aligned as floats: check_output); another output gets the fp32
+  // rows converted from a buffer, left uninitialized (the decode writes every element: a
+  // zero-filled one cost a pass more).
   const uint64_t n = rows * e.cols;
   std::unique_ptr<float[]> temporary;
   float* v = static_cast<float*>(dst);
-  if (dst_dtype != GIFT_DTYPE_F32 || reinterpret_cast<uintptr_t>(dst) % alignof(float) != 0) {
+  if (dst_dtype != GIFT_DTYPE_F32) {
     temporary.reset(new float[n]);
     v = temporary.get();
   }

@@ -444,6 +444,13 @@ giftResult_t FrameReader::check_output(size_t index, const void* dst, uint64_t d
   }
   const uint64_t need = std::min(elements, e.elements) * dtype_size(dst_dtype);
   if (need && !dst) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameDecodeTensor: dst is NULL");
+  // As giftDecode's rule, for every tensor alike (raw ones are copied, whitened ones go
+  // through a buffer, but one rule is what a caller can rely on).
+  if (need && reinterpret_cast<uintptr_t>(dst) % dtype_size(dst_dtype) != 0) {
+    return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                "%s: tensor '%s': dst is not aligned to its %zu-byte elements", name_.c_str(),
+                e.name.c_str(), dtype_size(dst_dtype));
+  }
   if (dst_bytes < need) {
     return fail(GIFT_ERROR_BUFFER_TOO_SMALL,
                 "%s: tensor '%s' needs %" PRIu64 " bytes, %" PRIu64 " given", name_.c_str(),
