@@ -374,6 +374,13 @@ TEST_F(BasisApi, ChoiceOfCoordinatesPicksGiftWhereItHelps) {
     EXPECT_GT(sel.transform_flops, 0.0);
     EXPECT_STRNE(sel.reason, "");
   }
+  // NULL select params are the defaults (AUTO), as a NULL context is (they were refused).
+  giftSelection sel = GIFT_SELECTION_INIT;
+  ASSERT_EQ(giftChooseCoords(basis.get(), "layer.w", l.w.data(), l.rows, l.dim, &p, nullptr, &sel),
+            GIFT_OK)
+      << giftGetLastErrorMessage();
+  EXPECT_EQ(sel.chosen, GIFT_COORDS_GIFT);
+  EXPECT_STREQ(sel.reason, "lower estimated error");
 }
 
 struct Frame {

@@ -168,7 +168,8 @@ GIFT_API int giftProcessors(void);
 /* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same
  * order as the input) and the scales. `stats` may be NULL. `src` must be aligned to its
  * element size and fp32 scales to 4 bytes (GIFT_ERROR_INVALID_ARGUMENT otherwise); so must
- * `dst` and the scales of giftDecode. */
+ * `dst` and the scales of giftDecode. The input, the codes and the scales (and for giftDecode
+ * the codes, the scales and dst) must not overlap: the result of buffers that do is undefined. */
 GIFT_API giftResult_t giftEncode(const giftCtx* ctx, const giftQuantParams* params, const void* src,
                                  giftDType_t src_dtype, uint64_t rows, uint64_t cols,
                                  uint8_t* codes, void* scales, uint64_t scales_bytes,

@@ -123,14 +123,16 @@ GIFT_API giftResult_t giftBasisUnwhiten(const giftBasis* basis, const char* name
 
 typedef enum {
   GIFT_COORDS_MODE_EUCLIDEAN = 0, /* never whiten */
-  GIFT_COORDS_MODE_GIFT = 1,      /* whiten every matrix the basis covers */
+  GIFT_COORDS_MODE_GIFT = 1,      /* whiten every matrix the basis covers (whose dimensions
+                                     are at least min_dim and values finite) */
   GIFT_COORDS_MODE_AUTO = 2       /* whiten where the measured estimate says it helps */
 } giftCoordsMode_t;
 
 /* The measured choice: on a deterministic sample of up to sample_rows evenly spaced rows,
  * the round-trip error in both coordinates; GIFT where it is lower by more than `margin`
  * (a fraction), both dimensions are at least min_dim, and the whitening costs at most
- * flops_budget (0: no limit). Matrices holding NaN or Inf stay Euclidean. */
+ * flops_budget (0: no limit). Matrices holding NaN or Inf stay Euclidean. Functions that take
+ * a giftSelectParams take NULL for GIFT_SELECT_PARAMS_INIT's. */
 typedef struct {
   size_t size; /* sizeof(giftSelectParams) */
   unsigned int magic;

@@ -43,8 +43,11 @@ giftResult_t new_basis(gift::coords::Basis b, giftBasis** out) {
 }
 
 giftResult_t load_select(const giftSelectParams* in, gift::coords::SelectOptions* out) {
-  giftSelectParams s;
-  if (const giftResult_t r = gift::read_sized(in, kDefaultSelect, &s, "giftSelectParams")) return r;
+  giftSelectParams s = kDefaultSelect;  // NULL: the defaults
+  if (in) {
+    if (const giftResult_t r = gift::read_sized(in, kDefaultSelect, &s, "giftSelectParams"))
+      return r;
+  }
   const int mode = gift::enum_int(s.mode);
   if (mode != GIFT_COORDS_MODE_EUCLIDEAN && mode != GIFT_COORDS_MODE_GIFT &&
       mode != GIFT_COORDS_MODE_AUTO)
