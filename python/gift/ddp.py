@@ -125,6 +125,7 @@ class GiftState:
         self._groups = []  # plan keys, in the order met (see _layout)
         self._quiet = 0  # whole steps since the groups last changed; settled at 2
         self._saved = {}  # plan states restored from a checkpoint, until their plan exists
+        self._saved_at = None  # (world, rank) the saved plan states were pickled at
         self._transient()
         self._unpicklable()
         ReducePlan(1, 0, [], **self.config)
@@ -159,12 +160,16 @@ class GiftState:
         d = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
         d["_saved"] = dict(self._saved)
         d["_saved"].update({key: plan.save_state() for key, plan in self._plans.items()})
+        if dist.is_available() and dist.is_initialized() and self._plans:
+            d["_saved_at"] = (dist.get_world_size(self.process_group),
+                              dist.get_rank(self.process_group))
         return d
 
     def __setstate__(self, d):
         # States pickled before the plans followed DDP's settled layout: none settled yet.
         d.setdefault("_groups", [])
         d.setdefault("_quiet", 0)
+        d.setdefault("_saved_at", None)  # States pickled before it was kept.
         # States pickled before non-finite gradients travelled.
         d["config"].setdefault("keep_nonfinite", True)
         self.__dict__.update(d)
@@ -305,17 +310,29 @@ class GiftState:
         options += [("start_iter", self.start_iter), ("refresh_every", self.refresh_every),
                     ("step", self.iter), ("attach()", (bool(self._names), bool(self._moments))),
                     ("basis", self.basis.id if self.basis is not None else None)]
-        mine = torch.tensor([zlib.crc32(repr(v).encode()) for _, v in options],
+        # Plan states saved at another world size or rank hold another rank's error feedback
+        # (or none that fits): where any rank has such, every rank drops its own, so that the
+        # plans start alike (their choice of coordinates is in those states too).
+        rank = dist.get_rank(self.process_group)
+        elsewhere = bool(self._saved) and self._saved_at not in (None, (world, rank))
+        mine = torch.tensor([zlib.crc32(repr(v).encode()) for _, v in options] + [elsewhere],
                             dtype=torch.int64, device=self._comm_device())
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine, group=self.process_group)
         every = [t.cpu().tolist() for t in every]
+        if any(e[-1] for e in every):
+            if rank == 0:
+                warnings.warn("gift: the plan states were saved at another world size or rank "
+                              "(a rank's checkpoint loaded by another, or an elastic restart): "
+                              "every rank drops them, and the plans start without error "
+                              "feedback; the basis, step and plan groups stay", RuntimeWarning)
+            self._saved = {}
         for r in range(1, world):
             for i, (name, value) in enumerate(options):
                 if every[r][i] != every[0][i]:
                     raise ValueError(
                         f"gift_hook: rank {r}'s {name} differs from rank 0's (this rank, "
-                        f"{dist.get_rank(self.process_group)}, has {value!r}); every rank "
+                        f"{rank}, has {value!r}); every rank "
                         "needs the same GiftState options, step and attach()")
         if unattached:  # on every rank alike, as the options compared equal
             raise ValueError("gift_hook: this state holds a basis but attach(model) was not "

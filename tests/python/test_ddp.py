@@ -200,6 +200,32 @@ def test_checkpoint_resumes_bit_for_bit(rank, world, tmp):
         print("checkpoint: the resumed run matches the uninterrupted one", flush=True)
 
 
+def test_checkpoint_of_another_rank_or_world(rank, world, tmp):
+    """A rank's pickled state loaded by another rank (or at another world size) failed inside
+    the first backward (the plan states name their world and rank). Now every rank drops the
+    plan states alike, with a warning on rank 0, and the run goes on with identical replicas."""
+    if world < 2:
+        return
+    state = gift.ddp.GiftState(coords="euclidean")
+    _, model, opt = train("mlp", rank, world, state, range(6))
+    with open(os.path.join(tmp, f"state{rank}.pkl"), "wb") as f:
+        pickle.dump(state, f)
+    dist.barrier()
+    with open(os.path.join(tmp, f"state{(rank + 1) % world}.pkl"), "rb") as f:
+        state = pickle.load(f)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train("mlp", rank, world, state, range(6, 9), model, opt)
+    said = [str(w.message) for w in caught if "saved at another world size or rank" in
+            str(w.message)]
+    assert len(said) == (1 if rank == 0 else 0), said
+    check_replicas(model, world, "after another rank's state")
+    if rank == 0:
+        print("another rank's checkpoint: plan states dropped on every rank, replicas identical",
+              flush=True)
+
+
 def test_frozen_and_cast_parameters(rank, world):
     """Plans settle on DDP's layout; a wrapper made after some parameters were frozen leaves
     a group that can no longer fill: its gradients still travel (a new plan), replicas stay
@@ -483,6 +509,7 @@ def all_tests(rank, world, tmp):
     test_hook_equals_host_plans(rank, world, static_graph=True)
     test_hundreds_of_tensors_in_one_call(rank, world)
     test_checkpoint_resumes_bit_for_bit(rank, world, tmp)
+    test_checkpoint_of_another_rank_or_world(rank, world, tmp)
     test_frozen_and_cast_parameters(rank, world)
     test_parameters_cast_or_resized_in_place(rank, world)
     test_buckets_gift_cannot_send_are_refused_by_name(rank, world)
