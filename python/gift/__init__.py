@@ -144,9 +144,10 @@ def _buffer(x, what, writable=False):
             if x.requires_grad:
                 raise ValueError(f"{what}: requires grad; gift writes it outside autograd "
                                  "(give a tensor without grad, such as .detach())")
-            import torch
-            with torch.no_grad():
-                x.view(-1)[:0].zero_()
+            if not x.is_inference():  # which has no version to count
+                import torch
+                with torch.no_grad():
+                    x.view(-1)[:0].zero_()
         dtype = str(x.dtype).replace("torch.", "")
         device = x.device if x.is_cuda else None
         return _Buffer(x, x.data_ptr(), x.numel() * x.element_size(), dtype, x.shape, device)
@@ -155,6 +156,8 @@ def _buffer(x, what, writable=False):
         if writable:
             raise TypeError(f"{what}: needs a NumPy array or a torch tensor to write into")
         x = np.asarray(x, dtype=np.float32)  # a scalar stays 0-d (ascontiguousarray made it 1-d)
+        if x.ndim:
+            x = np.ascontiguousarray(x)  # an __array__ may give another memory order
     if not x.dtype.isnative:
         # The library reads and writes the machine's byte order.
         if writable:

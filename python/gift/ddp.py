@@ -125,7 +125,7 @@ class GiftState:
         self._groups = []  # plan keys, in the order met (see _layout)
         self._quiet = 0  # whole steps since the groups last changed; settled at 2
         self._saved = {}  # plan states restored from a checkpoint, until their plan exists
-        self._saved_at = None  # (world, rank) the saved plan states were pickled at
+        self._saved_at = None  # (world, rank) of the plans whose states it saves
         self._transient()
         self._unpicklable()
         ReducePlan(1, 0, [], **self.config)
@@ -160,9 +160,6 @@ class GiftState:
         d = {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
         d["_saved"] = dict(self._saved)
         d["_saved"].update({key: plan.save_state() for key, plan in self._plans.items()})
-        if dist.is_available() and dist.is_initialized() and self._plans:
-            d["_saved_at"] = (dist.get_world_size(self.process_group),
-                              dist.get_rank(self.process_group))
         return d
 
     def __setstate__(self, d):
@@ -207,8 +204,8 @@ class GiftState:
             if not module.weight.requires_grad:
                 continue
             self._moments[name] = [None, 0, module.in_features]
-            self._hooks.append(module.register_forward_pre_hook(
-                lambda module, inputs, name=name: self._collect(name, inputs)))
+            self._hooks.append(_pre_hook(module, lambda args, kwargs, name=name:
+                                         self._collect(name, args, kwargs)))
         if computed:
             warnings.warn(f"gift: attach(): the weights of {', '.join(computed)} are computed "
                           "(parametrized), not parameters; they travel in Euclidean coordinates",
@@ -217,13 +214,14 @@ class GiftState:
     def _collecting(self):
         return bool(self._moments) and self.iter % self.refresh_every == 0
 
-    def _collect(self, name, inputs):
+    def _collect(self, name, args, kwargs):
         # Evaluation passes (no_grad) are not the distribution the gradients come from.
         if not (torch.is_grad_enabled() and self._collecting()):
             return
-        if not inputs:  # called by keyword, which forward pre-hooks do not see in torch 1.x
+        x = args[0] if args else kwargs.get("input")
+        if x is None:  # called by keyword, which a pre-hook sees only from torch 2.0 on
             return
-        x = inputs[0].detach()
+        x = x.detach()
         x = x.reshape(-1, x.shape[-1]).float()
         acc = self._moments[name]
         if acc[0] is None:
@@ -239,14 +237,19 @@ class GiftState:
         group = self.process_group
         comm = self._comm_device()
         names = sorted(self._moments)
-        # Each rank's moments, then a 1 per layer that saw inputs: one fp32 all-reduce.
-        flat = []
-        for name in names:
-            a, rows, d = self._moments[name]
-            flat.append(torch.zeros(d * d, device=comm) if a is None else
-                        (a / max(rows, 1)).reshape(-1).to(comm))
-        flat.append(torch.tensor([float(self._moments[n][1] > 0) for n in names], device=comm))
-        flat = torch.cat(flat)
+        # Each rank's moments, then a 1 per layer that saw inputs: one fp32 all-reduce, into
+        # which each sum is divided and then freed, so that the sums and the vector are not
+        # held twice over.
+        dims = [self._moments[name][2] for name in names]
+        flat = torch.zeros(sum(d * d for d in dims) + len(names), device=comm)
+        at = 0
+        for i, (name, d) in enumerate(zip(names, dims)):
+            a, rows, _ = self._moments[name]
+            if a is not None:
+                flat[at:at + d * d].copy_(a.reshape(-1)).div_(rows)
+                flat[-len(names) + i] = 1.0
+            self._moments[name] = [None, 0, d]
+            at += d * d
         dist.all_reduce(flat, group=group)
         flat = flat.cpu()
         self.bytes_sent += 2 * (world - 1) * flat.numel() * 4 // world
@@ -257,14 +260,13 @@ class GiftState:
         if not finite and dist.get_rank(group) == 0:
             warnings.warn(f"gift: step {self.iter}: non-finite activation statistics; the "
                           "basis is not refitted this time", RuntimeWarning)
+        # The float64 moments for the fit, on rank 0 only.
         moments, at = {}, 0
-        for name, ranks in zip(names, counts.tolist()):
-            d = self._moments[name][2]
-            if ranks > 0:
+        for name, d, ranks in zip(names, dims, counts.tolist()):
+            if ranks > 0 and dist.get_rank(group) == 0:
                 moments[name] = (flat[at:at + d * d].reshape(d, d) / ranks).double().numpy()
             at += d * d
-            self._moments[name] = [None, 0, d]
-        if not moments or not finite:
+        if not bool((counts > 0).any()) or not finite:
             return
         # The basis' size, or 0 and rank 0's error code: a fit that fails there fails every
         # rank, instead of leaving them in the broadcast below.
@@ -327,6 +329,7 @@ class GiftState:
                               "every rank drops them, and the plans start without error "
                               "feedback; the basis, step and plan groups stay", RuntimeWarning)
             self._saved = {}
+        self._saved_at = (world, rank)
         for r in range(1, world):
             for i, (name, value) in enumerate(options):
                 if every[r][i] != every[0][i]:
@@ -410,8 +413,8 @@ class GiftState:
         Layouts are kept by the bucket's parameters (whose hash is their identity), its dtype
         and the parameters' shapes, so that a step looks its layout up instead of walking the
         gradients; the state holds those parameters while it lives. A parameter given another
-        shape (its .data replaced) takes a new place, as a new parameter would, and its old
-        groups go. Learned on every call, warm-up steps
+        shape (its .data replaced) takes a new place, as a new parameter would: a group of its
+        old place can no longer fill, and goes at the step's last bucket (_salvage). Learned on every call, warm-up steps
         included, so that the first layout is the initial one of the wrapper."""
         params = tuple(bucket.parameters())
         seen = (params, buf.dtype, tuple(p.shape for p in params))
@@ -572,19 +575,11 @@ class _Layout:
 
     def __init__(self, state, params, grads, buf):
         _check_views(params, grads, buf)
-        # A parameter given another shape takes a new place, and leaves the groups of its old
-        # ones for good.
-        gone = set()
-        for p in params:
-            if (id(p), tuple(p.shape)) not in state._canon:
-                gone.update(place for (i, _), place in state._canon.items() if i == id(p))
         places = [state._canon.setdefault((id(p), tuple(p.shape)), len(state._canon))
                   for p in params]
         for p, place in zip(params, places):
             state._param_of[place] = p
             state._shape_of[place] = tuple(p.shape)
-        if gone:
-            state._drop_groups({key for (_, p), key in state._group_of.items() if p in gone})
         dtype = str(buf.dtype)
         self.key = (dtype, tuple(sorted(places)))
         new = tuple(sorted(p for p in places if (dtype, p) not in state._group_of))
@@ -616,6 +611,16 @@ class _Layout:
 
 
 _HOOK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _pre_hook(module, hook):
+    """A forward pre-hook calling hook(args, kwargs): with the keyword arguments where torch
+    passes them (2.0 on), else with none."""
+    try:
+        return module.register_forward_pre_hook(
+            lambda module, args, kwargs: hook(args, kwargs), with_kwargs=True)
+    except TypeError:
+        return module.register_forward_pre_hook(lambda module, args: hook(args, {}))
 
 
 def _check_views(params, grads, buf):

@@ -279,7 +279,7 @@ def test_parameters_cast_or_resized_in_place(rank, world):
         error = ((got - exact).norm() / exact.norm()).item()
         assert error < 0.1, f"{what}: relative error {error} against the exact average"
         specs = {tuple(s) for plan in state._plans.values() for _, _, s in plan._specs}
-        assert specs == {tuple(p.shape) for p in params}, f"{what}: plans of shapes {specs}"
+        assert specs <= {tuple(p.shape) for p in params}, f"{what}: plans of shapes {specs}"
         return error
 
     for p in params:
@@ -290,6 +290,24 @@ def test_parameters_cast_or_resized_in_place(rank, world):
     grown = [check(Bucket(params, rank, torch.bfloat16), "grown") for _ in range(2)]
     params[0].data = torch.empty(16, 8, dtype=torch.bfloat16)
     shrunk = [check(Bucket(params, rank, torch.bfloat16), "shrunk") for _ in range(2)]
+    # Resized in a step whose first bucket waits for the groups of a later one (as a new
+    # wrapper's first buckets do): the bucket before it still gets its average.
+    params = [nn.Parameter(torch.empty(32, 64)) for _ in range(3)]
+    state = gift.ddp.GiftState(coords="euclidean")
+    for _ in range(4):
+        gift.ddp.gift_hook(state, Bucket(params, rank)).wait()
+    params[2].data = torch.empty(8, 8)
+    first, second = Bucket(params[:1], rank), Bucket(params[1:], rank)
+    first.is_last = lambda: False
+    exact = [b.buf.clone() for b in (first, second)]
+    for e in exact:
+        dist.all_reduce(e)
+        e /= world
+    futures = [gift.ddp.gift_hook(state, b) for b in (first, second)]
+    for f, b, e in zip(futures, (first, second), exact):
+        f.wait()
+        error = ((b.buf - e).norm() / e.norm()).item()
+        assert error < 0.1, f"resized mid-step: relative error {error}"
     bad = Bucket(params, rank, torch.bfloat16)
     bad.grads[0] = torch.empty(16, 8, dtype=torch.bfloat16)  # not in the bucket's buffer
     try:
@@ -349,6 +367,10 @@ def test_package_on_torch_tensors(rank, world):
         raise AssertionError("backward used values gift overwrote")
     except RuntimeError as e:
         assert "modified by an inplace operation" in str(e), str(e)
+    with torch.inference_mode():
+        made = torch.empty(8, 64)
+    with gift.open(frame) as f:  # an inference tensor has no version to count: still taken
+        assert torch.equal(f.decode("x", out=made), gift.decode(frame, device="cpu")["x"])
     for dtype in (torch.float16, "float16"):
         got = gift.decode(frame, device="cpu", dtype=dtype)["x"]
         assert got.dtype == torch.float16, got.dtype

@@ -231,7 +231,7 @@ def test_failed_fit_fails_every_rank(rank):
 class Mixed(nn.Module):
     """Linears attach() must pass over: a frozen one, a weight-normed one (its weight is
     computed from two parameters), and one called by keyword (unseen by a forward pre-hook
-    in torch 1.x); the last Linear is plain."""
+    before torch 2.0); the last Linear is plain."""
 
     def __init__(self):
         super().__init__()

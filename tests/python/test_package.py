@@ -121,6 +121,12 @@ class Package(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "tensor names are strings; 0 is a int"):
             gift.encode({0: x})
 
+        class Fortran:  # an array-like whose array is in column order
+            def __array__(self, dtype=None):
+                return np.asfortranarray(x, dtype=dtype)
+
+        self.assertEqual(gift.encode({"w": Fortran()}), gift.encode({"w": x}))
+
     def test_errors_carry_the_librarys_code_and_message(self):
         with self.assertRaises(gift.GiftError) as e:
             gift.decode(b"not a frame at all, not even close" * 4)

@@ -525,15 +525,19 @@ TEST_F(BasisApi, RowsPastATensorInBasisAreRefusedBeforeAnyBuffer) {
   const Frame written = write_frame(l, basis.get(), true);
   ASSERT_EQ(written.selection.chosen, GIFT_COORDS_GIFT);
   const FramePtr frame = open(written.bytes);
-  std::vector<uint16_t> band(l.w.size());  // room for the whole tensor
-  for (const uint64_t rows : {uint64_t(1) << 40, uint64_t(l.rows)}) {
-    EXPECT_EQ(giftFrameDecodeRowsWithBasis(frame.get(), 0, 1, rows, basis.get(), band.data(),
-                                           band.size() * 2, GIFT_DTYPE_BF16),
-              GIFT_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(
-        std::string(giftGetLastErrorMessage()).find(std::to_string(rows) + " rows from row 1"),
-        std::string::npos)
-        << giftGetLastErrorMessage();
+  // With room for the whole tensor (the buffer was made before the rows were checked), and
+  // with room for one row (the rows were checked after the room, as rows * cols, which wraps).
+  for (const uint64_t room : {uint64_t(l.w.size()), uint64_t(l.dim)}) {
+    std::vector<uint16_t> band(room);
+    for (const uint64_t rows : {uint64_t(1) << 40, uint64_t(l.rows), uint64_t(1) << 63}) {
+      EXPECT_EQ(giftFrameDecodeRowsWithBasis(frame.get(), 0, 1, rows, basis.get(), band.data(),
+                                             band.size() * 2, GIFT_DTYPE_BF16),
+                GIFT_ERROR_INVALID_ARGUMENT);
+      EXPECT_NE(
+          std::string(giftGetLastErrorMessage()).find(std::to_string(rows) + " rows from row 1"),
+          std::string::npos)
+          << giftGetLastErrorMessage();
+    }
   }
 }
 

@@ -260,8 +260,9 @@ GIFT_API void giftFrameClose(giftFrame* frame);
 /* Threads: the calls that read a frame (its info, tensors and metadata, giftFrameTensorData,
  * giftFrameVerify, giftFrameDecodeTensor and giftFrameDecodeTensorWithBasis,
  * giftFrameEmbeddedBasis) may run on several threads at once; those that set something on it
- * (giftFrameSet*) and the banded decodes (giftFrameDecodeRows, giftFrameDecodeRowPart and their
- * WithBasis forms) may not run beside any other call on the same frame. */
+ * (giftFrameSet*, giftFrameUseCuda) and the banded decodes (giftFrameDecodeRows,
+ * giftFrameDecodeRowPart and their WithBasis forms) may not run beside any other call on the same
+ * frame. */
 
 /* Threads decoding uses (0: the default, as for giftCtxSetThreads). */
 GIFT_API giftResult_t giftFrameSetThreads(giftFrame* frame, int threads);
@@ -501,9 +502,9 @@ GIFT_API giftResult_t giftOutputSetReplace(giftOutput* out, int replace);
  * some FUSE mounts), those of open(2) with mode 0666 (less the umask). Any time before the
  * commit; nothing for a descriptor. */
 GIFT_API giftResult_t giftOutputSetMode(giftOutput* out, unsigned int mode);
-/* Bytes written to `out` so far (a write behind's from the call that gives them; a write that
- * failed counts none). A failure of a write or of the commit ends the output: every later
- * call on it reports that failure again. */
+/* Bytes written to `out` so far (a write behind's from the call that gives them, whatever
+ * becomes of it; a giftOutputWrite that failed counts none). A failure of a write or of the commit
+ * ends the output: every later call on it reports that failure again. */
 GIFT_API uint64_t giftOutputBytes(const giftOutput* out);
 GIFT_API void giftOutputFree(giftOutput* out);
 /* Removes the temporary files of this process's unfinished file outputs (written under

@@ -250,7 +250,7 @@ giftResult_t giftBasisBuilderCreate(const giftFitParams* params, giftBasisBuilde
                   p.damping);
     if (p.power_iterations > GIFT_FIT_MAX_POWER_ITERATIONS) {
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "power_iterations %u is above %u",
-                  p.power_iterations, GIFT_FIT_MAX_POWER_ITERATIONS);
+                  p.power_iterations, unsigned(GIFT_FIT_MAX_POWER_ITERATIONS));
     }
     auto* b = new giftBasisBuilder();
     b->options.rank = p.rank;

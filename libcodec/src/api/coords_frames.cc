@@ -180,7 +180,6 @@ giftResult_t decode_rows_in_basis(const container::FrameReader& r, size_t index,
     return r.decode_rows(index, first_row, rows, dst, dst_bytes, dst_dtype, false, cache);
   }
   const container::TensorEntry& e = r.tensors()[index];
-  if (const giftResult_t rc = r.check_rows(index, first_row, rows)) return rc;
   if (const giftResult_t rc = r.check_output(index, dst, dst_bytes, dst_dtype, rows * e.cols))
     return rc;
   const Whitener* t = nullptr;

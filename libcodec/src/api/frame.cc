@@ -92,6 +92,10 @@ giftResult_t gift::decode_rows_with_basis(giftFrame* frame, uint64_t index, uint
                                           uint64_t dst_bytes, giftDType_t dst_dtype) {
   const auto& ts = frame ? frame->reader->tensors() : decltype(frame->reader->tensors()){};
   const uint64_t cols = index < ts.size() ? ts[index].cols : 0;
+  // The rows first: rows * cols of rows past the tensor may wrap.
+  if (index < ts.size()) {
+    if (const giftResult_t r = frame->reader->check_rows(size_t(index), first_row, rows)) return r;
+  }
   return decode_guarded(frame, index, given, dst, dst_bytes, dst_dtype, rows * cols,
                         [&](const gift::coords::Basis* b) {
                           return gift::coords::decode_rows_in_basis(
