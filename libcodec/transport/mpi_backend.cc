@@ -123,6 +123,16 @@ extern "C" giftResult_t giftCommInitMpi(MPI_Comm comm, const giftAllReduceConfig
                                         giftComm** out) {
   if (!out) return giftBackendFail(GIFT_ERROR_INVALID_ARGUMENT, "giftCommInitMpi: out is NULL");
   *out = nullptr;
+  // Checked before MPI_Comm_dup, whose errors on them are fatal under MPI's default handler.
+  if (comm == MPI_COMM_NULL)
+    return giftBackendFail(GIFT_ERROR_INVALID_ARGUMENT, "giftCommInitMpi: MPI_COMM_NULL");
+  int inter = 0;
+  if (MPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter) {
+    // Its collectives exchange with the remote group: the all-reduce is over one group.
+    return giftBackendFail(GIFT_ERROR_INVALID_ARGUMENT,
+                           "giftCommInitMpi: an intercommunicator (give an intracommunicator, "
+                           "such as MPI_Intercomm_merge's)");
+  }
   MpiContext* c = new (std::nothrow) MpiContext;
   if (!c) return giftBackendFail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for an MPI communicator");
   giftCommBackend b = {};

@@ -237,6 +237,19 @@ giftResult_t check_state(const StateLayout& l, const StateKey& key, const PlanCo
                 id_text(h.basis_lo, h.basis_hi).c_str(),
                 c.has_basis ? c.basis_id.hex().c_str() : "none");
   }
+  // A plan only ever commits finite residuals: a state holding another was damaged, and
+  // loaded it would fail every later call (or, keeping non-finite values, poison them).
+  const uint8_t* residuals = static_cast<const uint8_t*>(state) + l.residual_at();
+  for (uint64_t i = 0; i < l.residual_count + l.shard_residual_count; ++i) {
+    float r;
+    memcpy(&r, residuals + i * sizeof r, sizeof r);
+    if (!std::isfinite(r)) {
+      return fail(GIFT_ERROR_CORRUPT_INPUT,
+                  "the state holds a non-finite residual (value %" PRIu64 " of %" PRIu64
+                  "): it was damaged",
+                  i, l.residual_count + l.shard_residual_count);
+    }
+  }
   *call = h.call;
   return GIFT_OK;
 }

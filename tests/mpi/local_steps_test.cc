@@ -471,6 +471,16 @@ TEST(LocalSteps, SavedStateResumesTheSameRun) {
             GIFT_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(giftReducePlanSaveState(run.plan(0), state.data(), state.size() - 1),
             GIFT_ERROR_BUFFER_TOO_SMALL);
+  // A residual that is not finite (no plan commits one) is damage: refused, where it loaded
+  // and failed every later call.
+  ASSERT_EQ(giftReducePlanSaveState(run.plan(1), state.data(), state.size()), GIFT_OK);
+  const float nan = std::nanf("");
+  memcpy(state.data() + sizeof(gift::transport::StateHeader) + 7 * sizeof(float), &nan, 4);
+  EXPECT_EQ(giftReducePlanLoadState(resumed.plan(1), state.data(), state.size()),
+            GIFT_ERROR_CORRUPT_INPUT);
+  EXPECT_NE(std::string(giftGetLastErrorMessage()).find("non-finite residual (value 7 of"),
+            std::string::npos)
+      << giftGetLastErrorMessage();
 }
 
 TEST(LocalSteps, SavedStateLoadsOnlyIntoTheSameShapesAndModeAndFromOlderVersions) {

@@ -421,6 +421,28 @@ void test_bad_buckets_are_refused() {
   CHECK(rc == GIFT_ERROR_INVALID_ARGUMENT &&
             std::string(giftGetLastErrorMessage()) == "giftCommInitMpi: out is NULL",
         "giftCommInitMpi(NULL): %d (%s)", int(rc), giftGetLastErrorMessage());
+  // MPI_COMM_NULL ended the job (MPI_Comm_dup's fatal error); an intercommunicator was taken,
+  // and its all-reduce wrote past its buffers (collectives exchange with the remote group).
+  giftComm* none = nullptr;
+  rc = giftCommInitMpi(MPI_COMM_NULL, nullptr, &none);
+  CHECK(rc == GIFT_ERROR_INVALID_ARGUMENT && none == nullptr, "MPI_COMM_NULL: %d (%s)", int(rc),
+        giftGetLastErrorMessage());
+  int world = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world >= 2) {
+    MPI_Comm half, inter;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+    MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 ? 0 : 1, 7, &inter);
+    giftComm* c = nullptr;
+    rc = giftCommInitMpi(inter, nullptr, &c);
+    CHECK(rc == GIFT_ERROR_INVALID_ARGUMENT && c == nullptr &&
+              std::string(giftGetLastErrorMessage()).find("an intercommunicator") !=
+                  std::string::npos,
+          "intercommunicator: %d (%s)", int(rc), giftGetLastErrorMessage());
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+  }
 }
 
 size_t frames_in(const std::string& dir) {

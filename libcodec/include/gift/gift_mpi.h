@@ -15,8 +15,10 @@ extern "C" {
 #endif
 
 /* A communicator over a duplicate of `comm` (so its traffic never matches the caller's
- * messages); errors on it are returned, not fatal. Collective over `comm`. config may be
- * NULL for the defaults. Free with giftCommDestroy (before MPI_Finalize). */
+ * messages); errors on it are returned, not fatal. Collective over `comm`, an
+ * intracommunicator (MPI_COMM_NULL and intercommunicators are refused,
+ * GIFT_ERROR_INVALID_ARGUMENT). config may be NULL for the defaults. Free with
+ * giftCommDestroy (before MPI_Finalize). */
 GIFT_API giftResult_t giftCommInitMpi(MPI_Comm comm, const giftAllReduceConfig* config,
                                       giftComm** out);
 
