@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "device.h"
+#include "json_output.h"
 
 namespace giftc {
 namespace {
@@ -85,7 +86,7 @@ void report(const BenchOptions& o, const giftQuantParams& p, giftDType_t dt, uin
                                       {"peak_rss_bytes", on_cpu(t.peak_rss)},
                                       {"buffer_bytes", on_cpu(t.buffers)}};
   if (o.json) {
-    std::printf("%s\n", doc.dump(2).c_str());
+    std::printf("%s\n", json_text(doc).c_str());
     return;
   }
   std::printf("%s input, %s, %s %s scales, %s\n", human_bytes(in_bytes).c_str(),

@@ -280,7 +280,11 @@ uint64_t band_rows(uint64_t align, uint64_t cols, uint64_t budget) {
 Pieces::Pieces(uint64_t rows_, uint64_t cols_, uint64_t align_rows, uint64_t align_cols,
                uint64_t budget)
     : rows(rows_), cols(cols_) {
-  const uint64_t c = std::max<uint64_t>(cols, 1);
+  if (cols == 0) {  // no elements: one band, however many rows (2^58 of them were 2^37 bands)
+    band = std::max<uint64_t>(rows, 1);
+    return;
+  }
+  const uint64_t c = cols;
   if (align_rows <= budget / c) {
     band = std::min(band_rows(align_rows, cols, budget), std::max<uint64_t>(rows, 1));
   } else if (cols <= budget || align_cols == 0) {

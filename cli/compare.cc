@@ -11,7 +11,7 @@
 
 #include "commands.h"
 #include "io/tensor_file.h"
-#include "json_number.h"
+#include "json_output.h"
 
 namespace giftc {
 namespace {
@@ -195,7 +195,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   gift::io::check_unread(acts);
   doc["total"] = row(total);
   if (o.json) {
-    std::printf("%s\n", doc.dump(2).c_str());
+    std::printf("%s\n", json_text(doc).c_str());
     return;
   }
   const bool anorm = !o.activations.empty();

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "json_number.h"
+#include "json_output.h"
 
 namespace giftc {
 namespace {
@@ -100,12 +100,13 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   if (o.verify) doc["verified"] = true;
 
   if (o.json) {
-    std::printf("%s\n", doc.dump(2).c_str());
+    std::printf("%s\n", json_text(doc).c_str());
     return;
   }
-  std::printf("%s: GIFT frame %s, %s, %zu tensors, producer \"%s\"\n", o.input.c_str(),
+  std::printf("%s: GIFT frame %s, %s, %zu tensor%s, producer \"%s\"\n", o.input.c_str(),
               doc["format_version"].get<std::string>().c_str(),
               doc["kind"].get<std::string>().c_str(), size_t(info.tensor_count),
+              info.tensor_count == 1 ? "" : "s",
               shown(doc["producer"].get<std::string>(), stdout).c_str());
   for (const auto& [k, val] : doc["metadata"].items())
     std::printf("  %s = %s\n", shown(k, stdout).c_str(),

@@ -769,6 +769,36 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("names 'a' twice", r.stderr)
 
+    def test_a_tensor_of_no_elements_and_2_to_58_rows_takes_no_time(self):
+        # Every command walked such a tensor in bands of rows: 2^37 of them, weeks of work.
+        h = b'{"z":{"dtype":"F32","shape":[288230376151711744,0],"data_offsets":[0,0]}}'
+        src = self.path("z.safetensors")
+        with open(src, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h)
+        frame, out = self.path("z.gift"), self.path("z2.safetensors")
+        for args in (("encode", src, "-o", frame), ("decode", frame, "-o", out),
+                     ("compare", src, frame), ("inspect", frame, "--verify")):
+            r = subprocess.run([GIFTC, "-q", *args], capture_output=True, text=True, timeout=20)
+            self.assertEqual(r.returncode, 0, f"{args[0]}: {r.stderr}")
+        with open(out, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            self.assertEqual(json.loads(f.read(n))["z"]["shape"], [2**58, 0])
+        r = run("inspect", frame)
+        self.assertIn("GIFT frame 1.0, Tensors, 1 tensor, producer", r.stdout)
+
+    def test_json_output_survives_file_names_that_are_not_utf8(self):
+        # nlohmann refused to dump such a name: no JSON at all, exit 2 ("corrupt input").
+        name = os.path.join(os.fsencode(self.dir), b"\xff.safetensors")
+        save_file({"w": np.ones((4, 64), np.float32)}, os.fsdecode(name))
+        r = subprocess.run([os.fsencode(GIFTC), b"encode", b"-q", name], capture_output=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for args in ((b"inspect", name + b".gift", b"--json"),
+                     (b"compare", name, name + b".gift", b"--json")):
+            r = subprocess.run([os.fsencode(GIFTC), *args], capture_output=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            doc = json.loads(r.stdout.decode("utf-8"))
+            self.assertIn("\ufffd", json.dumps(doc, ensure_ascii=False))
+
     def test_npz_members_are_checked_and_named_as_numpy_does(self):
         import io
         good = self.path("c.npz")

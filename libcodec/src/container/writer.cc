@@ -218,7 +218,10 @@ BandCut cut_in_bands(const giftQuantParams& p, uint64_t rows, uint64_t cols, boo
   // inside it; another encoder takes whole rows of tiles.
   c.inside_tiles = cpu && c.unit > 1 &&
                    (cols > kBandElems || c.unit > kMostTileRowElems / std::max<uint64_t>(cols, 1));
-  c.band = band_rows(c.inside_tiles ? 1 : c.unit, cols, kBandElems);
+  // A tensor without elements is one band, however many rows it claims (2^58 rows of 0
+  // columns were 2^38 bands of nothing).
+  c.band = cols == 0 ? std::max<uint64_t>(rows, 1)
+                     : band_rows(c.inside_tiles ? 1 : c.unit, cols, kBandElems);
   // A row longer than a band goes to the CPU encoder in parts: memory for a part of it, not
   // the row (a vector stored as one row of 2^30 elements, say). Parts are whole groups of the
   // row (blocks, tiles), or lie within one group wider than a part (a row of its own scale, the
@@ -469,7 +472,7 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     // groups may need a whole band to be shared out among the threads (a row or the tensor
     // split across them), and another encoder take whole bands.
     const uint64_t piece =
-        cpu && p.layout == GIFT_SCALE_BLOCK
+        cpu && p.layout == GIFT_SCALE_BLOCK && cols
             ? band_rows(cut.unit, cols, kPieceElems * uint64_t(thread_count(&ctx_)))
             : cut.band;
     // m rows of w columns from element `first` of the tensor (column c0), at `at`, into
