@@ -141,13 +141,22 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     const auto a = act_by_name.find(r.name);
     std::vector<float> a_values;
     if (a != act_by_name.end()) {
-      a_values = gift::io::widen_to_float(*a->second);
-      if (r.shape.size() != 2 || a_values.size() != r.cols * r.cols) {
-        throw Failure(kBadInput, o.activations + ": tensor '" + r.name + "' holds " +
-                                     std::to_string(a_values.size()) +
-                                     " values, not the square of the gradient's " +
-                                     std::to_string(r.cols) + " columns");
+      if (r.shape.size() != 2) {
+        throw Failure(kBadInput, o.activations + ": tensor '" + r.name +
+                                     "' is an A for a matrix; the gradient has " +
+                                     std::to_string(r.shape.size()) + " dimensions");
       }
+      // As fit takes it: a d x d matrix, d the gradient's columns (an 8 x 32 A was read as
+      // 16 x 16).
+      const std::vector<uint64_t> square = {r.cols, r.cols};
+      if (a->second->shape != square) {
+        throw Failure(kBadInput,
+                      o.activations + ": tensor '" + r.name + "' is " +
+                          shape_string(a->second->shape.data(), uint32_t(a->second->shape.size())) +
+                          ", not " + shape_string(square.data(), 2) + " for the gradient's " +
+                          std::to_string(r.cols) + " columns");
+      }
+      a_values = gift::io::widen_to_float(*a->second);
       // An A that cannot be a second moment would give an A-norm that means nothing, shown
       // as if there were no A: refused, with the cheap checks (finite, nonnegative diagonal).
       const size_t nonfinite = std::count_if(a_values.begin(), a_values.end(),

@@ -1708,7 +1708,12 @@ class Giftc(unittest.TestCase):
         np.savez(bad, **{"layers.0.q_proj.weight": np.eye(64, dtype=np.float32)})
         r = run("compare", grads, self.path("g.gift"), "--basis", basis, "--activations", bad)
         self.assertEqual(r.returncode, 2)
-        self.assertIn("tensor 'layers.0.q_proj.weight' holds 4096 values, not the square of the gradient's 128 columns", r.stderr)
+        self.assertIn("tensor 'layers.0.q_proj.weight' is [64, 64], not [128, 128] for the gradient's 128 columns", r.stderr)
+        # as many values as the square, in another shape: read as the square before
+        np.savez(bad, **{"layers.0.q_proj.weight": np.ones((64, 256), np.float32)})
+        r = run("compare", grads, self.path("g.gift"), "--basis", basis, "--activations", bad)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("tensor 'layers.0.q_proj.weight' is [64, 256], not [128, 128]", r.stderr)
         # an A that cannot be a second moment is refused, not shown as if there were none
         eye = np.eye(128, dtype=np.float32)
         nan_a, neg_a = eye.copy(), -eye
