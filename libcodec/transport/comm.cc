@@ -7,6 +7,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/handles.h"
@@ -285,11 +286,22 @@ giftResult_t check_same_basis(giftComm& c, const giftBasis* basis) {
               id_hex(all.data()).c_str(), differ.c_str());
 }
 
-giftResult_t set_basis(giftComm& c, const giftBasis* basis) {
+// The communicator's move to `basis`, made aside on this rank (the ranks' ids compared, the
+// copy and every plan's change prepared): nothing changes until every rank has it.
+struct BasisMove {
+  std::unique_ptr<giftBasis> basis;
+  std::vector<std::pair<giftReducePlan*, gift::transport::BasisChangePtr>> plans;
+};
+
+giftResult_t prepare_move(giftComm& c, const giftBasis* basis, BasisMove* move) {
   if (const giftResult_t rc = check_same_basis(c, basis)) return rc;
-  c.basis.reset(basis ? new giftBasis(*basis) : nullptr);
+  move->basis.reset(basis ? new giftBasis(*basis) : nullptr);
   for (auto& [key, b] : c.buckets) {
-    if (const giftResult_t rc = giftReducePlanSetBasis(b.plan.get(), c.basis.get())) return rc;
+    gift::transport::BasisChangePtr change;
+    if (const giftResult_t rc =
+            gift::transport::prepare_basis(b.plan.get(), move->basis.get(), &change))
+      return rc;
+    move->plans.emplace_back(b.plan.get(), std::move(change));
   }
   return GIFT_OK;
 }
@@ -458,13 +470,15 @@ void giftCommDestroy(giftComm* comm) {
 giftResult_t giftCommSetBasis(giftComm* comm, const giftBasis* basis) {
   gift::clear_error();
   if (!comm) return fail(GIFT_ERROR_INVALID_ARGUMENT, "comm is NULL");
-  giftResult_t rc;
-  try {
-    rc = set_basis(*comm, basis);
-  } catch (const std::bad_alloc&) {
-    rc = fail(GIFT_ERROR_OUT_OF_MEMORY, "no memory for the communicator's basis");
-  }
-  return agree(*comm, rc, "setting the basis");
+  BasisMove move;
+  giftResult_t rc = gift::without_exceptions("setting the basis",
+                                             [&] { return prepare_move(*comm, basis, &move); });
+  // Every rank's move made aside before any rank takes its own: a rank that could not make it
+  // (out of memory) leaves every rank in the old basis, where the ranks stay alike.
+  if ((rc = agree(*comm, rc, "setting the basis"))) return rc;
+  comm->basis = std::move(move.basis);
+  for (auto& [plan, change] : move.plans) gift::transport::take_basis(plan, std::move(change));
+  return GIFT_OK;
 }
 
 giftResult_t giftCommRefreshBasis(giftComm* comm, size_t n, const char* const* names,

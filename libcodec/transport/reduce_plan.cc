@@ -376,6 +376,53 @@ gift::transport::StateKey state_key(const giftReducePlan& p) {
 
 }  // namespace
 
+namespace gift::transport {
+
+struct BasisChange {
+  PlanCoords next;
+  std::vector<uint8_t> in_gift;
+  Ranges changed;
+  bool whole = false;                   // whitening or error feedback: flat is kept
+  gift::LineAlignedVector<float> flat;  // flat's buffer, where the plan has none yet
+
+  explicit BasisChange(size_t tensors) : next(tensors) {}
+};
+
+void BasisChangeFree::operator()(BasisChange* c) const { delete c; }
+
+giftResult_t prepare_basis(const giftReducePlan* plan, const giftBasis* basis,
+                           BasisChangePtr* out) {
+  if (const giftResult_t rc = check_plan(plan)) return rc;
+  const giftReducePlan& p = *plan;
+  try {
+    BasisChangePtr c(new BasisChange(p.coords.in_gift.size()));
+    // Whitening and AUTO's measurement need the whole bucket: flat, which error feedback
+    // keeps anyway.
+    c->whole = (basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN) || !p.residual.empty();
+    if (c->whole && p.flat.empty()) c->flat.resize(p.bucket.offset.back());
+    c->next.in_gift = p.coords.in_gift;
+    c->next.hash = p.coords.hash;
+    c->next.set_basis(p.bucket, p.config, basis, &c->in_gift);
+    c->changed = changed_ranges(p, c->next, c->in_gift, p.coords.other_basis(basis));
+    *out = std::move(c);
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY,
+                "no memory for the plan's copy of the basis or its work buffer");
+  }
+}
+
+void take_basis(giftReducePlan* plan, BasisChangePtr change) {
+  giftReducePlan& p = *plan;
+  BasisChange& c = *change;
+  if (c.whole && p.flat.empty()) p.flat.swap(c.flat);
+  p.coords = std::move(c.next);
+  set_coords(p, c.in_gift, c.changed);
+  if (!c.whole) gift::LineAlignedVector<float>().swap(p.flat);
+}
+
+}  // namespace gift::transport
+
 extern "C" {
 
 giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, int rank,
@@ -427,32 +474,14 @@ giftResult_t giftReducePlanCreate(const giftAllReduceConfig* config, int world, 
 
 void giftReducePlanDestroy(giftReducePlan* plan) { delete plan; }
 
+// The new whiteners and what they change, made aside: a failure until the plan takes them
+// leaves it in the old basis (a half-made choice could send a tensor whose whitener went to be
+// whitened).
 giftResult_t giftReducePlanSetBasis(giftReducePlan* plan, const giftBasis* basis) {
-  if (const giftResult_t rc = check_plan(plan)) return rc;
-  giftReducePlan& p = *plan;
-  try {
-    // Whitening and AUTO's measurement need the whole bucket: flat, which error feedback
-    // keeps anyway.
-    const bool whole =
-        (basis && p.config.coords != GIFT_COORDS_MODE_EUCLIDEAN) || !p.residual.empty();
-    if (whole && p.flat.empty()) p.flat.resize(p.bucket.offset.back());
-    // The new whiteners and what they change, made aside: a failure until the plan takes
-    // them leaves it in the old basis (a half-made choice could send a tensor whose whitener
-    // went to be whitened).
-    gift::transport::PlanCoords next(p.coords.in_gift.size());
-    next.in_gift = p.coords.in_gift;
-    next.hash = p.coords.hash;
-    std::vector<uint8_t> in_gift;
-    next.set_basis(p.bucket, p.config, basis, &in_gift);
-    const Ranges changed = changed_ranges(p, next, in_gift, p.coords.other_basis(basis));
-    p.coords = std::move(next);
-    set_coords(p, in_gift, changed);
-    if (!whole) gift::LineAlignedVector<float>().swap(p.flat);
-    return GIFT_OK;
-  } catch (const std::bad_alloc&) {
-    return fail(GIFT_ERROR_OUT_OF_MEMORY,
-                "no memory for the plan's copy of the basis or its work buffer");
-  }
+  gift::transport::BasisChangePtr change;
+  if (const giftResult_t rc = gift::transport::prepare_basis(plan, basis, &change)) return rc;
+  gift::transport::take_basis(plan, std::move(change));
+  return GIFT_OK;
 }
 
 giftResult_t giftReducePlanCoords(const giftReducePlan* plan, giftCoords_t* coords, size_t n) {

@@ -35,4 +35,16 @@ giftResult_t check_result(const giftReducePlan* plan, const uint8_t* gathered,
 giftResult_t decode_checked_result(giftReducePlan* plan, const uint8_t* gathered,
                                    void* const* out_tensors, const StepScratch& scratch);
 
+// A plan's move to another basis in two parts, so that a communicator moves all of its plans
+// on every rank or none (giftCommSetBasis): prepare_basis makes aside what may run out of
+// memory (the plan's copy of the whiteners, what they change, the work buffer) and changes
+// nothing of the plan; take_basis applies it, and cannot fail.
+struct BasisChange;
+struct BasisChangeFree {
+  void operator()(BasisChange* c) const;
+};
+using BasisChangePtr = std::unique_ptr<BasisChange, BasisChangeFree>;
+giftResult_t prepare_basis(const giftReducePlan* plan, const giftBasis* basis, BasisChangePtr* out);
+void take_basis(giftReducePlan* plan, BasisChangePtr change);
+
 }  // namespace gift::transport

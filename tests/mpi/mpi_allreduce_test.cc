@@ -3,6 +3,8 @@
 // exact reduction. A failed check is printed with its rank and counted; the ranks agree on
 // the count at the end (checks never stop a rank early, which would hang the others).
 #include <mpi.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -603,6 +605,50 @@ void test_basis_agreement() {
   giftBasisFree(fitted);
 }
 
+// A basis that one rank cannot take (its memory runs out making the work buffer of a plan that
+// had none) leaves every rank in the old one: the ranks that could take it took it before, and
+// every later all-reduce of the bucket then failed, its messages in other bases.
+void test_set_basis_that_fails_on_one_rank_changes_no_rank() {
+  const uint32_t dim = 64;
+  giftAllReduceConfig c = base_config();
+  c.coords = GIFT_COORDS_MODE_GIFT;
+  c.error_feedback = 0;  // no residual: the plan holds no bucket-sized buffer until a basis
+  Comm comm(c);
+  const std::vector<TensorSpec> specs = {{"w", GIFT_DTYPE_F32, {uint64_t(1) << 17, dim}}};
+  giftResult_t rc;
+  const Bucket in = gift::test::make_input(specs, 3, g_rank);
+  const Bucket before = allreduce(comm.c, specs, in, &rc);
+  CHECK(rc == GIFT_OK, "the bucket before: %s", giftGetLastErrorMessage());
+  giftBasis* basis = local_basis(dim, 0);
+  const bool starved = g_rank == g_world - 1;
+  rlimit was{};
+  getrlimit(RLIMIT_AS, &was);
+  if (starved) {  // 16 MiB more address space than the process holds: not the 32 MiB buffer
+    long pages = 0;
+    FILE* f = fopen("/proc/self/statm", "r");
+    CHECK(f && fscanf(f, "%ld", &pages) == 1, "cannot read /proc/self/statm");
+    if (f) fclose(f);
+    rlimit tight = was;
+    tight.rlim_cur = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(16) << 20);
+    setrlimit(RLIMIT_AS, &tight);
+  }
+  rc = giftCommSetBasis(comm.c, basis);
+  const std::string msg = giftGetLastErrorMessage();
+  if (starved) setrlimit(RLIMIT_AS, &was);
+  const std::string named = "rank " + std::to_string(g_world - 1);
+  CHECK(rc == GIFT_ERROR_OUT_OF_MEMORY && msg.find(named) != std::string::npos,
+        "a basis one rank cannot take: %d (%s)", int(rc), msg.c_str());
+  // Every rank still in no basis: the same bytes as before, on every rank.
+  const Bucket after = allreduce(comm.c, specs, in, &rc);
+  CHECK(rc == GIFT_OK, "the bucket after the failed basis: %s", giftGetLastErrorMessage());
+  CHECK(after == before && same_on_every_rank(after), "the failed basis changed the result");
+  rc = giftCommSetBasis(comm.c, basis);
+  CHECK(rc == GIFT_OK, "the basis again: %s", giftGetLastErrorMessage());
+  allreduce(comm.c, specs, in, &rc);
+  CHECK(rc == GIFT_OK, "the bucket in the basis: %s", giftGetLastErrorMessage());
+  giftBasisFree(basis);
+}
+
 // The refreshed basis is rank 0's fit of the ranks' moments summed in rank order in fp32 and
 // divided by the world size, whatever parts they travel in (1100^2 elements: two), one tensor a
 // refresh or several (the buffers sized for the largest, whatever its place). The
@@ -829,6 +875,7 @@ int main(int argc, char** argv) {
   test_dump(dump_dir);
   test_nonfinite(dump_dir + "/nonfinite");
   test_basis_agreement();
+  test_set_basis_that_fails_on_one_rank_changes_no_rank();
   test_refreshed_basis_is_the_fit_of_the_average();
   test_refresh_with_other_statistics_is_refused();
   test_refresh_of_a_moment_past_any_vector_fails();

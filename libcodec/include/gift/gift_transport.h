@@ -148,7 +148,10 @@ GIFT_API giftResult_t giftReduceSumShard(giftReducePlan* plan, const uint8_t* re
  * measuring call of that kind is measured again on the next call. This is decided per plan:
  * when a loss scaler skips a training step for one bucket's overflow, the other buckets'
  * plans keep that call's residuals (the rounding error of gradients the step did not apply,
- * one FP8 rounding per value, carried into the next call as any call's is). */
+ * one FP8 rounding per value, carried into the next call as any call's is). "Finite" is the
+ * result in fp32, as the messages carry it: a finite fp32 value that overflows a 16-bit
+ * tensor's dtype (past 65504 in fp16) is written as Inf there, and the call counts as finite
+ * (it commits, is dumped, and does not fail under GIFT_NONFINITE_ERROR). */
 GIFT_API giftResult_t giftReduceDecodeResult(giftReducePlan* plan, const uint8_t* gathered,
                                              void* const* out_tensors);
 
@@ -235,7 +238,10 @@ GIFT_API giftResult_t giftAllReduce(giftComm* comm, const void* send, void* recv
 
 /* Sets `basis` (NULL: none) for every bucket, present and future, after checking that every
  * rank sets the same one: the 16-byte ids are all-gathered, and a mismatch fails on every
- * rank with GIFT_ERROR_BASIS_MISSING naming the ranks and their ids. Collective. */
+ * rank with GIFT_ERROR_BASIS_MISSING naming the ranks and their ids. Every rank makes its
+ * plans' change aside first, and takes it only once every rank has: a failure (memory that
+ * runs out on one rank) fails on every rank and leaves every rank in the basis it had.
+ * Collective. */
 GIFT_API giftResult_t giftCommSetBasis(giftComm* comm, const giftBasis* basis);
 
 /* Refits the basis from activation statistics and sets it (collective): moments[i] is this
