@@ -10,7 +10,7 @@ namespace giftc {
 namespace {
 
 struct InspectOptions {
-  std::string input;
+  std::string input, basis;
   bool json = false, verify = false;
   int threads = 0;
 };
@@ -29,8 +29,9 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   bound_threads(o.threads);
   const FramePtr f = open_frame(o.input);
   check(giftFrameSetThreads(f.get(), o.threads));
+  if (!o.basis.empty() && !o.verify) throw Failure(kUsage, "--basis is for --verify");
   // The library's verdict, the same call every embedder makes.
-  if (o.verify) check(giftFrameVerify(f.get()));
+  if (o.verify) check(giftFrameVerifyWithBasis(f.get(), read_basis(o.basis).get()));
   giftFrameInfo info = GIFT_FRAME_INFO_INIT;
   check(giftFrameGetInfo(f.get(), &info));
 
@@ -158,6 +159,10 @@ void add_inspect(CLI::App& app, Verbosity& v) {
   c->add_option("IN", o->input, "Frame (.gift or .giftb)")->required();
   c->add_flag("--json", o->json, "Print a JSON document instead of a table");
   c->add_flag("--verify", o->verify, "Check every checksum and decode every tensor");
+  c->add_option("--basis", o->basis,
+                "Basis (.giftb) for --verify of tensors in GIFT coordinates (default: the "
+                "embedded one)")
+      ->check(file_name());
   add_threads_option(c, &o->threads);
   c->callback([o, &v] { run_inspect(*o, v); });
 }

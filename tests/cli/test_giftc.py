@@ -799,6 +799,29 @@ class Giftc(unittest.TestCase):
             doc = json.loads(r.stdout.decode("utf-8"))
             self.assertIn("\ufffd", json.dumps(doc, ensure_ascii=False))
 
+    def test_inspect_verifies_a_frame_whose_basis_travels_apart(self):
+        # Encoded with --basis and without --embed-basis, a frame could not be verified at all.
+        rng = np.random.default_rng(4)
+        src, other = self.path("g.safetensors"), self.path("h.safetensors")
+        mix = rng.standard_normal((64, 64)).astype(np.float32) * np.logspace(-2, 1, 64, dtype=np.float32)
+        save_file({"w": rng.standard_normal((256, 64)).astype(np.float32) @ mix}, src)
+        save_file({"w": rng.standard_normal((256, 64)).astype(np.float32) @ mix}, other)
+        basis, frame = self.path("b.giftb"), self.path("g.gift")
+        self.assertEqual(run("fit", src, "-o", basis, "-q").returncode, 0)
+        self.assertEqual(run("encode", src, "--basis", basis, "--coords", "gift", "-o", frame,
+                             "-q").returncode, 0)
+        r = run("inspect", frame, "--verify", "-q")
+        self.assertEqual(r.returncode, 4, r.stderr)
+        r = run("inspect", frame, "--verify", "--basis", basis, "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        wrong = self.path("other.giftb")
+        self.assertEqual(run("fit", other, "-o", wrong, "-q").returncode, 0)
+        r = run("inspect", frame, "--verify", "--basis", wrong, "-q")
+        self.assertEqual(r.returncode, 4, r.stderr)
+        r = run("inspect", frame, "--basis", basis)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("--basis is for --verify", r.stderr)
+
     def test_npz_members_are_checked_and_named_as_numpy_does(self):
         import io
         good = self.path("c.npz")

@@ -258,11 +258,10 @@ GIFT_API giftResult_t giftFrameOpenFile(const char* path, giftFrame** frame);
 
 GIFT_API void giftFrameClose(giftFrame* frame);
 /* Threads: the calls that read a frame (its info, tensors and metadata, giftFrameTensorData,
- * giftFrameVerify, giftFrameDecodeTensor and giftFrameDecodeTensorWithBasis,
- * giftFrameEmbeddedBasis) may run on several threads at once; those that set something on it
- * (giftFrameSet*, giftFrameUseCuda) and the banded decodes (giftFrameDecodeRows,
- * giftFrameDecodeRowPart and their WithBasis forms) may not run beside any other call on the same
- * frame. */
+ * giftFrameVerify, giftFrameDecodeTensor and their WithBasis forms, giftFrameEmbeddedBasis)
+ * may run on several threads at once; those that set something on it (giftFrameSet*,
+ * giftFrameUseCuda) and the banded decodes (giftFrameDecodeRows, giftFrameDecodeRowPart and
+ * their WithBasis forms) may not run beside any other call on the same frame. */
 
 /* Threads decoding uses (0: the default, as for giftCtxSetThreads). */
 GIFT_API giftResult_t giftFrameSetThreads(giftFrame* frame, int threads);

@@ -188,6 +188,11 @@ GIFT_API giftResult_t giftFrameDecodeRowsWithBasis(giftFrame* frame, uint64_t in
                                                    const giftBasis* basis, void* dst,
                                                    uint64_t dst_bytes, giftDType_t dst_dtype);
 
+/* giftFrameVerify with `basis` for tensors in GIFT coordinates (NULL: the frame's embedded
+ * one, as giftFrameVerify), so that a frame whose basis travels apart can be verified; the
+ * embedded basis, if any, is verified either way. */
+GIFT_API giftResult_t giftFrameVerifyWithBasis(giftFrame* frame, const giftBasis* basis);
+
 #ifdef __cplusplus
 }
 #endif

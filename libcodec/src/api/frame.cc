@@ -104,6 +104,64 @@ giftResult_t gift::decode_rows_with_basis(giftFrame* frame, uint64_t index, uint
                         });
 }
 
+namespace {
+
+// giftFrameVerify's work, with `given` for tensors in GIFT coordinates (null: the embedded
+// basis, which is verified either way).
+giftResult_t verify(giftFrame* frame, const giftBasis* given) {
+  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
+  try {
+    if (const giftResult_t r = frame->reader->verify_all()) return r;
+    // A basis frame is read as the basis it is, which checks its id against its contents.
+    if (frame->reader->header()->kind() == gift::fb::FrameKind::Basis) {
+      gift::coords::Basis b;
+      return gift::coords::parse_basis(frame->reader->bytes(), frame->reader->frame_length(),
+                                       frame->reader->name(), &b);
+    }
+    // The embedded basis is verified too, and tensors in GIFT coordinates need it, as
+    // decoding does.
+    const giftBasis* basis = nullptr;
+    if (const giftResult_t r = gift::frame_basis(frame, &basis)) return r;
+    if (given) basis = given;
+    for (size_t i = 0; i < frame->reader->tensors().size(); ++i) {
+      const gift::coords::Whitener* t = nullptr;
+      if (!in_gift_coords(frame, i)) continue;
+      const gift::coords::Basis* b = basis ? &basis->basis : nullptr;
+      if (const giftResult_t r = gift::coords::resolve_whitener(*frame->reader, i, b, &t)) return r;
+      // Mapped back, a tensor whose input was finite must stay finite: a writer that let
+      // whitening overflow fp32 made a frame that decodes to Inf.
+      const gift::container::TensorEntry& e = frame->reader->tensors()[i];
+      const gift::fb::Stats* stats = e.fb->stats();
+      if (stats && stats->nonfinite_count() > 0) continue;
+      // In bands of rows, as decoding does, so memory stays bounded.
+      const uint64_t band =
+          gift::band_rows(gift::container::FrameReader::row_unit(e), e.cols, uint64_t(1) << 22);
+      gift::container::FrameReader::SectionCache cache;
+      std::vector<float> v;
+      for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {
+        const uint64_t n = std::min(band, e.rows - r0);
+        v.resize(n * e.cols);
+        if (const giftResult_t r = gift::coords::decode_rows_in_basis(
+                *frame->reader, i, b, r0, n, v.data(), v.size() * 4, GIFT_DTYPE_F32, &cache))
+          return r;
+        for (const float x : v) {
+          if (!std::isfinite(x)) {
+            return fail(GIFT_ERROR_CORRUPT_INPUT,
+                        "%s: tensor '%s' decodes to NaN or Inf in GIFT coordinates, though its "
+                        "input was finite",
+                        frame->reader->name().c_str(), e.name.c_str());
+          }
+        }
+      }
+    }
+    return GIFT_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while verifying");
+  }
+}
+
+}  // namespace
+
 extern "C" {
 
 giftResult_t giftFrameOpen(const void* data, uint64_t size, giftFrame** frame) {
@@ -324,54 +382,12 @@ giftResult_t giftFrameTensorData(giftFrame* frame, uint64_t index, const uint8_t
 
 giftResult_t giftFrameVerify(giftFrame* frame) {
   gift::clear_error();
-  if (!frame) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftFrameVerify: null frame");
-  try {
-    if (const giftResult_t r = frame->reader->verify_all()) return r;
-    // A basis frame is read as the basis it is, which checks its id against its contents.
-    if (frame->reader->header()->kind() == gift::fb::FrameKind::Basis) {
-      gift::coords::Basis b;
-      return gift::coords::parse_basis(frame->reader->bytes(), frame->reader->frame_length(),
-                                       frame->reader->name(), &b);
-    }
-    // The embedded basis is verified too, and tensors in GIFT coordinates need it, as
-    // decoding does.
-    const giftBasis* basis = nullptr;
-    if (const giftResult_t r = gift::frame_basis(frame, &basis)) return r;
-    for (size_t i = 0; i < frame->reader->tensors().size(); ++i) {
-      const gift::coords::Whitener* t = nullptr;
-      if (!in_gift_coords(frame, i)) continue;
-      const gift::coords::Basis* b = basis ? &basis->basis : nullptr;
-      if (const giftResult_t r = gift::coords::resolve_whitener(*frame->reader, i, b, &t)) return r;
-      // Mapped back, a tensor whose input was finite must stay finite: a writer that let
-      // whitening overflow fp32 made a frame that decodes to Inf.
-      const gift::container::TensorEntry& e = frame->reader->tensors()[i];
-      const gift::fb::Stats* stats = e.fb->stats();
-      if (stats && stats->nonfinite_count() > 0) continue;
-      // In bands of rows, as decoding does, so memory stays bounded.
-      const uint64_t band =
-          gift::band_rows(gift::container::FrameReader::row_unit(e), e.cols, uint64_t(1) << 22);
-      gift::container::FrameReader::SectionCache cache;
-      std::vector<float> v;
-      for (uint64_t r0 = 0; r0 < e.rows; r0 += band) {
-        const uint64_t n = std::min(band, e.rows - r0);
-        v.resize(n * e.cols);
-        if (const giftResult_t r = gift::coords::decode_rows_in_basis(
-                *frame->reader, i, b, r0, n, v.data(), v.size() * 4, GIFT_DTYPE_F32, &cache))
-          return r;
-        for (const float x : v) {
-          if (!std::isfinite(x)) {
-            return fail(GIFT_ERROR_CORRUPT_INPUT,
-                        "%s: tensor '%s' decodes to NaN or Inf in GIFT coordinates, though its "
-                        "input was finite",
-                        frame->reader->name().c_str(), e.name.c_str());
-          }
-        }
-      }
-    }
-    return GIFT_OK;
-  } catch (const std::bad_alloc&) {
-    return fail(GIFT_ERROR_OUT_OF_MEMORY, "out of memory while verifying");
-  }
+  return verify(frame, nullptr);
+}
+
+giftResult_t giftFrameVerifyWithBasis(giftFrame* frame, const giftBasis* given) {
+  gift::clear_error();
+  return verify(frame, given);
 }
 
 giftResult_t giftFrameWriterCreate(giftFrameWriter** writer) {
