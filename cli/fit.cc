@@ -141,6 +141,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
       builder, giftBasisBuilderFree);
   Progress progress("fit", names.size(), v);
   size_t done = 0;
+  std::vector<std::string> unmeasured;  // --damping auto without a gradient to measure on
   for (const std::string& name : names) {
     const std::string what = "tensor '" + name + "'";
     uint32_t dim = 0;
@@ -149,10 +150,13 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     // The damping is measured on this tensor in the last dump, when it is there.
     const gift::io::TensorRef* last = find(dumps.back(), name);
     if (last && last->shape.size() == 2 && last->shape[1] != dim) {
-      throw Failure(kBadInput, o.activations + ": " + what + " holds a " + std::to_string(dim) +
-                                   " x " + std::to_string(dim) + " moment, but the gradient in " +
-                                   o.inputs.back() + " has " + std::to_string(last->shape[1]) +
-                                   " columns");
+      const std::string moment =
+          o.activations.empty()
+              ? what + " has " + std::to_string(dim) + " columns in an earlier dump"
+              : o.activations + ": " + what + " holds a " + std::to_string(dim) + " x " +
+                    std::to_string(dim) + " moment";
+      throw Failure(kBadInput, moment + ", but the gradient in " + o.inputs.back() + " has " +
+                                   std::to_string(last->shape[1]) + " columns");
     }
     // The probe: an fp32 gradient as it lies in the dump (data() is aligned), else widened.
     std::vector<float> w;
@@ -165,6 +169,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
         probe = w.data();
       }
     }
+    if (dampings.size() > 1 && !probe) unmeasured.push_back(name);
     double chosen = 0;
     check(giftBasisBuilderAdd(builder, name.c_str(), a.data(), dim, source.c_str(), dampings.data(),
                               uint32_t(dampings.size()), probe, probe ? last->shape[0] : 0, nullptr,
@@ -174,6 +179,18 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
       std::fprintf(stderr, "%s: damping %g\n", shown(name, stderr).c_str(), chosen);
     }
     progress.step(++done);
+  }
+  if (!unmeasured.empty() && !v.quiet) {
+    progress.clear();
+    std::string listed;
+    for (size_t i = 0; i < unmeasured.size() && i < 5; ++i)
+      listed += (i ? ", " : "") + shown(unmeasured[i], stderr);
+    if (unmeasured.size() > 5) listed += ", ...";
+    std::fprintf(stderr,
+                 "giftc: warning: %zu tensor%s without a 2-D gradient in %s (%s): damping %g, "
+                 "the first candidate, taken without measurement\n",
+                 unmeasured.size(), unmeasured.size() == 1 ? "" : "s",
+                 shown(o.inputs.back(), stderr).c_str(), listed.c_str(), dampings[0]);
   }
   giftBasis* fitted = nullptr;
   check(giftBasisBuilderFinish(builder, &fitted));

@@ -822,6 +822,25 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("--basis is for --verify", r.stderr)
 
+    def test_fit_says_which_dampings_it_could_not_measure(self):
+        # --damping auto measures on the last dump: a tensor only in an older one got the first
+        # candidate, and the summary said "measured per tensor".
+        rng = np.random.default_rng(6)
+        old, new = self.path("d1.npz"), self.path("d2.npz")
+        np.savez(old, w=rng.standard_normal((64, 32)).astype(np.float32),
+                 gone=rng.standard_normal((64, 32)).astype(np.float32))
+        np.savez(new, w=rng.standard_normal((64, 32)).astype(np.float32))
+        r = run("fit", old, new, "-o", self.path("b.giftb"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("warning: 1 tensor without a 2-D gradient in " + new + " (gone): damping 0.001, "
+                      "the first candidate, taken without measurement", r.stderr)
+        np.savez(new, w=rng.standard_normal((64, 32)).astype(np.float32),
+                 gone=rng.standard_normal((8, 40)).astype(np.float32))  # too small to fit
+        r = run("fit", old, new, "-o", self.path("c.giftb"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("tensor 'gone' has 32 columns in an earlier dump, but the gradient in " + new +
+                      " has 40 columns", r.stderr)
+
     def test_npz_members_are_checked_and_named_as_numpy_does(self):
         import io
         good = self.path("c.npz")
