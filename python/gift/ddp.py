@@ -183,8 +183,9 @@ class GiftState:
         coords="euclidean" it only learns the names.
 
         Memory: a collection step (every refresh_every steps) holds a d_in x d_in fp32 sum
-        per Linear where its inputs are, from its first input to the end of the step, when
-        the sums cross the ranks as one vector (and rank 0 fits in float64 on the host)."""
+        per Linear where its inputs are, from its first input to the end of the step; then
+        one vector of them all crosses the ranks (each sum freed as it is copied in), every
+        rank copies it to the host, and rank 0 fits in float64 (python/README.md)."""
         model = getattr(model, "module", model)
         for h in self._hooks:
             h.remove()
@@ -414,8 +415,9 @@ class GiftState:
         and the parameters' shapes, so that a step looks its layout up instead of walking the
         gradients; the state holds those parameters while it lives. A parameter given another
         shape (its .data replaced) takes a new place, as a new parameter would: a group of its
-        old place can no longer fill, and goes at the step's last bucket (_salvage). Learned on every call, warm-up steps
-        included, so that the first layout is the initial one of the wrapper."""
+        old place can no longer fill, and goes at the step's last bucket (_salvage). Learned
+        on every call, warm-up steps included, so that the first layout is the initial one of
+        the wrapper."""
         params = tuple(bucket.parameters())
         seen = (params, buf.dtype, tuple(p.shape for p in params))
         layout = self._layouts.get(seen)
