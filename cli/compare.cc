@@ -114,11 +114,17 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   doc["tensors"] = nlohmann::ordered_json::array();
   giftErrorMetrics total = GIFT_ERROR_METRICS_INIT;
   auto row = [](const giftErrorMetrics& m) {
-    nlohmann::ordered_json j{{"rel_l2", json_number(m.rel_l2)},
-                             {"cosine", json_number(m.cosine)},
-                             {"max_abs", json_number(m.max_abs)},
-                             {"bias", json_number(m.bias)}};
-    j["rel_anorm"] = m.rel_anorm < 0 ? nlohmann::ordered_json() : json_number(m.rel_anorm);
+    // No pair measured, every one holding NaN or Inf: no metric, where the library's ratios of
+    // empty sums (those of two empty tensors) read as a perfect match.
+    const bool none = m.count == 0 && m.nonfinite > 0;
+    const auto metric = [none](double v) {
+      return none ? nlohmann::ordered_json() : json_number(v);
+    };
+    nlohmann::ordered_json j{{"rel_l2", metric(m.rel_l2)},
+                             {"cosine", metric(m.cosine)},
+                             {"max_abs", metric(m.max_abs)},
+                             {"bias", metric(m.bias)}};
+    j["rel_anorm"] = m.rel_anorm < 0 ? nlohmann::ordered_json() : metric(m.rel_anorm);
     j["nonfinite"] = m.nonfinite;
     return j;
   };

@@ -1408,6 +1408,13 @@ class Giftc(unittest.TestCase):
         want = np.linalg.norm((b - a)[fin].astype(np.float64)) / np.linalg.norm(a[fin].astype(np.float64))
         self.assertAlmostEqual(t["rel_l2"], want, delta=1e-6 * want)
         self.assertIn("2 element pair(s) hold NaN or Inf", run("compare", pa, pb).stdout)
+        # Every pair non-finite: no metric, where the ratios of empty sums read as a perfect
+        # match (cosine 1, rel_l2 0).
+        np.save(pb, np.full_like(a, np.nan))
+        t = json.loads(run("compare", pa, pb, "--json").stdout)["total"]
+        self.assertEqual((t["rel_l2"], t["cosine"], t["max_abs"], t["bias"], t["nonfinite"]),
+                         (None, None, None, None, a.size))
+        self.assertRegex(run("compare", pa, pb).stdout, r"\ntotal +- +- +- +-\n")
 
     def test_safetensors_in_and_out(self):
         rng = np.random.default_rng(0)
