@@ -105,6 +105,8 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   const std::string out = std_out ? "standard output" : o.output;
   std::vector<std::string> inputs = o.inputs;
   inputs.push_back(o.activations);
+  if (std::count(inputs.begin(), inputs.end(), "-") > 1)
+    throw Failure(kUsage, "standard input (-) can be read once: give it as one input only");
   const OutputTarget target = check_target(out, std_out, o.force, inputs);
   // Inputs stay mapped; each tensor's moment is built, fitted and dropped in turn, so memory
   // holds one d_in x d_in matrix at a time.

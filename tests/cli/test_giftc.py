@@ -234,6 +234,12 @@ class Giftc(unittest.TestCase):
         finally:
             os.close(master)
             os.close(slave)
+        # Standard input read twice: the second read found it empty ("not a safetensors file").
+        for command in (["fit", "-", "-", "-o", self.path("x.giftb")],
+                        ["fit", "-", "--activations", "-", "-o", self.path("x.giftb")]):
+            r = subprocess.run([GIFTC, *command], input=b"", capture_output=True, timeout=60)
+            self.assertEqual(r.returncode, 1, command)
+            self.assertIn(b"standard input (-) can be read once", r.stderr)
 
     def test_standard_input_and_output_give_the_files_bytes(self):
         src = self.path("g.safetensors")
