@@ -12,6 +12,7 @@
 
 #include "api/handles.h"
 #include "common/error.h"
+#include "common/id_hex.h"
 #include "common/xxh3.h"
 #include "gift/gift_transport.h"
 #include "transport/config.h"
@@ -255,11 +256,12 @@ giftResult_t run(giftComm& c, Bucket& b, void* const* recv) {
   return agree(c, rc, "decoding the result");
 }
 
-std::string id_hex(const uint8_t* id) {
+// The id in the 16 bytes at `id` (giftBasisId's layout), for messages.
+std::string id_at(const uint8_t* id) {
   uint64_t lo, hi;
   memcpy(&lo, id, 8);
   memcpy(&hi, id + 8, 8);
-  return lo || hi ? gift::coords::BasisId{lo, hi}.hex() : "none";
+  return gift::id_or_none(lo, hi);
 }
 
 // Every rank's basis id, so that a rank holding another basis is named on every rank before
@@ -278,12 +280,12 @@ giftResult_t check_same_basis(giftComm& c, const giftBasis* basis) {
   for (int r = 1; r < c.backend.world; ++r) {
     if (memcmp(all.data(), all.data() + 16 * r, 16) != 0) {
       differ += (differ.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) +
-                " holds " + id_hex(all.data() + 16 * r);
+                " holds " + id_at(all.data() + 16 * r);
     }
   }
   if (differ.empty()) return GIFT_OK;
   return fail(GIFT_ERROR_BASIS_MISSING, "the ranks hold different bases: rank 0 holds %s, %s",
-              id_hex(all.data()).c_str(), differ.c_str());
+              id_at(all.data()).c_str(), differ.c_str());
 }
 
 // The communicator's move to `basis`, made aside on this rank (the ranks' ids compared, the

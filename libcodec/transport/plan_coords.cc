@@ -7,6 +7,7 @@
 
 #include "api/handles.h"
 #include "common/error.h"
+#include "common/id_hex.h"
 #include "common/xxh3.h"
 #include "coords/select.h"
 #include "numerics/fp_env.h"
@@ -23,10 +24,6 @@ uint32_t coords_hash(const std::vector<uint8_t>& in_gift) {
 }
 
 uint64_t tensor_elements(const BucketShape& b, size_t i) { return b.offset[i + 1] - b.offset[i]; }
-
-std::string id_text(uint64_t lo, uint64_t hi) {
-  return lo || hi ? coords::BasisId{lo, hi}.hex() : "none";
-}
 
 constexpr uint32_t kStateMagic = 0x53544647u;  // "GFTS"
 // 1: a fingerprint without the shapes, 2: without the coordinates mode (StateKey).
@@ -161,8 +158,8 @@ giftResult_t PlanCoords::check_header(const MessageHeader& h, int sender, uint32
     memcpy(&hi, h.basis_id + 8, 8);
     return fail(GIFT_ERROR_BASIS_MISSING,
                 "the message from rank %d in %s is in basis %s, this rank holds %s", sender,
-                step_name(step), id_text(lo, hi).c_str(),
-                id_text(basis_id.lo, basis_id.hi).c_str());
+                step_name(step), id_or_none(lo, hi).c_str(),
+                id_or_none(basis_id.lo, basis_id.hi).c_str());
   }
   if (h.coords_hash != hash) {
     return fail(GIFT_ERROR_BASIS_MISSING,
@@ -234,8 +231,8 @@ giftResult_t check_state(const StateLayout& l, const StateKey& key, const PlanCo
   if (h.basis_lo != c.basis_id.lo || h.basis_hi != c.basis_id.hi) {
     return fail(GIFT_ERROR_BASIS_MISSING,
                 "the state was saved in basis %s, this plan holds %s: set that basis first",
-                id_text(h.basis_lo, h.basis_hi).c_str(),
-                c.has_basis ? c.basis_id.hex().c_str() : "none");
+                id_or_none(h.basis_lo, h.basis_hi).c_str(),
+                id_or_none(c.basis_id.lo, c.basis_id.hi).c_str());
   }
   // A plan only ever commits finite residuals: a state holding another was damaged, and
   // loaded it would fail every later call (or, keeping non-finite values, poison them).

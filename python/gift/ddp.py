@@ -64,7 +64,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from . import Basis, GiftError, ReducePlan, _gift, _int
+from . import _DTYPES, Basis, GiftError, ReducePlan, _gift, _int
 
 __all__ = ["GiftState", "gift_hook"]
 
@@ -612,9 +612,6 @@ class _Layout:
         return [(buf, o) for o in self.offsets], self._at[1]
 
 
-_HOOK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _pre_hook(module, hook):
     """A forward pre-hook calling hook(args, kwargs): with the keyword arguments where torch
     passes them (2.0 on), else with none."""
@@ -652,7 +649,7 @@ def gift_hook(state, bucket):
     group = state.process_group
     world = dist.get_world_size(group)
     buf = bucket.buffer()
-    if buf.is_sparse or buf.dtype not in _HOOK_DTYPES:
+    if buf.is_sparse or str(buf.dtype).replace("torch.", "") not in _DTYPES:
         # Every rank's bucket is alike: every rank raises here, none waits in an exchange.
         raise ValueError(f"gift_hook: a bucket of {'sparse ' if buf.is_sparse else ''}"
                          f"{buf.dtype} gradients; GIFT sends dense float32, bfloat16 and "
