@@ -267,35 +267,39 @@ void check_output(const std::string& path, bool force, const std::vector<std::st
 
 namespace {
 
-// Rows per band: a multiple of `align` (a band must start where giftFrameDecodeRows allows)
-// holding about `budget` elements of rows of `cols`, at least `align` rows. (The library's
-// own rule, numerics/shapes.h, is not public API.)
-uint64_t band_rows(uint64_t align, uint64_t cols, uint64_t budget) {
-  // budget / cols / align: without the product, which may wrap.
-  return align * std::max<uint64_t>(1, budget / std::max<uint64_t>(1, cols) / align);
+// The least common multiple of `aligns` (1 for none), or 0 past `most`.
+uint64_t lcm_within(const std::vector<uint64_t>& aligns, uint64_t most) {
+  uint64_t l = 1;
+  for (const uint64_t a : aligns) {
+    uint64_t x = l, y = a;
+    while (y) x = std::exchange(y, x % y);
+    if (l / x > most / a) return 0;
+    l = l / x * a;
+  }
+  return l;
 }
 
 }  // namespace
 
-Pieces::Pieces(uint64_t rows_, uint64_t cols_, uint64_t align_rows, uint64_t align_cols,
-               uint64_t budget)
-    : rows(rows_), cols(cols_) {
+Pieces::Pieces(uint64_t rows_, uint64_t cols_, std::vector<uint64_t> row_aligns_,
+               std::vector<uint64_t> col_aligns_, uint64_t budget)
+    : rows(rows_),
+      cols(cols_),
+      row_aligns(std::move(row_aligns_)),
+      col_aligns(std::move(col_aligns_)) {
   if (cols == 0) {  // no elements: one band, however many rows (2^58 of them were 2^37 bands)
     band = std::max<uint64_t>(rows, 1);
     return;
   }
-  const uint64_t c = cols;
-  if (align_rows <= budget / c) {
-    band = std::min(band_rows(align_rows, cols, budget), std::max<uint64_t>(rows, 1));
-  } else if (cols <= budget || align_cols == 0) {
-    // Within a tile's rows: bands of a divisor of its height never cross its edge.
-    band = std::max<uint64_t>(1, budget / c);
-    while (align_rows % band) --band;
-  } else {
-    // Whole groups where they fit the budget; else parts of a group, never across its edge.
-    group = align_cols;
-    part = align_cols <= budget ? std::min(cols, budget / align_cols * align_cols) : budget;
+  const uint64_t fit = budget / cols;  // whole rows within the budget
+  const bool whole_rows = std::count(col_aligns.begin(), col_aligns.end(), 0) > 0;
+  if (fit || whole_rows) {
+    const uint64_t l = lcm_within(row_aligns, fit);
+    band = std::min(l ? fit / l * l : std::max<uint64_t>(fit, 1), std::max<uint64_t>(rows, 1));
+    return;
   }
+  const uint64_t l = lcm_within(col_aligns, budget);
+  part = std::min(cols, l ? budget / l * l : budget);
 }
 
 void Pieces::decode(giftFrame* frame, uint64_t index, const giftBasis* basis, uint64_t r0,

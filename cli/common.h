@@ -79,17 +79,23 @@ bool file_exists(const std::string& path);
 // output, which every command that writes checks for first.
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs = {});
 
-// The pieces a rows x cols tensor is worked through within `budget` elements: bands of whole
-// rows, `align_rows` (a tile's height) at a time where those fit, else one at a time; a row
-// longer than the budget in parts of whole groups of `align_cols` columns (0: rows whole,
-// as a tensor in GIFT coordinates decodes). f(row, rows, col, cols) for each piece in order;
+// The pieces a rows x cols tensor is worked through within `budget` elements, as every frame
+// it is read from allows (giftFrameDecodeRows, giftFrameDecodeRowPart): bands of whole rows,
+// or where one row is longer than the budget, parts of a row. A piece starts at a multiple of
+// each of `row_aligns` (tiles' heights; for parts, `col_aligns`: blocks' or tiles' widths), or
+// ends before the next one, inside one such group; a 0 among col_aligns keeps rows whole (a
+// tensor in GIFT coordinates). Bands are a multiple of every row alignment where that fits,
+// else as large as the budget allows, cut short where they would cross a group they start
+// inside (two frames whose tiles are 96 and 128 rows high: bands of [0, 256), [256, 288),
+// [288, 384), ... for a budget of 256 rows). f(row, rows, col, cols) for each piece in order;
 // the largest piece's elements, for the buffer, from piece_elements.
 struct Pieces {
   uint64_t rows, cols;          // the tensor
-  uint64_t band = 1, part = 0;  // rows per band; columns per part of a row (0: whole rows)
-  uint64_t group = 0;           // parts start at its multiples, or lie within one such group
+  uint64_t band = 1, part = 0;  // most rows per band; columns per part of a row (0: whole rows)
+  std::vector<uint64_t> row_aligns, col_aligns;
 
-  Pieces(uint64_t rows, uint64_t cols, uint64_t align_rows, uint64_t align_cols, uint64_t budget);
+  Pieces(uint64_t rows, uint64_t cols, std::vector<uint64_t> row_aligns,
+         std::vector<uint64_t> col_aligns, uint64_t budget);
   uint64_t piece_elements() const { return part ? part : band * cols; }
   // The piece (r0, n rows, c0, w columns) that each() gave, of tensor `index` of `frame`,
   // decoded into dst (room for the piece) as dtype: whole rows through `basis` (those of a
@@ -98,19 +104,29 @@ struct Pieces {
               uint64_t c0, uint64_t w, void* dst, giftDType_t dtype) const;
   template <typename F>
   void each(F&& f) const {
-    for (uint64_t r0 = 0; r0 < rows; r0 += band) {
+    for (uint64_t r0 = 0; r0 < rows;) {
       if (!part) {
-        f(r0, std::min(band, rows - r0), uint64_t(0), cols);
+        const uint64_t r1 = piece_end(r0, std::min(band, rows - r0), row_aligns);
+        f(r0, r1 - r0, uint64_t(0), cols);
+        r0 = r1;
         continue;
       }
-      // Runs that no part crosses: a group wider than a part, else the whole row.
-      const uint64_t run = group > part ? group : cols;
-      for (uint64_t s0 = 0; s0 < cols; s0 += run) {
-        const uint64_t end = cols - s0 > run ? s0 + run : cols;
-        for (uint64_t c0 = s0; c0 < end; c0 += part)
-          f(r0, uint64_t(1), c0, std::min(part, end - c0));
+      for (uint64_t c0 = 0; c0 < cols;) {
+        const uint64_t c1 = piece_end(c0, std::min(part, cols - c0), col_aligns);
+        f(r0, uint64_t(1), c0, c1 - c0);
+        c0 = c1;
       }
+      ++r0;
     }
+  }
+  // Where the piece of at most `most` from x0 ends: before the next multiple of each alignment
+  // that x0 is not a multiple of.
+  static uint64_t piece_end(uint64_t x0, uint64_t most, const std::vector<uint64_t>& aligns) {
+    uint64_t x1 = x0 + most;
+    for (const uint64_t a : aligns) {
+      if (a > 1 && x0 % a) x1 = std::min(x1, x0 - x0 % a + a);
+    }
+    return x1;
   }
 };
 

@@ -86,12 +86,6 @@ class Source {
   std::vector<Entry> entries_;
 };
 
-uint64_t lcm(uint64_t a, uint64_t b) {
-  uint64_t x = a, y = b;
-  while (y) x = std::exchange(y, x % y);
-  return a / x * b;
-}
-
 void run_compare(const CompareOptions& o, const Verbosity&) {
   bound_threads(o.threads);
   if (o.reference == "-" && o.decoded == "-")
@@ -181,9 +175,10 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     }
     giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
     // The A-norm takes whole rows (of A's width), as tensors in GIFT coordinates do.
-    const uint64_t col_align =
-        a_values.empty() && r.col_align && d.col_align ? lcm(r.col_align, d.col_align) : 0;
-    const Pieces pieces(r.rows, r.cols, lcm(r.row_align, d.row_align), col_align, kBandElems);
+    const Pieces pieces(r.rows, r.cols, {r.row_align, d.row_align},
+                        a_values.empty() ? std::vector<uint64_t>{r.col_align, d.col_align}
+                                         : std::vector<uint64_t>{0},
+                        kBandElems);
     ref_band.resize(pieces.piece_elements());
     dec_band.resize(pieces.piece_elements());
     pieces.each([&](uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols) {

@@ -1386,6 +1386,29 @@ class Giftc(unittest.TestCase):
                 self.assertAlmostEqual(t["max_abs"], np.max(np.abs(y - x)), delta=1e-12)
                 self.assertAlmostEqual(t["bias"], np.mean(y - x), delta=1e-12)
 
+    def test_compare_reads_two_frames_of_different_tiles_in_bands_both_allow(self):
+        # Tiles of 160 and 96 rows: a band of a multiple of both (480 rows of 5000) is past
+        # compare's 2^21 elements, so bands start inside one frame's tiles and must end at their
+        # edge (bands of 240 rows crossed the 160-row tiles' edge at 320: compare refused the
+        # frames). The metrics are NumPy's over the two frames decoded whole.
+        rng = np.random.default_rng(12)
+        src = self.path("t.safetensors")
+        save_file({"w": rng.standard_normal((1000, 5000)).astype(np.float32)}, src)
+        back = []
+        for tile in ("160x128", "96x64"):
+            frame, dec = self.path(f"t{tile}.gift"), self.path(f"t{tile}.safetensors")
+            self.assertEqual(run("encode", src, "-o", frame, "--scale", "tile:" + tile, "-q").returncode, 0)
+            self.assertEqual(run("decode", frame, "-o", dec, "-q").returncode, 0)
+            back.append(load_file(dec)["w"].astype(np.float64))
+        r = run("compare", self.path("t160x128.gift"), self.path("t96x64.gift"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        t = json.loads(r.stdout)["tensors"][0]
+        x, y = back
+        self.assertEqual(t["elements"], x.size)
+        self.assertAlmostEqual(t["rel_l2"], np.linalg.norm(y - x) / np.linalg.norm(x), delta=1e-9)
+        self.assertAlmostEqual(t["max_abs"], np.max(np.abs(y - x)), delta=1e-12)
+        self.assertAlmostEqual(t["bias"], np.mean(y - x), delta=1e-12)
+
     def test_compare_writes_an_infinite_metric_as_inf(self):
         # rel_l2 of a zero reference against ones: JSON has no infinity, and null (what it was)
         # reads as a metric not measured, as rel_anorm without an A is.
