@@ -632,6 +632,15 @@ TEST(Basis, BuilderRefusesFitParamsAndDampingsItCannotUse) {
   const auto r = add(fp, &tiny);
   EXPECT_EQ(r.first, GIFT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(r.second.find("D[0] = 1e-90 is out of fp32's range"), std::string::npos) << r.second;
+  // A subnormal damping: the floor of D where A's weight is all in the rank made B overflow,
+  // which LAPACK refused before D was checked ("whitener: QR failed", an internal error).
+  for (uint32_t k = 0; k < dim; ++k) a[k * dim + k] = 1.0 + k;
+  fp.damping_relative = 1;
+  fp.damping = 1e-318;
+  fp.exact_max_dim = dim;  // the exact fit: A's top diagonal entries leave a residual of 0
+  const auto sub = add(fp);
+  EXPECT_EQ(sub.first, GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(sub.second.find("is out of fp32's range"), std::string::npos) << sub.second;
 }
 
 // A basis whose contents match its id but break another rule of FORMAT.md 2.4.

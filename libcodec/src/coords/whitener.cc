@@ -22,6 +22,23 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
     if (!(x > 0) || !std::isfinite(x))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: D must be positive");
   }
+  // A D past fp32's range (an extreme damping, or A's scale) would give a whitener that a
+  // basis file cannot hold (its reader refuses non-finite parts) or that loses W (a zero);
+  // checked first, since B = D^-1/2 ... then overflows, which LAPACK refuses (a damping of
+  // 1e-318 failed as "whitener: QR failed").
+  out->d_rsqrt.resize(dim);
+  out->d_sqrt.resize(dim);
+  for (uint32_t i = 0; i < dim; ++i) {
+    out->d_rsqrt[i] = float(1.0 / std::sqrt(diag[i]));
+    out->d_sqrt[i] = float(std::sqrt(diag[i]));
+    if (!std::isfinite(out->d_sqrt[i]) || out->d_rsqrt[i] == 0.0f || out->d_sqrt[i] == 0.0f ||
+        !std::isfinite(out->d_rsqrt[i])) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "whitener: D[%u] = %g is out of fp32's range for its square root and its "
+                  "inverse (the damping, or A's scale)",
+                  i, diag[i]);
+    }
+  }
   // B = D^-1/2 U diag(l)^1/2, so that A^ = D^1/2 (I + B B^T) D^1/2.
   std::vector<double> b(u.size());
   for (uint32_t i = 0; i < dim; ++i) {
@@ -63,21 +80,6 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
     const double sj = std::max(s[j], 0.0);
     out->c[j] = float(1.0 / std::sqrt(1.0 + sj) - 1.0);
     out->c_inv[j] = float(std::sqrt(1.0 + sj) - 1.0);
-  }
-  out->d_rsqrt.resize(dim);
-  out->d_sqrt.resize(dim);
-  for (uint32_t i = 0; i < dim; ++i) {
-    out->d_rsqrt[i] = float(1.0 / std::sqrt(diag[i]));
-    out->d_sqrt[i] = float(std::sqrt(diag[i]));
-    // A D past fp32's range (an extreme damping, or A's scale) would give a whitener that a
-    // basis file cannot hold (its reader refuses non-finite parts) or that loses W (a zero).
-    if (!std::isfinite(out->d_sqrt[i]) || out->d_rsqrt[i] == 0.0f || out->d_sqrt[i] == 0.0f ||
-        !std::isfinite(out->d_rsqrt[i])) {
-      return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                  "whitener: D[%u] = %g is out of fp32's range for its square root and its "
-                  "inverse (the damping, or A's scale)",
-                  i, diag[i]);
-    }
   }
   const auto finite = [](const std::vector<float>& p) {
     return std::all_of(p.begin(), p.end(), [](float x) { return std::isfinite(x); });
