@@ -847,6 +847,21 @@ class Giftc(unittest.TestCase):
         self.assertIn("tensor 'gone' has 32 columns in an earlier dump, but the gradient in " + new +
                       " has 40 columns", r.stderr)
 
+    def test_fit_names_the_dump_and_element_of_a_nonfinite_gradient(self):
+        # The message named a place in the second moment the NaN had spread through, not the
+        # dump it came from; no basis is written.
+        rng = np.random.default_rng(7)
+        w = rng.standard_normal((64, 32)).astype(ml_dtypes.bfloat16)
+        w[3, 5] = np.nan
+        old, new = self.path("d1.npz"), self.path("d2.safetensors")
+        np.savez(old, w=rng.standard_normal((64, 32)).astype(np.float32))
+        save_file({"w": w}, new)
+        r = run("fit", old, new, "-o", self.path("b.giftb"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(new + ": tensor 'w': 1 non-finite value in the input, the first at index 101 "
+                      "(row 3, column 5)", r.stderr)
+        self.assertFalse(os.path.exists(self.path("b.giftb")))
+
     def test_npz_members_are_checked_and_named_as_numpy_does(self):
         import io
         good = self.path("c.npz")
@@ -999,7 +1014,8 @@ class Giftc(unittest.TestCase):
         np.save(src, w)
         r = run("fit", src, "-o", self.path("nf.giftb"))
         self.assertEqual(r.returncode, 2)
-        self.assertIn("non-finite values, the first at (0, 4)", r.stderr)
+        self.assertIn("nanfit.npy: tensor 'nanfit': 1 non-finite value in the input, the first at "
+                      "index 100 (row 3, column 4)", r.stderr)
         # fit reports the rank its whiteners got, not an uncapped request.
         np.save(src, np.random.default_rng(3).standard_normal((32, 32)).astype(np.float32))
         r = run("fit", src, "-o", self.path("r.giftb"), "--rank", "100000")

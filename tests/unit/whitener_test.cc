@@ -106,8 +106,8 @@ TEST(SecondMoment, BandsOfBf16RowsGiveTheExactSumsToDoublePrecision) {
 
 // Smoothing in place: a = decay a + (1 - decay) W2^T W2 / rows over a moment of W1 (taken into
 // a buffer of NaN), in bands of rows (2000 rows of 600: two), against the sums in long double;
-// the lower triangle stays the upper's mirror; a decay outside [0, 1) is refused and leaves a
-// as it was.
+// the lower triangle stays the upper's mirror; a decay outside [0, 1), and NaN or Inf in the
+// gradient, are refused and leave a as it was.
 TEST(SecondMoment, UpdateSmoothsInPlace) {
   const uint64_t rows = 2000;
   const uint32_t dim = 600;
@@ -142,6 +142,16 @@ TEST(SecondMoment, UpdateSmoothsInPlace) {
               GIFT_ERROR_INVALID_ARGUMENT)
         << bad;
   }
+  EXPECT_EQ(a, kept);
+  // NaN and Inf in the second band of rows (from row 1747): refused by count and first place,
+  // before the first band touches a (they spread through the whole moment, which the builder
+  // then refused by a place in A).
+  w2[1900 * dim + 7] = NAN;
+  w2[1999 * dim] = -INFINITY;
+  EXPECT_EQ(giftGradientSecondMomentUpdate(w2.data(), GIFT_DTYPE_F32, rows, dim, decay, a.data()),
+            GIFT_ERROR_NONFINITE_INPUT);
+  EXPECT_STREQ(giftGetLastErrorMessage(),
+               "2 non-finite values in the input, the first at index 1140007 (row 1900, column 7)");
   EXPECT_EQ(a, kept);
 }
 

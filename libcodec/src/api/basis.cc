@@ -13,11 +13,13 @@
 #include "common/error.h"
 #include "common/output_file.h"
 #include "common/sized.h"
+#include "container/census.h"
 #include "coords/select.h"
 #include "gift/gift_basis.h"
 #include "numerics/codec.h"
 #include "numerics/convert.h"
 #include "numerics/shapes.h"
+#include "numerics/simd.h"
 
 using gift::fail;
 
@@ -221,6 +223,13 @@ giftResult_t second_moment(const char* what, const void* w, giftDType_t dtype, u
                   (unsigned long long)rows, (unsigned long long)cols);
     if (!(decay >= 0 && decay < 1))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "decay %g is not in [0, 1)", decay);
+    // NaN or Inf would spread through the whole moment (the builder then named a place in A):
+    // refused before `a` is touched, naming the gradient's own first one.
+    if (gift::simd::abs_max_bits(w, dtype, rows * cols) >= 0x7F800000u) {
+      gift::container::Census c;
+      c.add(w, dtype, 0, rows * cols);
+      return gift::nonfinite_error(c.stats, cols);
+    }
     gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols), a, decay);
     return GIFT_OK;
   });

@@ -404,6 +404,10 @@ void group_amax(const giftCtx* ctx, const giftQuantParams& p, const void* src,
 
 giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s, uint64_t cols) {
   if (s.nonfinite_count == 0 || p.nonfinite != GIFT_NONFINITE_ERROR) return GIFT_OK;
+  return nonfinite_error(s, cols);
+}
+
+giftResult_t nonfinite_error(const giftEncodeStats& s, uint64_t cols) {
   const uint64_t i = s.first_nonfinite;
   return fail(GIFT_ERROR_NONFINITE_INPUT,
               "%" PRIu64 " non-finite value%s in the input, the first at index %" PRIu64

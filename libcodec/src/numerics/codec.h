@@ -37,6 +37,9 @@ void group_amax(const giftCtx* ctx, const giftQuantParams& p, const void* src,
 // What an encode that saw `s` returns under p's non-finite policy: GIFT_OK, or
 // GIFT_ERROR_NONFINITE_INPUT naming the count and the first element (for every encoder).
 giftResult_t nonfinite_result(const giftQuantParams& p, const giftEncodeStats& s, uint64_t cols);
+// That error for an input of `cols` columns holding s.nonfinite_count NaN or Inf (any input:
+// giftGradientSecondMoment's gradients too).
+giftResult_t nonfinite_error(const giftEncodeStats& s, uint64_t cols);
 
 void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* codes,
                    const void* scales, uint64_t rows, uint64_t cols, void* dst,
