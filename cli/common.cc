@@ -395,7 +395,9 @@ void add_threads_option(CLI::App* command, int* threads) {
                    "use, as its CPU affinity and cgroup CPU quota allow)")
       ->check(CLI::Validator(
           [](const std::string& v) {
-            return !v.empty() && v[0] == '-' ? "must not be negative" : "";
+            // As the number is read: after any leading blanks (" -1" was let through).
+            const size_t at = v.find_first_not_of(" \t\n\v\f\r");
+            return at != std::string::npos && v[at] == '-' ? "must not be negative" : "";
           },
           "", "non-negative"));
 }

@@ -1309,6 +1309,7 @@ class Giftc(unittest.TestCase):
         for args, why in ((["--seed", "-5"], "not a non-negative integer"),
                           (["--seed", "18446744073709551616"], "larger than"),
                           (["--threads", "-1"], "negative"),
+                          (["--threads", " -1"], "negative"),  # read as -1: was exit 2
                           (["--scale", "tile:99999999999x1"], "larger than 4294967295")):
             r = run("encode", src, "-o", self.path("x.gift"), *args)
             self.assertEqual(r.returncode, 1, args)
