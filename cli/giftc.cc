@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <sstream>
 
 #include "commands.h"
 
@@ -102,7 +103,14 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e) == 0 ? kOk : kUsage;  // --help, --version
+    if (e.get_exit_code() == 0) {  // --help, --version
+      // Through stdio, whose failed write with_stdout_flushed reports with its reason (lost
+      // where std::endl flushed it).
+      std::ostringstream text;
+      const int rc = app.exit(e, text, std::cerr);
+      std::fputs(text.str().c_str(), stdout);
+      return rc == 0 ? kOk : kUsage;
+    }
     // As every other error: prefixed with the program, and naming the help that applies.
     std::string command = "giftc", what = e.what();
     for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
