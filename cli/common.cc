@@ -13,6 +13,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/utf8.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -232,16 +233,35 @@ std::string human_bytes(uint64_t b) {
 std::string shown(const std::string& text, FILE* stream) {
   if (!::isatty(::fileno(stream))) return text;
   std::string out;
-  for (const unsigned char c : text) {
-    if (c < 0x20 || c == 0x7F) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
+  const auto escape = [&out](const char* format, unsigned v) {
+    char buf[12];
+    std::snprintf(buf, sizeof buf, format, v);
+    out += buf;
+  };
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const size_t len = gift::utf8_sequence_length(text, i);
+    if (len == 0) {  // not UTF-8: 0x9B alone is CSI to an 8-bit terminal
+      escape("\\x%02X", c);
+      ++i;
+    } else if (c < 0x20 || c == 0x7F) {
+      escape("\\x%02X", c);
+      ++i;
+    } else if (c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0) {  // C1: U+0080-9F
+      escape("\\u%04X", static_cast<unsigned char>(text[i + 1]) & 0xFFu);
+      i += 2;
     } else {
-      out += char(c);
+      out.append(text, i, len);
+      i += len;
     }
   }
   return out;
+}
+
+std::string padded(const std::string& text, size_t width) {
+  size_t columns = 0;
+  for (const char ch : text) columns += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+  return columns < width ? text + std::string(width - columns, ' ') : text;
 }
 
 bool file_exists(const std::string& path) {

@@ -222,7 +222,7 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     return std::string(buf);
   };
   auto print = [&](const std::string& name, const nlohmann::ordered_json& j) {
-    std::printf("%-40s %s %s %s %s", shown(name, stdout).c_str(),
+    std::printf("%s %s %s %s %s", padded(shown(name, stdout), 40).c_str(),
                 cell(j["rel_l2"], "%12.4e").c_str(), cell(j["cosine"], "%12.8f").c_str(),
                 cell(j["max_abs"], "%12.4e").c_str(), cell(j["bias"], "%12.4e").c_str());
     if (anorm) std::printf(" %s", cell(j["rel_anorm"], "%12.4e").c_str());

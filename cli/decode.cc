@@ -175,8 +175,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   check(giftOutputCommit(out.get()));
   if (!v.quiet)
     std::fprintf(stderr, "%s: %llu tensor%s -> %s\n",
-                 o.input == "-" ? gift::io::kStdinName : o.input.c_str(), (unsigned long long)n,
-                 n == 1 ? "" : "s", target.path.c_str());
+                 shown(o.input == "-" ? gift::io::kStdinName : o.input, stderr).c_str(),
+                 (unsigned long long)n, n == 1 ? "" : "s", shown(target.path, stderr).c_str());
 }
 
 }  // namespace

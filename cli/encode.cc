@@ -193,14 +193,15 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   check(giftOutputCommit(sink));
   if (!v.quiet) {
     const uint64_t out_bytes = giftOutputBytes(sink);
-    std::fprintf(stderr,
-                 "%s: %zu tensor%s (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> "
-                 "%s (%.2fx) -> %s\n",
-                 o.input == "-" ? gift::io::kStdinName : o.input.c_str(), in.tensors.size(),
-                 in.tensors.size() == 1 ? "" : "s", (unsigned long long)quantized,
-                 (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
-                 human_bytes(in_bytes).c_str(), human_bytes(out_bytes).c_str(),
-                 out_bytes ? double(in_bytes) / double(out_bytes) : 0.0, out.c_str());
+    std::fprintf(
+        stderr,
+        "%s: %zu tensor%s (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> "
+        "%s (%.2fx) -> %s\n",
+        shown(o.input == "-" ? gift::io::kStdinName : o.input, stderr).c_str(), in.tensors.size(),
+        in.tensors.size() == 1 ? "" : "s", (unsigned long long)quantized,
+        (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
+        human_bytes(in_bytes).c_str(), human_bytes(out_bytes).c_str(),
+        out_bytes ? double(in_bytes) / double(out_bytes) : 0.0, shown(out, stderr).c_str());
   }
 }
 

@@ -215,7 +215,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     }
     const size_t whiteners = size_t(giftBasisEntryCount(basis.get()));
     std::fprintf(stderr, "%s: %zu whitener%s (rank up to %u, %s damping %s, from %s), basis %s\n",
-                 out.c_str(), whiteners, whiteners == 1 ? "" : "s", rank,
+                 shown(out, stderr).c_str(), whiteners, whiteners == 1 ? "" : "s", rank,
                  o.damping_absolute ? "absolute" : "relative",
                  o.damping == "auto" ? "measured per tensor" : o.damping.c_str(), source.c_str(),
                  basis_id_hex(giftBasisGetId(basis.get())).c_str());

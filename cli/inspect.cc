@@ -104,8 +104,8 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     std::printf("%s\n", json_text(doc).c_str());
     return;
   }
-  std::printf("%s: GIFT frame %s, %s, %zu tensor%s, producer \"%s\"\n", o.input.c_str(),
-              doc["format_version"].get<std::string>().c_str(),
+  std::printf("%s: GIFT frame %s, %s, %zu tensor%s, producer \"%s\"\n",
+              shown(o.input, stdout).c_str(), doc["format_version"].get<std::string>().c_str(),
               doc["kind"].get<std::string>().c_str(), size_t(info.tensor_count),
               info.tensor_count == 1 ? "" : "s",
               shown(doc["producer"].get<std::string>(), stdout).c_str());
@@ -128,8 +128,8 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     shape += "]";
     const uint64_t orig = j["original_bytes"], st = j["stored_bytes"];
     std::printf(
-        "%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n",
-        shown(j["name"].get<std::string>(), stdout).c_str(), shape.c_str(),
+        "%s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n",
+        padded(shown(j["name"].get<std::string>(), stdout), 32).c_str(), shape.c_str(),
         j["dtype"].get<std::string>().c_str(), fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
         fp8 ? (j["scale"].get<std::string>() + " " + j["scale_dtype"].get<std::string>()).c_str()
             : "-",

@@ -980,7 +980,9 @@ class Giftc(unittest.TestCase):
     def test_control_characters_reach_a_terminal_escaped(self):
         import pty
         src, out = self.path("evil.safetensors"), self.path("evil.gift")
-        save_file({"evil\x1b]0;pwned\x07": np.ones((4, 64), np.float32)}, src,
+        save_file({"evil\x1b]0;pwned\x07": np.ones((4, 64), np.float32),
+                   "csi\u009b2J": np.ones((4, 64), np.float32),  # C1 CSI, in UTF-8
+                   "café": np.ones((4, 64), np.float32)}, src,
                   metadata={"k\x1b[2J": "v"})
         self.assertEqual(run("encode", src, "-o", out, "-q").returncode, 0)
 
@@ -1003,7 +1005,19 @@ class Giftc(unittest.TestCase):
         for args in (("inspect", out), ("compare", src, out), ("decode", out, "--basis", self.path("none"))):
             seen = on_terminal(*args)
             self.assertNotIn(b"\x1b", seen, args)
-        self.assertIn(b"evil\\x1B]0;pwned\\x07", on_terminal("inspect", out))
+        seen = on_terminal("inspect", out)
+        self.assertIn(b"evil\\x1B]0;pwned\\x07", seen)
+        self.assertIn(b"csi\\u009B2J", seen)
+        self.assertNotIn(b"\xc2\x9b", seen)
+        # The table's columns line up, a name's characters counted as such (café's é is 2 bytes).
+        rows = [line for line in seen.decode().splitlines() if "[4,64]" in line]
+        self.assertEqual(len(rows), 3, seen)
+        self.assertEqual(len({line.index("[4,64]") for line in rows}), 1, rows)
+        # A file name that is not UTF-8 (0x9B alone is CSI to an 8-bit terminal) in a summary.
+        odd = os.fsdecode(os.fsencode(self.path("x")) + b"\x9b2J.gift")
+        seen = on_terminal("encode", src, "-o", odd)
+        self.assertIn(b"x\\x9B2J.gift", seen)
+        self.assertNotIn(b"\x9b", seen)
         # Through a pipe the text is as the file has it (JSON escapes it on its own).
         self.assertIn("evil\x1b]0;pwned\x07", run("inspect", out).stdout)
 
