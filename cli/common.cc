@@ -13,7 +13,6 @@
 #include <cstring>
 #include <utility>
 
-#include "common/utf8.h"
 #include "io/tensor_file.h"
 
 namespace giftc {
@@ -240,7 +239,7 @@ std::string shown(const std::string& text, FILE* stream) {
   };
   for (size_t i = 0; i < text.size();) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
-    const size_t len = gift::utf8_sequence_length(text, i);
+    const size_t len = gift::io::utf8_sequence_length(text, i);
     if (len == 0) {  // not UTF-8: 0x9B alone is CSI to an 8-bit terminal
       escape("\\x%02X", c);
       ++i;

@@ -19,6 +19,36 @@
 #include "io/npy.h"
 
 namespace gift::io {
+
+size_t utf8_sequence_length(const std::string& s, size_t i) {
+  const uint8_t c = uint8_t(s[i]);
+  const size_t len = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xE  ? 3
+                     : (c >> 3) == 0x1E ? 4
+                                        : 0;
+  if (len == 0 || i + len > s.size()) return 0;
+  uint32_t cp = len == 1 ? c : c & (0x7Fu >> len);
+  for (size_t k = 1; k < len; ++k) {
+    const uint8_t d = uint8_t(s[i + k]);
+    if ((d >> 6) != 0x2) return 0;
+    cp = (cp << 6) | (d & 0x3Fu);
+  }
+  const uint32_t shortest[5] = {0, 0, 0x80, 0x800, 0x10000};
+  return cp < shortest[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF) ? 0 : len;
+}
+
+std::string ascii_escaped(const std::string& s) {
+  std::string out;
+  for (const char ch : s) {
+    const unsigned c = uint8_t(ch);
+    char hex[5];
+    std::snprintf(hex, sizeof hex, "\\x%02x", c);
+    out += c >= 0x20 && c < 0x7F && c != '\\' ? std::string(1, ch) : std::string(hex);
+  }
+  return out;
+}
+
 namespace {
 
 // The safetensors format's own limit on its JSON header.
@@ -138,10 +168,24 @@ int spill(int fd, const std::string& name) {
   return tmp;
 }
 
+// Names reach frames, output files and JSON reports as C strings, so they must be UTF-8
+// without NUL.
+bool utf8_without_nul(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t len = utf8_sequence_length(s, i);
+    if (len == 0 || s[i] == '\0') return false;
+    i += len;
+  }
+  return true;
+}
+
+// A .npy file's tensor is named for the file: its stem, escaped where it is not a valid name
+// (a file name need not be UTF-8; w\xe9.npy's tensor was refused as "not UTF-8").
 std::string stem_of(const std::string& path) {
   std::string base = path.substr(path.find_last_of('/') + 1);
   const size_t dot = base.find_last_of('.');
-  return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+  const std::string stem = dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
+  return utf8_without_nul(stem) ? stem : ascii_escaped(stem);
 }
 
 void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
@@ -152,31 +196,6 @@ void add_npy(const uint8_t* b, uint64_t size, const std::string& where,
   t.mapped = b + offset;
   t.bytes = size - offset;
   out->tensors.push_back(std::move(t));
-}
-
-// Names reach frames, output files and JSON reports as C strings, so they must be UTF-8
-// without NUL. The JSON library's encoder holds strings to strict UTF-8 (no overlong forms,
-// surrogates or code points past U+10FFFF) and refuses the rest.
-bool utf8_without_nul(const std::string& s) {
-  if (s.find('\0') != std::string::npos) return false;
-  try {
-    (void)nlohmann::json(s).dump();
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-  return true;
-}
-
-// For messages about a string that is not: printable ASCII kept, other bytes as \xNN.
-std::string ascii_escaped(const std::string& s) {
-  std::string out;
-  for (const char ch : s) {
-    const unsigned c = uint8_t(ch);
-    char hex[5];
-    std::snprintf(hex, sizeof hex, "\\x%02x", c);
-    out += c >= 0x20 && c < 0x7F && c != '\\' ? std::string(1, ch) : std::string(hex);
-  }
-  return out;
 }
 
 // A name as messages show it: as it is where valid, else escaped (a NUL would end the message).

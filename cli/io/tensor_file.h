@@ -78,6 +78,12 @@ FileKind kind_of_path(const std::string& path);
 // What standard input is called in messages.
 inline const char* const kStdinName = "standard input";
 
+// Bytes of the well-formed UTF-8 sequence that starts at s[i] (shortest form, no surrogate, at
+// most U+10FFFF: what JSON and the library take), or 0 where none does.
+size_t utf8_sequence_length(const std::string& s, size_t i);
+// For names that are not: printable ASCII but backslash kept, other bytes as \xNN.
+std::string ascii_escaped(const std::string& s);
+
 // Reads any supported kind; "-" reads standard input (kept in an unnamed scratch file, its
 // kind told by its first bytes). Errors are giftc::Failure naming the file (and tensor):
 // kIoError for files that cannot be read, kBadInput for malformed or unsupported ones.

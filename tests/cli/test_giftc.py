@@ -806,6 +806,20 @@ class Giftc(unittest.TestCase):
             doc = json.loads(r.stdout.decode("utf-8"))
             self.assertIn("\ufffd", json.dumps(doc, ensure_ascii=False))
 
+    def test_a_npy_file_name_that_is_not_utf8_names_its_tensor_escaped(self):
+        # Its tensor is named for the file, and was refused as "not UTF-8 without NUL".
+        x = np.random.default_rng(8).standard_normal((4, 64)).astype(np.float32)
+        name = os.path.join(os.fsencode(self.dir), b"w\xe9.npy")
+        np.save(os.fsdecode(name), x)
+        frame, back = self.path("w.gift"), self.path("back.npy")
+        r = subprocess.run([os.fsencode(GIFTC), b"encode", b"-q", name, b"-o", os.fsencode(frame)],
+                           capture_output=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(run("inspect", frame, "--json").stdout)
+        self.assertEqual([t["name"] for t in doc["tensors"]], ["w\\xe9"])
+        self.assertEqual(run("decode", frame, "-o", back, "-q").returncode, 0)
+        np.testing.assert_array_equal(np.load(back), model_block_e4m3(x))
+
     def test_inspect_verifies_a_frame_whose_basis_travels_apart(self):
         # Encoded with --basis and without --embed-basis, a frame could not be verified at all.
         rng = np.random.default_rng(4)
