@@ -368,7 +368,11 @@ class GiftState:
 
     def _global_rank(self, rank):
         group = self.process_group
-        return rank if group is None else dist.distributed_c10d._get_global_rank(group, rank)
+        if group is None:
+            return rank
+        # Public from torch 1.13; the private name before it.
+        to_global = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+        return to_global(group, rank)
 
     def _comm_device(self):
         """Where the process group takes the tensors of its collectives: NCCL on the current

@@ -406,6 +406,48 @@ def test_uneven_inputs_with_join(rank, world):
               flush=True)
 
 
+def test_a_process_group_of_some_ranks(rank, world):
+    # DDP over ranks 1..world-1 only, in GIFT coordinates: the group's rank 0, global rank 1,
+    # fits the basis and broadcasts it, and every exchange is on the group alone; rank 0 takes
+    # no part. Against fp32 DDP on the group.
+    if world < 3:
+        return
+    group = dist.new_group(list(range(1, world)))  # on every rank, as torch requires
+    if rank == 0:
+        return
+    members = world - 1
+
+    def run(state):
+        model = new_model("mlp")
+        ddp = DDP(model, process_group=group)
+        if state is not None:
+            state.attach(ddp)
+            ddp.register_comm_hook(state, gift.ddp.gift_hook)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for step in range(STEPS):
+            x, y = batch("mlp", rank, step)
+            loss = nn.functional.mse_loss(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(members)]
+        dist.all_gather(every, flat, group=group)
+        assert all(torch.equal(every[0], f) for f in every), "replicas differ in the group"
+        loss = loss.detach().clone()
+        dist.all_reduce(loss, group=group)
+        return loss.item() / members
+
+    ref = run(None)
+    state = gift.ddp.GiftState(process_group=group, coords="auto", refresh_every=10)
+    got = run(state)
+    assert abs(got - ref) <= 0.02 * ref, f"group of {members}: loss {got} against fp32's {ref}"
+    assert state.bytes_sent > 0 and state.basis is not None
+    if rank == 1:
+        print(f"group of ranks 1..{world - 1}: loss {got:.5f} against fp32's {ref:.5f}",
+              flush=True)
+
+
 def test_overflow_skips_the_step_everywhere(rank, world):
     ddp_harness.check_overflow_skips_the_step(
         rank, world, lambda: DDP(new_model("mlp")), lambda step: batch("mlp", rank, step),
@@ -537,6 +579,7 @@ def all_tests(rank, world, tmp):
     test_buckets_gift_cannot_send_are_refused_by_name(rank, world)
     test_package_on_torch_tensors(rank, world)
     test_uneven_inputs_with_join(rank, world)
+    test_a_process_group_of_some_ranks(rank, world)
     test_overflow_skips_the_step_everywhere(rank, world)
     test_status_error_fails_every_rank(rank, world)
     test_step_failed_on_one_rank_fails_every_rank(rank, world)
