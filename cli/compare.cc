@@ -17,7 +17,8 @@ namespace giftc {
 namespace {
 
 struct CompareOptions {
-  std::string reference, decoded, basis, activations;
+  std::string reference, decoded, activations;
+  std::vector<std::string> bases;
   bool json = false;
   int threads = 0;
 };
@@ -25,22 +26,25 @@ struct CompareOptions {
 // Bands of about this many elements of each file are read and compared at a time.
 constexpr uint64_t kBandElems = uint64_t(1) << 21;
 
-// The tensors of a file, read in bands of rows as fp32: frames are decoded (with `basis` for
-// tensors in GIFT coordinates), tensor files widened exactly from their mapping.
+// The tensors of a file, read in bands of rows as fp32: frames are decoded (a tensor in GIFT
+// coordinates with the one of `bases` whose id it names, if any), tensor files widened exactly
+// from their mapping.
 class Source {
  public:
-  Source(const std::string& path, const giftBasis* basis, int threads)
-      : frame_(nullptr, giftFrameClose), basis_(basis) {
+  Source(const std::string& path, const std::vector<BasisPtr>& bases, int threads)
+      : frame_(nullptr, giftFrameClose) {
     // Standard input holds either kind, told apart by its first bytes as encode does.
     const bool tensors_from_stdin =
         path == "-" && !gift::io::is_frame(stdin_bytes().data, stdin_bytes().size);
     if (!tensors_from_stdin && gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
       frame_ = open_frame(path);
       check(giftFrameSetThreads(frame_.get(), threads));
+      giftFrameInfo frame = GIFT_FRAME_INFO_INIT;
+      check(giftFrameGetInfo(frame_.get(), &frame));
       for (uint64_t i = 0; i < giftFrameTensorCount(frame_.get()); ++i) {
         const giftTensorInfo e = tensor_info(frame_.get(), i);
         entries_.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), e.rows,
-                            e.cols, e.row_align, e.col_align});
+                            e.cols, e.row_align, e.col_align, basis_for(e, frame, bases)});
       }
       return;
     }
@@ -53,7 +57,7 @@ class Source {
     }
     for (const gift::io::TensorRef& r : file_.tensors) {
       const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
-      entries_.push_back({r.name, r.shape, cols ? r.elements() / cols : 0, cols, 1, 1});
+      entries_.push_back({r.name, r.shape, cols ? r.elements() / cols : 0, cols, 1, 1, nullptr});
     }
   }
 
@@ -61,6 +65,7 @@ class Source {
     std::string name;
     std::vector<uint64_t> shape;
     uint64_t rows, cols, row_align, col_align;
+    const giftBasis* basis;  // for a tensor in GIFT coordinates
   };
   const std::vector<Entry>& entries() const { return entries_; }
   // Tensors no read() has checked (gift::io::check_unread); a frame was checked when opened.
@@ -71,7 +76,7 @@ class Source {
             float* out) {
     const uint64_t count = n * cols;
     if (frame_) {
-      pieces.decode(frame_.get(), i, basis_, r0, n, c0, cols, out, GIFT_DTYPE_F32);
+      pieces.decode(frame_.get(), i, entries_[i].basis, r0, n, c0, cols, out, GIFT_DTYPE_F32);
       return;
     }
     const gift::io::TensorRef& t = file_.tensors[i];
@@ -80,8 +85,21 @@ class Source {
   }
 
  private:
+  // The basis given that tensor `e` names; else none where the frame carries it, or the first
+  // given (whose mismatch the library reports, naming its file).
+  static const giftBasis* basis_for(const giftTensorInfo& e, const giftFrameInfo& frame,
+                                    const std::vector<BasisPtr>& bases) {
+    const auto same = [&e](giftBasisId id) {
+      return id.lo == e.basis_id.lo && id.hi == e.basis_id.hi;
+    };
+    if (e.coords != GIFT_COORDS_GIFT || bases.empty()) return nullptr;
+    for (const BasisPtr& b : bases) {
+      if (same(giftBasisGetId(b.get()))) return b.get();
+    }
+    return same(frame.basis_id) ? nullptr : bases.front().get();
+  }
+
   FramePtr frame_;
-  const giftBasis* basis_;
   gift::io::TensorFile file_;
   std::vector<Entry> entries_;
 };
@@ -90,8 +108,9 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
   bound_threads(o.threads);
   if (o.reference == "-" && o.decoded == "-")
     throw Failure(kUsage, "standard input (-) can be one of the two files, not both");
-  const BasisPtr basis = read_basis(o.basis);
-  Source ref(o.reference, basis.get(), o.threads), dec(o.decoded, basis.get(), o.threads);
+  std::vector<BasisPtr> bases;
+  for (const std::string& path : o.bases) bases.push_back(read_basis(path));
+  Source ref(o.reference, bases, o.threads), dec(o.decoded, bases, o.threads);
   std::map<std::string, size_t> by_name;
   for (size_t i = 0; i < dec.entries().size(); ++i) by_name[dec.entries()[i].name] = i;
   // Activation statistics: the d_in x d_in A of each gradient, by name, for the A-norm error;
@@ -246,9 +265,11 @@ void add_compare(CLI::App& app, Verbosity& v) {
   c->add_option("DECODED", o->decoded,
                 "Decoded tensors, matched by name (any two single-tensor files match)")
       ->required();
-  c->add_option("--basis", o->basis,
-                "Basis (.giftb) for tensors in GIFT coordinates of .gift inputs")
-      ->check(file_name());
+  c->add_option("--basis", o->bases,
+                "Basis (.giftb) for tensors in GIFT coordinates of .gift inputs; again for a "
+                "second basis (each tensor takes the one it names)")
+      ->check(file_name())
+      ->allow_extra_args(false);
   c->add_option("--activations", o->activations,
                 "Activation statistics (the d_in x d_in A of each gradient, by name): adds the "
                 "A-norm error")

@@ -1455,6 +1455,36 @@ class Giftc(unittest.TestCase):
         self.assertAlmostEqual(t["max_abs"], np.max(np.abs(y - x)), delta=1e-12)
         self.assertAlmostEqual(t["bias"], np.mean(y - x), delta=1e-12)
 
+    def test_compare_takes_a_basis_for_each_frame(self):
+        # Two frames in GIFT coordinates of two bases: --basis once for each, every tensor takes
+        # the one it names (one --basis served both frames, so this failed); a frame that carries
+        # its basis needs none. The metrics are NumPy's over the frames decoded.
+        rng = np.random.default_rng(13)
+        low = rng.standard_normal((256, 8)) @ rng.standard_normal((8, 256))
+        src = self.path("g.safetensors")
+        save_file({"w": (low + 0.01 * rng.standard_normal(low.shape)).astype(np.float32)}, src)
+        back = []
+        for k, rank in enumerate((8, 4)):
+            basis, frame, dec = (self.path(f"b{k}.giftb"), self.path(f"f{k}.gift"),
+                                 self.path(f"d{k}.safetensors"))
+            self.assertEqual(run("fit", src, "-o", basis, "--rank", rank, "-q").returncode, 0)
+            self.assertEqual(run("encode", src, "-o", frame, "--basis", basis, "--coords", "gift",
+                                 "-q").returncode, 0)
+            self.assertEqual(run("decode", frame, "-o", dec, "--basis", basis, "-q").returncode, 0)
+            back.append(load_file(dec)["w"].astype(np.float64))
+        self.assertEqual(run("encode", src, "-o", self.path("e1.gift"), "--basis", self.path("b1.giftb"),
+                             "--coords", "gift", "--embed-basis", "-q").returncode, 0)
+        want = np.linalg.norm(back[1] - back[0]) / np.linalg.norm(back[0])
+        for other, bases in ((self.path("f1.gift"), ["--basis", self.path("b1.giftb"),
+                                                     "--basis", self.path("b0.giftb")]),
+                             (self.path("e1.gift"), ["--basis", self.path("b0.giftb")])):
+            r = run("compare", self.path("f0.gift"), other, *bases, "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertAlmostEqual(json.loads(r.stdout)["total"]["rel_l2"], want, delta=1e-9)
+        r = run("compare", self.path("f0.gift"), self.path("f1.gift"), "--basis", self.path("b0.giftb"))
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("but basis file " + self.path("b0.giftb") + " has", r.stderr)
+
     def test_compare_writes_an_infinite_metric_as_inf(self):
         # rel_l2 of a zero reference against ones: JSON has no infinity, and null (what it was)
         # reads as a metric not measured, as rel_anorm without an A is.
