@@ -287,7 +287,7 @@ void check_output(const std::string& path, bool force, const std::vector<std::st
 namespace {
 
 // The least common multiple of `aligns` (1 for none), or 0 past `most`.
-uint64_t lcm_within(const std::vector<uint64_t>& aligns, uint64_t most) {
+uint64_t lcm_within(const Pieces::Aligns& aligns, uint64_t most) {
   uint64_t l = 1;
   for (const uint64_t a : aligns) {
     uint64_t x = l, y = a;
@@ -300,12 +300,9 @@ uint64_t lcm_within(const std::vector<uint64_t>& aligns, uint64_t most) {
 
 }  // namespace
 
-Pieces::Pieces(uint64_t rows_, uint64_t cols_, std::vector<uint64_t> row_aligns_,
-               std::vector<uint64_t> col_aligns_, uint64_t budget)
-    : rows(rows_),
-      cols(cols_),
-      row_aligns(std::move(row_aligns_)),
-      col_aligns(std::move(col_aligns_)) {
+Pieces::Pieces(uint64_t rows_, uint64_t cols_, Aligns row_aligns_, Aligns col_aligns_,
+               uint64_t budget)
+    : rows(rows_), cols(cols_), row_aligns(row_aligns_), col_aligns(col_aligns_) {
   if (cols == 0) {  // no elements: one band, however many rows (2^58 of them were 2^37 bands)
     band = std::max<uint64_t>(rows, 1);
     return;

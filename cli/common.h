@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -84,23 +85,23 @@ bool file_exists(const std::string& path);
 // output, which every command that writes checks for first.
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs = {});
 
-// The pieces a rows x cols tensor is worked through within `budget` elements, as every frame
-// it is read from allows (giftFrameDecodeRows, giftFrameDecodeRowPart): bands of whole rows,
-// or where one row is longer than the budget, parts of a row. A piece starts at a multiple of
-// each of `row_aligns` (tiles' heights; for parts, `col_aligns`: blocks' or tiles' widths), or
-// ends before the next one, inside one such group; a 0 among col_aligns keeps rows whole (a
-// tensor in GIFT coordinates). Bands are a multiple of every row alignment where that fits,
-// else as large as the budget allows, cut short where they would cross a group they start
+// The pieces a rows x cols tensor is worked through within `budget` elements, as each frame
+// it is read from (one or two) allows (giftFrameDecodeRows, giftFrameDecodeRowPart): bands of whole
+// rows, or where one row is longer than the budget, parts of a row. A piece starts at a multiple of
+// each of `row_aligns` (tiles' heights, 1 for none; for parts, `col_aligns`: blocks' or tiles'
+// widths), or ends before the next one, inside one such group; a 0 among col_aligns keeps rows
+// whole (a tensor in GIFT coordinates). Bands are a multiple of every row alignment where that
+// fits, else as large as the budget allows, cut short where they would cross a group they start
 // inside (two frames whose tiles are 96 and 128 rows high: bands of [0, 256), [256, 288),
 // [288, 384), ... for a budget of 256 rows). f(row, rows, col, cols) for each piece in order;
 // the largest piece's elements, for the buffer, from piece_elements.
 struct Pieces {
   uint64_t rows, cols;          // the tensor
   uint64_t band = 1, part = 0;  // most rows per band; columns per part of a row (0: whole rows)
-  std::vector<uint64_t> row_aligns, col_aligns;
+  using Aligns = std::array<uint64_t, 2>;  // held by value: decode keeps one per tensor
+  Aligns row_aligns, col_aligns;
 
-  Pieces(uint64_t rows, uint64_t cols, std::vector<uint64_t> row_aligns,
-         std::vector<uint64_t> col_aligns, uint64_t budget);
+  Pieces(uint64_t rows, uint64_t cols, Aligns row_aligns, Aligns col_aligns, uint64_t budget);
   uint64_t piece_elements() const { return part ? part : band * cols; }
   // The piece (r0, n rows, c0, w columns) that each() gave, of tensor `index` of `frame`,
   // decoded into dst (room for the piece) as dtype: whole rows through `basis` (those of a
@@ -126,7 +127,7 @@ struct Pieces {
   }
   // Where the piece of at most `most` from x0 ends: before the next multiple of each alignment
   // that x0 is not a multiple of.
-  static uint64_t piece_end(uint64_t x0, uint64_t most, const std::vector<uint64_t>& aligns) {
+  static uint64_t piece_end(uint64_t x0, uint64_t most, const Aligns& aligns) {
     uint64_t x1 = x0 + most;
     for (const uint64_t a : aligns) {
       if (a > 1 && x0 % a) x1 = std::min(x1, x0 - x0 % a + a);

@@ -194,10 +194,10 @@ void run_compare(const CompareOptions& o, const Verbosity&) {
     }
     giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
     // The A-norm takes whole rows (of A's width), as tensors in GIFT coordinates do.
-    const Pieces pieces(r.rows, r.cols, {r.row_align, d.row_align},
-                        a_values.empty() ? std::vector<uint64_t>{r.col_align, d.col_align}
-                                         : std::vector<uint64_t>{0},
-                        kBandElems);
+    const Pieces pieces(
+        r.rows, r.cols, {r.row_align, d.row_align},
+        a_values.empty() ? Pieces::Aligns{r.col_align, d.col_align} : Pieces::Aligns{0, 0},
+        kBandElems);
     ref_band.resize(pieces.piece_elements());
     dec_band.resize(pieces.piece_elements());
     pieces.each([&](uint64_t r0, uint64_t n, uint64_t c0, uint64_t cols) {

@@ -129,8 +129,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
         infos[i].coords == GIFT_COORDS_GIFT
             ? kMostBandBytes / sizeof(float)
             : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes) / size;
-    pieces.emplace_back(infos[i].rows, infos[i].cols, std::vector<uint64_t>{infos[i].row_align},
-                        std::vector<uint64_t>{infos[i].col_align}, elements);
+    pieces.emplace_back(infos[i].rows, infos[i].cols, Pieces::Aligns{infos[i].row_align, 1},
+                        Pieces::Aligns{infos[i].col_align, 1}, elements);
     buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
   }
   // Where a processor is free, a second buffer: each piece is written behind (write(2)'s copy
