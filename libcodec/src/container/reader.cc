@@ -212,8 +212,7 @@ giftResult_t FrameReader::verify_structure() {
     for (uint32_t d = 0; d < ndim; ++d) e.shape.push_back(shape->Get(d));
     MatrixView view;
     if (!matrix_view(e.shape.data(), ndim, &view)) {
-      return fail(GIFT_ERROR_FIELD_INVALID,
-                  "%s: tensor '%s': shape's element count is 2^61 or more", n, tn);
+      return fail(GIFT_ERROR_FIELD_INVALID, "%s: tensor '%s': %s", n, tn, kTooManyElements);
     }
     e.rows = view.rows;
     e.cols = view.cols;

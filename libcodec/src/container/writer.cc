@@ -41,8 +41,7 @@ giftResult_t make_shape(const uint64_t* dims, uint32_t ndim, TensorShape* out) {
   }
   if (ndim && !dims) return fail(GIFT_ERROR_INVALID_ARGUMENT, "shape is NULL");
   if (!matrix_view(dims, ndim, out)) {
-    return fail(GIFT_ERROR_INVALID_ARGUMENT,
-                "shape's element count is 2^61 or more (the format's limit)");
+    return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s", kTooManyElements);
   }
   out->dims.assign(dims, dims + ndim);
   return GIFT_OK;

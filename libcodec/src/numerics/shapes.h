@@ -70,6 +70,9 @@ GIFT_HD constexpr size_t scale_size(giftScaleDType_t scale_dtype) {
 // The most elements a tensor may have: any per-element byte count the library forms (at
 // most 8 bytes, a double, per element) then fits in 64 bits without further checks.
 constexpr uint64_t kMaxElements = UINT64_MAX / 8;
+// What a shape past it is told, writing or reading (FORMAT.md's "below 2^61").
+constexpr const char* kTooManyElements =
+    "shape's element count is 2^61 or more (the format's limit)";
 
 struct MatrixView {
   uint64_t rows = 1, cols = 1;  // cols: the last dimension; rows: the product of the others
