@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <fcntl.h>
+#include <langinfo.h>
 #include <omp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,9 +9,11 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <clocale>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cwchar>
 #include <utility>
 
 #include "io/tensor_file.h"
@@ -229,8 +232,28 @@ std::string human_bytes(uint64_t b) {
   return buf;
 }
 
+namespace {
+
+// The character set the environment names (LC_ALL, LC_CTYPE, LANG), as a terminal shows text
+// in: null where it names none this machine has. Read once; the process's own locale stays C.
+locale_t terminal_locale() {
+  static const locale_t loc = ::newlocale(LC_CTYPE_MASK, "", static_cast<locale_t>(0));
+  return loc;
+}
+
+bool utf8_terminal() {
+  static const bool utf8 = [] {
+    const locale_t loc = terminal_locale();
+    return loc && std::strcmp(::nl_langinfo_l(CODESET, loc), "UTF-8") == 0;
+  }();
+  return utf8;
+}
+
+}  // namespace
+
 std::string shown(const std::string& text, FILE* stream) {
   if (!::isatty(::fileno(stream))) return text;
+  const bool utf8 = utf8_terminal();
   std::string out;
   const auto escape = [&out](const char* format, unsigned v) {
     char buf[12];
@@ -240,10 +263,7 @@ std::string shown(const std::string& text, FILE* stream) {
   for (size_t i = 0; i < text.size();) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
     const size_t len = gift::io::utf8_sequence_length(text, i);
-    if (len == 0) {  // not UTF-8: 0x9B alone is CSI to an 8-bit terminal
-      escape("\\x%02X", c);
-      ++i;
-    } else if (c < 0x20 || c == 0x7F) {
+    if (c < 0x20 || c == 0x7F || (c >= 0x80 && (!utf8 || len == 0))) {
       escape("\\x%02X", c);
       ++i;
     } else if (c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0) {  // C1: U+0080-9F
@@ -258,8 +278,26 @@ std::string shown(const std::string& text, FILE* stream) {
 }
 
 std::string padded(const std::string& text, size_t width) {
+  // The terminal's columns: two for a wide character (CJK), none for a combining mark, one for
+  // what its character set cannot read.
   size_t columns = 0;
-  for (const char ch : text) columns += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+  const locale_t loc = terminal_locale();
+  const locale_t before = loc ? ::uselocale(loc) : static_cast<locale_t>(0);
+  std::mbstate_t state{};
+  for (size_t i = 0; i < text.size();) {
+    wchar_t wc = 0;
+    const size_t len = std::mbrtowc(&wc, text.data() + i, text.size() - i, &state);
+    if (len == 0 || len > text.size() - i) {
+      state = std::mbstate_t{};
+      ++columns;
+      ++i;
+      continue;
+    }
+    const int w = ::wcwidth(wc);
+    columns += w < 0 ? 1 : size_t(w);
+    i += len;
+  }
+  if (loc) ::uselocale(before);
   return columns < width ? text + std::string(width - columns, ' ') : text;
 }
 

@@ -70,11 +70,12 @@ std::vector<std::pair<std::string, std::string>> frame_metadata(const giftFrame*
 // Text from a file or the command line (names, metadata, file names, messages quoting them) as
 // it may reach a terminal: control characters become \xNN when `stream` is a terminal, as ls
 // shows odd names, so a hostile name cannot move the cursor or retitle the window; so do bytes
-// that are not UTF-8 (0x9B alone is CSI to an 8-bit terminal), and C1 controls U+0080-U+009F
-// become \u0080-\u009F. Elsewhere it is unchanged.
+// that are not UTF-8, and C1 controls U+0080-U+009F become \u0080-\u009F. Where the
+// environment's locale is not UTF-8 every byte past ASCII is escaped (0x9B is CSI to an 8-bit
+// terminal, in UTF-8 text too). Elsewhere (a pipe, a file) the text is unchanged.
 std::string shown(const std::string& text, FILE* stream);
-// `text` (shown) padded with blanks to `width` columns, counting a character of several UTF-8
-// bytes as one column, not as its bytes (printf's %-32s).
+// `text` (shown) padded with blanks to `width` terminal columns, as the environment's locale
+// counts them (a CJK character two, a combining mark none), not as bytes (printf's %-32s).
 std::string padded(const std::string& text, size_t width);
 
 bool file_exists(const std::string& path);

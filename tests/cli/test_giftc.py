@@ -993,17 +993,22 @@ class Giftc(unittest.TestCase):
 
     def test_control_characters_reach_a_terminal_escaped(self):
         import pty
+        import unicodedata
         src, out = self.path("evil.safetensors"), self.path("evil.gift")
         save_file({"evil\x1b]0;pwned\x07": np.ones((4, 64), np.float32),
                    "csi\u009b2J": np.ones((4, 64), np.float32),  # C1 CSI, in UTF-8
-                   "café": np.ones((4, 64), np.float32)}, src,
+                   "\u00db2J": np.ones((4, 64), np.float32),  # C3 9B: CSI to an 8-bit terminal
+                   "café": np.ones((4, 64), np.float32),
+                   "中文名": np.ones((4, 64), np.float32)}, src,
                   metadata={"k\x1b[2J": "v"})
         self.assertEqual(run("encode", src, "-o", out, "-q").returncode, 0)
 
-        def on_terminal(*args):
+        def on_terminal(*args, locale="C.UTF-8"):
             pid, fd = pty.fork()
             if pid == 0:
-                os.execv(GIFTC, [GIFTC, *args])
+                env = {k: v for k, v in os.environ.items() if not k.startswith("LC_")}
+                env.update(LANG=locale, LC_ALL=locale)
+                os.execve(GIFTC, [GIFTC, *args], env)
             seen = b""
             while True:
                 try:
@@ -1023,10 +1028,17 @@ class Giftc(unittest.TestCase):
         self.assertIn(b"evil\\x1B]0;pwned\\x07", seen)
         self.assertIn(b"csi\\u009B2J", seen)
         self.assertNotIn(b"\xc2\x9b", seen)
-        # The table's columns line up, a name's characters counted as such (café's é is 2 bytes).
+        # The table's columns line up, counted as a terminal shows them (café's é is 2 bytes and
+        # one column, each of 中文名's characters 3 bytes and two columns).
+        def column(line, at):
+            return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in line[:at])
         rows = [line for line in seen.decode().splitlines() if "[4,64]" in line]
-        self.assertEqual(len(rows), 3, seen)
-        self.assertEqual(len({line.index("[4,64]") for line in rows}), 1, rows)
+        self.assertEqual(len(rows), 5, seen)
+        self.assertEqual(len({column(line, line.index("[4,64]")) for line in rows}), 1, rows)
+        # Where the locale is not UTF-8, every byte past ASCII: \u00db's C3 9B held a CSI.
+        seen = on_terminal("inspect", out, locale="C")
+        self.assertTrue(all(b < 0x80 for b in seen), seen)
+        self.assertIn(b"caf\\xC3\\xA9", seen)
         # A file name that is not UTF-8 (0x9B alone is CSI to an 8-bit terminal) in a summary.
         odd = os.fsdecode(os.fsencode(self.path("x")) + b"\x9b2J.gift")
         seen = on_terminal("encode", src, "-o", odd)
