@@ -178,8 +178,8 @@ void add_bench(CLI::App& app, Verbosity& v) {
   CLI::App* c =
       app.add_subcommand("bench", "Encode/decode throughput against memcpy on this machine");
   c->add_option("--size", o->size,
-                "Input size in bytes (suffixes K, M, G, T: powers of 1024), down to whole rows "
-                "of 4096 elements")
+                "Input size in bytes (suffixes K, M, G, T: powers of 1024), in rows of up to 4096 "
+                "elements: rounded down to whole ones")
       ->capture_default_str();
   c->add_option("--dtype", o->dtype, "Input element type: f32, bf16 or f16")->capture_default_str();
   c->add_option("--fp8", o->fp8, "FP8 kind: e4m3 or e5m2")->capture_default_str();

@@ -80,15 +80,16 @@ typedef struct {
   { sizeof(giftFitParams), GIFT_STRUCT_MAGIC, GIFT_VERSION_NUMBER, 32, 1e-3, 1, 1024, 10, 4, 1 }
 
 /* A = W^T W / rows for a rows x cols gradient W of `dtype`, into `a` (cols x cols doubles,
- * row-major): the second moment to fit when no activation statistics exist. */
+ * row-major): the second moment to fit when no activation statistics exist. A gradient holding
+ * NaN or Inf is refused (GIFT_ERROR_NONFINITE_INPUT, naming how many and the first), here and
+ * by giftGradientSecondMomentUpdate. */
 GIFT_API giftResult_t giftGradientSecondMoment(const void* w, giftDType_t dtype, uint64_t rows,
                                                uint64_t cols, double* a);
 /* The moment of a later dump folded into `a` in place, as the smoothing over dumps taken in
  * turn: a = decay a + (1 - decay) W^T W / rows, decay in [0, 1), where `a` holds a symmetric
  * moment (giftGradientSecondMoment's, or this function's). One matrix, not two. Only the upper
- * triangle of `a` is read; the lower one is then written as its mirror. A gradient holding NaN
- * or Inf is refused (GIFT_ERROR_NONFINITE_INPUT, naming how many and the first). Both functions
- * leave `a` untouched on an error; giftGradientSecondMoment never reads it. */
+ * triangle of `a` is read; the lower one is then written as its mirror. Both functions leave
+ * `a` untouched on an error; giftGradientSecondMoment never reads it. */
 GIFT_API giftResult_t giftGradientSecondMomentUpdate(const void* w, giftDType_t dtype,
                                                      uint64_t rows, uint64_t cols, double decay,
                                                      double* a);

@@ -712,7 +712,7 @@ giftResult_t FrameReader::verify_all() const {
     // Bands of whole rows (within a tile's rows where those exceed the budget: a divisor
     // of its height); a row longer than the budget in parts, which start at a group's edge
     // or lie within one group (tensors in GIFT coordinates too: their codes are decoded as
-    // coded). As giftc's decode cuts them (cli/common.h, Pieces).
+    // coded). Bands the decode rules allow, as giftc's Pieces (cli/common.h) cuts its own.
     const uint64_t width = std::max<uint64_t>(e.cols, 1), unit = row_unit(e), g = group_cols(e);
     const bool parts = unit > kBandElems / width && e.cols > kBandElems;
     uint64_t band = 1;
