@@ -1,4 +1,5 @@
 // giftc: FP8 gradient compression on the command line. One subcommand per file.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -64,11 +65,26 @@ int with_stdout_flushed(int rc) {
   return giftc::kIoError;
 }
 
+// A standard stream the caller closed (2>&-) is held by /dev/null, opened for the other
+// direction: no file giftc opens takes its number (with stderr closed, encode's scratch file
+// became fd 2 and took a warning into the frame; with stdout closed, encode -c wrote the frame
+// into its scratch file and exited 0), and using it fails as on the closed stream (EBADF).
+void hold_closed_standard_streams() {
+  for (const int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int held = ::open("/dev/null", (fd == STDIN_FILENO ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
+    if (held != fd) ::_exit(giftc::kIoError);  // the lowest free number: fd, or no /dev/null
+  }
+}
+
 int run(int argc, char** argv);
 
 }  // namespace
 
-int main(int argc, char** argv) { return with_stdout_flushed(run(argc, argv)); }
+int main(int argc, char** argv) {
+  hold_closed_standard_streams();
+  return with_stdout_flushed(run(argc, argv));
+}
 
 namespace {
 

@@ -546,6 +546,34 @@ class Giftc(unittest.TestCase):
         r = run_capped("bench", "--size", str(256 << 20), "--threads", "1", "-q")
         self.assertNotEqual(r.returncode, 0)
 
+    def test_closed_standard_streams_are_not_taken_by_giftcs_own_files(self):
+        # With stderr closed, encode's scratch file became fd 2 and a warning landed in the
+        # frame (exit 0, checksum mismatch); with stdout closed, encode -c wrote the frame into
+        # its scratch file and exited 0; with stdin closed, encode - read its scratch file.
+        rng = np.random.default_rng(14)
+        fitted, src = self.path("g1.safetensors"), self.path("g3.safetensors")
+        save_file({"w": rng.standard_normal((128, 64)).astype(np.float32)}, fitted)
+        save_file({"w": rng.standard_normal((128, 32)).astype(np.float32),  # the basis is 64 wide
+                   "x": rng.standard_normal((128, 64)).astype(np.float32)}, src)
+        basis, frame = self.path("b.giftb"), self.path("g3.gift")
+        self.assertEqual(run("fit", fitted, "-o", basis, "--rank", 8, "-q").returncode, 0)
+        self.assertIn("stays in Euclidean coordinates",
+                      run("encode", src, "--basis", basis, "--coords", "gift", "-o", frame).stderr)
+        os.unlink(frame)
+        closed = lambda fd: (lambda: os.close(fd))  # noqa: E731
+        r = subprocess.run([GIFTC, "encode", src, "--basis", basis, "--coords", "gift", "-o", frame],
+                           preexec_fn=closed(2))
+        self.assertEqual(r.returncode, 0)
+        r = run("inspect", "--verify", frame)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for args, fd, says in ((["encode", src, "-c"], 1, "standard output: write failed"),
+                               (["encode", "-", "-o", self.path("in.gift")], 0,
+                                "standard input: read failed")):
+            r = subprocess.run([GIFTC, *args], preexec_fn=closed(fd), capture_output=True, text=True)
+            self.assertEqual(r.returncode, 3, r.stderr)
+            self.assertIn(says + ": " + os.strerror(errno.EBADF), r.stderr)
+        self.assertFalse(os.path.exists(self.path("in.gift")))
+
     def test_a_full_disk_or_an_interrupt_leaves_no_output(self):
         import resource
         import signal
