@@ -12,6 +12,9 @@
 namespace giftc {
 namespace {
 
+// Longest tensor name --include and --exclude take (see where they match).
+constexpr size_t kMostMatchedName = 4096;
+
 struct EncodeOptions {
   std::string input, output;
   std::string fp8 = "e4m3", scale = "block:128", scale_dtype = "f32", rounding = "nearest";
@@ -125,6 +128,15 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   std::vector<uint32_t> ndims(in.tensors.size());
   for (size_t i = 0; i < in.tensors.size(); ++i) {
     const gift::io::TensorRef& t = in.tensors[i];
+    // std::regex matches by recursion, a few hundred bytes of stack per character: a name of
+    // 30,000 characters (a hostile file's) overflowed the stack (SIGSEGV).
+    if ((!o.include.empty() || !o.exclude.empty()) && t.name.size() > kMostMatchedName) {
+      throw Failure(kBadInput, (o.input == "-" ? gift::io::kStdinName : o.input) + ": tensor '" +
+                                   t.name.substr(0, 32) + "...' has a name of " +
+                                   std::to_string(t.name.size()) +
+                                   " bytes; --include and --exclude match names of at most " +
+                                   std::to_string(kMostMatchedName));
+    }
     const bool selected = (o.include.empty() || std::regex_search(t.name, include)) &&
                           (o.exclude.empty() || !std::regex_search(t.name, exclude));
     lossless[i] = !(selected && t.shape.size() >= 2);

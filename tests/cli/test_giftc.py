@@ -1075,6 +1075,24 @@ class Giftc(unittest.TestCase):
         # Through a pipe the text is as the file has it (JSON escapes it on its own).
         self.assertIn("evil\x1b]0;pwned\x07", run("inspect", out).stdout)
 
+    def test_include_refuses_names_too_long_to_match(self):
+        # A 30,000-character name (a hostile file's) overflowed std::regex's stack: SIGSEGV.
+        src = self.path("long.safetensors")
+        save_file({"a" * 30000: np.ones((2, 16), np.float32),
+                   "b" * 4090 + "weight": np.ones((2, 16), np.float32)}, src)
+        for option in ("--include", "--exclude"):
+            r = run("encode", src, "-f", "-o", self.path("l.gift"), option, ".*weight")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("has a name of 30000 bytes; --include and --exclude match names of at "
+                          "most 4096", r.stderr)
+            self.assertFalse(os.path.exists(self.path("l.gift")))
+        save_file({"b" * 4090 + "weight": np.ones((2, 16), np.float32)}, src)  # 4096: matched
+        r = run("encode", src, "-f", "-o", self.path("l.gift"), "--exclude", "weight$", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(run("inspect", self.path("l.gift"), "--json").stdout)
+                         ["tensors"][0]["encoding"], "raw")
+        self.assertEqual(run("encode", src, "-f", "-o", self.path("l.gift"), "-q").returncode, 0)
+
     def test_messages_say_what_is_wrong(self):
         # fit on NaN input names the count and the place, not "eigendecomposition failed".
         w = np.ones((32, 32), np.float32)
