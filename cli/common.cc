@@ -525,6 +525,11 @@ void Progress::clear() const {
   if (on_) std::fprintf(stderr, "\r\033[K");
 }
 
+void Progress::end() {
+  clear();
+  on_ = false;
+}
+
 void Progress::step(uint64_t done) {
   if (on_)
     std::fprintf(stderr, "\r%s: %llu/%llu", label_, (unsigned long long)done,

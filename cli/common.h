@@ -185,6 +185,9 @@ class Progress {
   void step(uint64_t done);
   // Clears the line before a message on standard error (the next step draws it again).
   void clear() const;
+  // Clears it for good, before the command's summary (which the destructor's clearing came
+  // after, the summary then following "decode: 5/5" on its line).
+  void end();
 
  private:
   const char* label_;

@@ -173,6 +173,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     progress.step(i + 1);
   }
   check(giftOutputCommit(out.get()));
+  progress.end();
   if (!v.quiet)
     std::fprintf(stderr, "%s: %llu tensor%s -> %s\n",
                  shown(o.input == "-" ? gift::io::kStdinName : o.input, stderr).c_str(),

@@ -203,6 +203,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   }
   check(giftFrameWriterWriteOutput(w.get(), sink));
   check(giftOutputCommit(sink));
+  progress.end();
   if (!v.quiet) {
     const uint64_t out_bytes = giftOutputBytes(sink);
     std::fprintf(

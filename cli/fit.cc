@@ -205,6 +205,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   for (const gift::io::TensorFile& f : dumps) gift::io::check_unread(f);
   gift::io::check_unread(acts);
   write_output(out, target.open_fd(out, o.force), bytes, size, o.fsync, o.force, inputs);
+  progress.end();
   if (!v.quiet) {
     // The rank each whitener got: --rank, or less for a narrower matrix.
     uint32_t rank = 0;

@@ -1075,6 +1075,36 @@ class Giftc(unittest.TestCase):
         # Through a pipe the text is as the file has it (JSON escapes it on its own).
         self.assertIn("evil\x1b]0;pwned\x07", run("inspect", out).stdout)
 
+    def test_progress_is_cleared_before_the_summary(self):
+        # On a terminal the summary followed "decode: 5/5" on its line, cleared only after it.
+        import pty
+        rng = np.random.default_rng(15)
+        src = self.path("mix.safetensors")
+        save_file({f"w{i}": rng.standard_normal((64, 32)).astype(np.float32) for i in range(5)},
+                  src)
+        for args, summary in ((["encode", src, "-o", self.path("m.gift")], b"5 tensors (5 FP8"),
+                              (["decode", self.path("m.gift"), "-o", self.path("d.safetensors")],
+                               b"5 tensors -> "),
+                              (["fit", src, "-o", self.path("m.giftb")], b"5 whiteners")):
+            pid, fd = pty.fork()
+            if pid == 0:
+                os.execv(GIFTC, [GIFTC, *args])
+            seen = b""
+            while True:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not data:
+                    break
+                seen += data
+            os.waitpid(pid, 0)
+            at = seen.index(summary)
+            line = seen[seen.rindex(b"\r", 0, at) + 1:]  # from the last carriage return before it
+            self.assertTrue(line.startswith(b"\x1b[K"), (args, seen))
+            self.assertNotIn(b"/5", line, args)
+            self.assertNotIn(b"\x1b", seen[at:], args)
+
     def test_include_refuses_names_too_long_to_match(self):
         # A 30,000-character name (a hostile file's) overflowed std::regex's stack: SIGSEGV.
         src = self.path("long.safetensors")
