@@ -65,13 +65,15 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   const Device device = parse_device(o.device);
   p.nonfinite = o.keep_nonfinite ? GIFT_NONFINITE_KEEP : GIFT_NONFINITE_ERROR;
   if (o.zstd < 0 || o.zstd > 22) throw Failure(kUsage, "--zstd: level must be in 1..22");
-  std::regex include, exclude;
-  try {
-    if (!o.include.empty()) include = std::regex(o.include);
-    if (!o.exclude.empty()) exclude = std::regex(o.exclude);
-  } catch (const std::regex_error& e) {
-    throw Failure(kUsage, std::string("--include/--exclude: bad regular expression: ") + e.what());
-  }
+  const auto pattern = [](const std::string& text, const char* option) {
+    try {
+      return text.empty() ? std::regex() : std::regex(text);
+    } catch (const std::regex_error& e) {
+      throw Failure(kUsage, std::string(option) + ": bad regular expression: " + e.what());
+    }
+  };
+  const std::regex include = pattern(o.include, "--include"),
+                   exclude = pattern(o.exclude, "--exclude");
   // Standard output with -c or -o -, and by default for standard input, as zstd does.
   if (o.to_stdout && !o.output.empty()) throw Failure(kUsage, "-c and -o: give one");
   const bool std_out = o.to_stdout || o.output == "-" || (o.input == "-" && o.output.empty());
@@ -126,6 +128,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   std::vector<int> lossless(in.tensors.size());
   std::vector<const char*> names(in.tensors.size());
   std::vector<uint32_t> ndims(in.tensors.size());
+  bool any_included = false;
   for (size_t i = 0; i < in.tensors.size(); ++i) {
     const gift::io::TensorRef& t = in.tensors[i];
     // std::regex matches by recursion, a few hundred bytes of stack per character: a name of
@@ -137,11 +140,17 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
                                    " bytes; --include and --exclude match names of at most " +
                                    std::to_string(kMostMatchedName));
     }
-    const bool selected = (o.include.empty() || std::regex_search(t.name, include)) &&
-                          (o.exclude.empty() || !std::regex_search(t.name, exclude));
+    const bool included = o.include.empty() || std::regex_search(t.name, include);
+    any_included = any_included || included;
+    const bool selected = included && (o.exclude.empty() || !std::regex_search(t.name, exclude));
     lossless[i] = !(selected && t.shape.size() >= 2);
     names[i] = t.name.c_str();
     ndims[i] = uint32_t(t.shape.size());
+  }
+  // A pattern that matches nothing is likely a mistake (its stored size says so only later).
+  if (!o.include.empty() && !any_included && !in.tensors.empty() && !v.quiet) {
+    std::fprintf(stderr,
+                 "giftc: warning: --include matches no tensor: every one is stored losslessly\n");
   }
   const OutputPtr output =
       open_output(out, target.open_fd(out, o.force), o.fsync, o.force, {o.input});

@@ -691,6 +691,13 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
     kind = sniff_kind(b, size);
   } else {
     map_into(path, out, &b, &size);
+    // A file whose first bytes are another kind's: said so, where its parse by the name's kind
+    // failed on something else (a .npy named .safetensors: "header longer than 100 MiB").
+    const FileKind held = sniff_kind(b, size);
+    if (held != kind && held != FileKind::kSafetensors) {
+      bad(path, std::string("holds ") + (held == FileKind::kNpy ? "a .npy file" : "a ZIP archive") +
+                    " (its first bytes), not what its name's extension says");
+    }
   }
   parse_tensor_file(kind, b, size, from_stdin ? kStdinName : path,
                     from_stdin ? "tensor" : stem_of(path), out);

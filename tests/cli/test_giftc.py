@@ -1105,6 +1105,29 @@ class Giftc(unittest.TestCase):
             self.assertNotIn(b"/5", line, args)
             self.assertNotIn(b"\x1b", seen[at:], args)
 
+    def test_encode_says_which_pattern_is_bad_and_when_include_matches_nothing(self):
+        src = self.path("a.npy")
+        np.save(src, np.ones((4, 64), np.float32))
+        for option, pattern in (("--include", "["), ("--exclude", "(")):
+            r = run("encode", src, "-o", self.path("x.gift"), option, pattern)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn(option + ": bad regular expression", r.stderr)
+        r = run("encode", src, "-o", self.path("x.gift"), "--include", "zzz")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("warning: --include matches no tensor: every one is stored losslessly",
+                      r.stderr)
+        r = run("encode", src, "-f", "-o", self.path("x.gift"), "--include", "a")
+        self.assertNotIn("warning", r.stderr)
+        # A file of another kind than its name says is named as such (a .npy named .safetensors
+        # was "safetensors header longer than 100 MiB").
+        wrong = self.path("w.safetensors")
+        with open(src, "rb") as f, open(wrong, "wb") as g:
+            g.write(f.read())
+        r = run("encode", wrong, "-o", self.path("w.gift"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("holds a .npy file (its first bytes), not what its name's extension says",
+                      r.stderr)
+
     def test_include_refuses_names_too_long_to_match(self):
         # A 30,000-character name (a hostile file's) overflowed std::regex's stack: SIGSEGV.
         src = self.path("long.safetensors")
