@@ -414,9 +414,11 @@ giftResult_t OutputFile::commit() {
 }
 
 giftResult_t OutputFile::fail_exists() {
+  // Worded for whoever made the output not to replace a file: an API user (giftOutputSetReplace)
+  // or a command's user (giftc without -f), who never heard of the function.
   return fail_for_good(fail(GIFT_ERROR_IO,
-                            "%s: already exists, and this output does not replace a file "
-                            "(giftOutputSetReplace)",
+                            "%s: already exists (a file took that name while the output was "
+                            "written): it is kept, as this output replaces no file",
                             name_.c_str()));
 }
 
