@@ -106,6 +106,17 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   }
   if (o.embed_basis && o.basis.empty())
     throw Failure(kUsage, "--embed-basis needs --basis FILE.giftb");
+  // Options that would do nothing, said so rather than taken silently (a script may pass them
+  // every time, so not refused): given other than their defaults.
+  const EncodeOptions defaults;
+  if (!v.quiet && o.basis.empty() &&
+      (o.margin != defaults.margin || o.min_dim != defaults.min_dim || o.budget != defaults.budget))
+    std::fprintf(stderr,
+                 "giftc: warning: --margin, --min-dim and --flops-budget choose coordinates "
+                 "with --basis; without one they do nothing\n");
+  if (!v.quiet && p.rounding != GIFT_ROUND_STOCHASTIC && p.seed != 0)
+    std::fprintf(stderr,
+                 "giftc: warning: --seed is for --rounding stochastic; it does nothing here\n");
   const BasisPtr basis = read_basis(o.basis);
 
   gift::io::TensorFile in;

@@ -1118,6 +1118,16 @@ class Giftc(unittest.TestCase):
                       r.stderr)
         r = run("encode", src, "-f", "-o", self.path("x.gift"), "--include", "a")
         self.assertNotIn("warning", r.stderr)
+        # Options that do nothing where they are given are said to, not taken silently.
+        for args, says in ((["--margin", "0.1"], "--margin, --min-dim and --flops-budget choose "
+                            "coordinates with --basis; without one they do nothing"),
+                           (["--seed", "5"], "--seed is for --rounding stochastic")):
+            r = run("encode", src, "-f", "-o", self.path("x.gift"), *args)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("warning: " + says, r.stderr)
+        r = run("encode", src, "-f", "-o", self.path("x.gift"), "--seed", "5", "--rounding",
+                "stochastic", "--min-dim", "16")
+        self.assertNotIn("warning", r.stderr)
         # A file of another kind than its name says is named as such (a .npy named .safetensors
         # was "safetensors header longer than 100 MiB").
         wrong = self.path("w.safetensors")
