@@ -35,6 +35,27 @@ def run(*args, cwd=None):
     return subprocess.run([GIFTC, *map(str, args)], cwd=cwd, capture_output=True, text=True)
 
 
+def on_terminal(*args, locale="C.UTF-8"):
+    """giftc's output (stdout and stderr together) on a pseudo-terminal, under `locale`."""
+    import pty
+    pid, fd = pty.fork()
+    if pid == 0:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LC_")}
+        env.update(LANG=locale, LC_ALL=locale)
+        os.execve(GIFTC, [GIFTC, *map(str, args)], env)
+    seen = b""
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        seen += data
+    os.waitpid(pid, 0)
+    return seen
+
+
 def model_block_e4m3(x: np.ndarray, block: int = 128) -> np.ndarray:
     """FORMAT.md 1.7 in NumPy: per row, blocks of `block`, s = amax/448 (fp32), code = x/s."""
     rows, cols = x.shape
@@ -1020,7 +1041,6 @@ class Giftc(unittest.TestCase):
         self.assertTrue(np.isfinite(np.load(dec)).all())
 
     def test_control_characters_reach_a_terminal_escaped(self):
-        import pty
         import unicodedata
         src, out = self.path("evil.safetensors"), self.path("evil.gift")
         save_file({"evil\x1b]0;pwned\x07": np.ones((4, 64), np.float32),
@@ -1030,25 +1050,6 @@ class Giftc(unittest.TestCase):
                    "中文名": np.ones((4, 64), np.float32)}, src,
                   metadata={"k\x1b[2J": "v"})
         self.assertEqual(run("encode", src, "-o", out, "-q").returncode, 0)
-
-        def on_terminal(*args, locale="C.UTF-8"):
-            pid, fd = pty.fork()
-            if pid == 0:
-                env = {k: v for k, v in os.environ.items() if not k.startswith("LC_")}
-                env.update(LANG=locale, LC_ALL=locale)
-                os.execve(GIFTC, [GIFTC, *args], env)
-            seen = b""
-            while True:
-                try:
-                    data = os.read(fd, 4096)
-                except OSError:
-                    break
-                if not data:
-                    break
-                seen += data
-            os.waitpid(pid, 0)
-            return seen
-
         for args in (("inspect", out), ("compare", src, out), ("decode", out, "--basis", self.path("none"))):
             seen = on_terminal(*args)
             self.assertNotIn(b"\x1b", seen, args)
@@ -1077,7 +1078,6 @@ class Giftc(unittest.TestCase):
 
     def test_progress_is_cleared_before_the_summary(self):
         # On a terminal the summary followed "decode: 5/5" on its line, cleared only after it.
-        import pty
         rng = np.random.default_rng(15)
         src = self.path("mix.safetensors")
         save_file({f"w{i}": rng.standard_normal((64, 32)).astype(np.float32) for i in range(5)},
@@ -1086,19 +1086,7 @@ class Giftc(unittest.TestCase):
                               (["decode", self.path("m.gift"), "-o", self.path("d.safetensors")],
                                b"5 tensors -> "),
                               (["fit", src, "-o", self.path("m.giftb")], b"5 whiteners")):
-            pid, fd = pty.fork()
-            if pid == 0:
-                os.execv(GIFTC, [GIFTC, *args])
-            seen = b""
-            while True:
-                try:
-                    data = os.read(fd, 4096)
-                except OSError:
-                    break
-                if not data:
-                    break
-                seen += data
-            os.waitpid(pid, 0)
+            seen = on_terminal(*args)
             at = seen.index(summary)
             line = seen[seen.rindex(b"\r", 0, at) + 1:]  # from the last carriage return before it
             self.assertTrue(line.startswith(b"\x1b[K"), (args, seen))
