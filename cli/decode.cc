@@ -146,7 +146,7 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   const std::vector<uint8_t> head =
       npy ? gift::io::npy_header(headers[0])
           : gift::io::safetensors_header(headers, metadata_map(f.get()),
-                                         o.input == "-" ? gift::io::kStdinName : o.input);
+                                         gift::io::input_name(o.input));
   const OutputPtr out =
       open_output(target.path, where.open_fd(target.path, o.force), o.fsync, o.force, {o.input});
   uint64_t total = head.size();
@@ -176,8 +176,8 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
   progress.end();
   if (!v.quiet)
     std::fprintf(stderr, "%s: %llu tensor%s -> %s\n",
-                 shown(o.input == "-" ? gift::io::kStdinName : o.input, stderr).c_str(),
-                 (unsigned long long)n, n == 1 ? "" : "s", shown(target.path, stderr).c_str());
+                 shown(gift::io::input_name(o.input), stderr).c_str(), (unsigned long long)n,
+                 n == 1 ? "" : "s", shown(target.path, stderr).c_str());
 }
 
 }  // namespace

@@ -145,9 +145,8 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     // std::regex matches by recursion, a few hundred bytes of stack per character: a name of
     // 30,000 characters (a hostile file's) overflowed the stack (SIGSEGV).
     if ((!o.include.empty() || !o.exclude.empty()) && t.name.size() > kMostMatchedName) {
-      throw Failure(kBadInput, (o.input == "-" ? gift::io::kStdinName : o.input) + ": tensor '" +
-                                   t.name.substr(0, 32) + "...' has a name of " +
-                                   std::to_string(t.name.size()) +
+      throw Failure(kBadInput, gift::io::input_name(o.input) + ": tensor '" + t.name.substr(0, 32) +
+                                   "...' has a name of " + std::to_string(t.name.size()) +
                                    " bytes; --include and --exclude match names of at most " +
                                    std::to_string(kMostMatchedName));
     }
@@ -226,15 +225,15 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   progress.end();
   if (!v.quiet) {
     const uint64_t out_bytes = giftOutputBytes(sink);
-    std::fprintf(
-        stderr,
-        "%s: %zu tensor%s (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> "
-        "%s (%.2fx) -> %s\n",
-        shown(o.input == "-" ? gift::io::kStdinName : o.input, stderr).c_str(), in.tensors.size(),
-        in.tensors.size() == 1 ? "" : "s", (unsigned long long)quantized,
-        (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
-        human_bytes(in_bytes).c_str(), human_bytes(out_bytes).c_str(),
-        out_bytes ? double(in_bytes) / double(out_bytes) : 0.0, shown(out, stderr).c_str());
+    std::fprintf(stderr,
+                 "%s: %zu tensor%s (%llu FP8 of which %llu in GIFT coordinates, %llu raw), %s -> "
+                 "%s (%.2fx) -> %s\n",
+                 shown(gift::io::input_name(o.input), stderr).c_str(), in.tensors.size(),
+                 in.tensors.size() == 1 ? "" : "s", (unsigned long long)quantized,
+                 (unsigned long long)in_gift, (unsigned long long)(in.tensors.size() - quantized),
+                 human_bytes(in_bytes).c_str(), human_bytes(out_bytes).c_str(),
+                 out_bytes ? double(in_bytes) / double(out_bytes) : 0.0,
+                 shown(out, stderr).c_str());
   }
 }
 

@@ -699,8 +699,7 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
                     " (its first bytes), not what its name's extension says");
     }
   }
-  parse_tensor_file(kind, b, size, from_stdin ? kStdinName : path,
-                    from_stdin ? "tensor" : stem_of(path), out);
+  parse_tensor_file(kind, b, size, input_name(path), from_stdin ? "tensor" : stem_of(path), out);
 }
 
 bool is_frame(const uint8_t* b, uint64_t size) {

@@ -75,8 +75,9 @@ enum class FileKind { kSafetensors, kNpy, kNpz, kUnknown };
 // By extension (.safetensors, .npy, .npz).
 FileKind kind_of_path(const std::string& path);
 
-// What standard input is called in messages.
+// What standard input is called in messages, and a command's input path ("-" for it) there.
 inline const char* const kStdinName = "standard input";
+inline std::string input_name(const std::string& path) { return path == "-" ? kStdinName : path; }
 
 // Bytes of the well-formed UTF-8 sequence that starts at s[i] (shortest form, no surrogate, at
 // most U+10FFFF: what JSON and the library take), or 0 where none does.
