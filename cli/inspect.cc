@@ -2,6 +2,7 @@
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "commands.h"
 #include "json_output.h"
@@ -30,8 +31,19 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   const FramePtr f = open_frame(o.input);
   check(giftFrameSetThreads(f.get(), o.threads));
   if (!o.basis.empty() && !o.verify) throw Failure(kUsage, "--basis is for --verify");
-  // The library's verdict, the same call every embedder makes.
-  if (o.verify) check(giftFrameVerifyWithBasis(f.get(), read_basis(o.basis).get()));
+  // The library's verdict, the same call every embedder makes. With --json a frame that
+  // fails it is still described, the failure in the document too (a script reads one
+  // document either way), and giftc exits as it would without --json.
+  std::optional<Failure> verify_failure;
+  if (o.verify) {
+    const BasisPtr basis = read_basis(o.basis);
+    try {
+      check(giftFrameVerifyWithBasis(f.get(), basis.get()));
+    } catch (const Failure& e) {
+      if (!o.json) throw;
+      verify_failure = e;
+    }
+  }
   giftFrameInfo info = GIFT_FRAME_INFO_INIT;
   check(giftFrameGetInfo(f.get(), &info));
 
@@ -98,10 +110,15 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
                    {"stored_bytes", total_stored},
                    {"file_bytes", file_bytes},
                    {"ratio", file_bytes ? double(total_original) / double(file_bytes) : 0.0}};
-  if (o.verify) doc["verified"] = true;
+  if (o.verify) doc["verified"] = !verify_failure;
+  if (verify_failure) {
+    doc["verify_error"] = {{"exit_status", verify_failure->code},
+                           {"message", verify_failure->what()}};
+  }
 
   if (o.json) {
     std::printf("%s\n", json_text(doc).c_str());
+    if (verify_failure) throw *verify_failure;
     return;
   }
   std::printf("%s: GIFT frame %s, %s, %zu tensor%s, producer \"%s\"\n",

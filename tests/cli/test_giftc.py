@@ -884,6 +884,31 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 4, r.stderr)
         r = run("inspect", frame, "--verify", "--basis", basis, "-q")
         self.assertEqual(r.returncode, 0, r.stderr)
+        # With --json, a frame that fails its verification is still described, with the
+        # failure, and the exit status is the same; it printed no JSON.
+        r = run("inspect", frame, "--verify", "--json")
+        self.assertEqual(r.returncode, 4, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual([t["name"] for t in doc["tensors"]], ["w"])
+        self.assertFalse(doc["verified"])
+        self.assertEqual(doc["verify_error"]["exit_status"], 4)
+        self.assertIn(doc["verify_error"]["message"], r.stderr)
+        self.assertTrue(json.loads(run("inspect", frame, "--verify", "--json", "--basis", basis)
+                                   .stdout)["verified"])
+        with open(frame, "rb") as f:
+            data = bytearray(f.read())
+        data[-1] ^= 0x40  # the last section's last byte
+        bad = self.path("bad.gift")
+        with open(bad, "wb") as f:
+            f.write(data)
+        r = run("inspect", bad, "--verify", "--json", "--basis", basis)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertFalse(doc["verified"])
+        self.assertEqual(doc["verify_error"]["exit_status"], 2)
+        self.assertIn("checksum mismatch", doc["verify_error"]["message"])
+        r = run("inspect", bad, "--verify", "--basis", basis)  # the table is not printed
+        self.assertEqual((r.returncode, r.stdout), (2, ""))
         wrong = self.path("other.giftb")
         self.assertEqual(run("fit", other, "-o", wrong, "-q").returncode, 0)
         r = run("inspect", frame, "--verify", "--basis", wrong, "-q")
