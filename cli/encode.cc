@@ -15,6 +15,14 @@ namespace {
 // Longest tensor name --include and --exclude take (see where they match).
 constexpr size_t kMostMatchedName = 4096;
 
+// The first 32 bytes or so of a long name, for a message: cut before a UTF-8 character, not
+// inside it.
+std::string head_of(const std::string& name) {
+  size_t cut = std::min<size_t>(32, name.size());
+  while (cut > 0 && cut < name.size() && (uint8_t(name[cut]) & 0xC0) == 0x80) --cut;
+  return name.substr(0, cut);
+}
+
 struct EncodeOptions {
   std::string input, output;
   std::string fp8 = "e4m3", scale = "block:128", scale_dtype = "f32", rounding = "nearest";
@@ -145,7 +153,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
     // std::regex matches by recursion, a few hundred bytes of stack per character: a name of
     // 30,000 characters (a hostile file's) overflowed the stack (SIGSEGV).
     if ((!o.include.empty() || !o.exclude.empty()) && t.name.size() > kMostMatchedName) {
-      throw Failure(kBadInput, gift::io::input_name(o.input) + ": tensor '" + t.name.substr(0, 32) +
+      throw Failure(kBadInput, gift::io::input_name(o.input) + ": tensor '" + head_of(t.name) +
                                    "...' has a name of " + std::to_string(t.name.size()) +
                                    " bytes; --include and --exclude match names of at most " +
                                    std::to_string(kMostMatchedName));

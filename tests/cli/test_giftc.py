@@ -1162,6 +1162,14 @@ class Giftc(unittest.TestCase):
             self.assertIn("has a name of 30000 bytes; --include and --exclude match names of at "
                           "most 4096", r.stderr)
             self.assertFalse(os.path.exists(self.path("l.gift")))
+        # The name is quoted by its head, cut between characters, not inside one.
+        save_file({"a" + "\u00e9" * 3000: np.ones((2, 16), np.float32)}, src)
+        r = subprocess.run([GIFTC, "encode", src, "-f", "-o", self.path("l.gift"), "--include", "x"],
+                           capture_output=True)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(("tensor 'a" + "\u00e9" * 15 + "...' has a name of 6001 bytes").encode(),
+                      r.stderr)
+        r.stderr.decode("utf-8")  # every byte of the message is UTF-8
         save_file({"b" * 4090 + "weight": np.ones((2, 16), np.float32)}, src)  # 4096: matched
         r = run("encode", src, "-f", "-o", self.path("l.gift"), "--exclude", "weight$", "-q")
         self.assertEqual(r.returncode, 0, r.stderr)
