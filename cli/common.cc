@@ -309,6 +309,11 @@ bool file_exists(const std::string& path) {
 void check_output(const std::string& path, bool force, const std::vector<std::string>& inputs) {
   struct stat out;
   if (::lstat(path.c_str(), &out) != 0) return;
+  if (S_ISLNK(out.st_mode)) {  // /dev/stdout with standard output on a file is one
+    throw Failure(kUsage, path +
+                              ": is a symbolic link; giftc replaces only regular files (for "
+                              "standard output, give -o -)");
+  }
   if (!S_ISREG(out.st_mode)) {
     throw Failure(kUsage, path +
                               ": exists and is not a regular file; giftc replaces only "

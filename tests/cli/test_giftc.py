@@ -107,11 +107,23 @@ class Giftc(unittest.TestCase):
         os.symlink(target, link)
         hard = self.path("hard.npy")
         os.link(src, hard)
-        for out, why in ((link, "not a regular file"), (src, "is the input"),
+        folder = self.path("dir.gift")
+        os.mkdir(folder)
+        for out, why in ((link, "is a symbolic link; giftc replaces only regular files"),
+                         (folder, "not a regular file"), (src, "is the input"),
                          (hard, "is the input")):
             r = run("encode", src, "-o", out, "-f")
             self.assertEqual(r.returncode, 1, out)
             self.assertIn(why, r.stderr)
+        self.assertEqual(pathlib.Path(target).read_bytes(), b"keep")
+        # /dev/stdout with standard output on a file is a link too: the message says what
+        # standard output is.
+        with open(self.path("stdout.gift"), "wb") as f:
+            r = subprocess.run([GIFTC, "encode", src, "-f", "-o", "/dev/stdout"], stdout=f,
+                               stderr=subprocess.PIPE, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("/dev/stdout: is a symbolic link; giftc replaces only regular files (for "
+                      "standard output, give -o -)", r.stderr)
         self.assertEqual(run("encode", src, "-o", "/dev/null", "-q").returncode, 0)
         self.assertTrue(os.path.exists("/dev/null") and not os.path.isfile("/dev/null"))
         import threading
