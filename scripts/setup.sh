@@ -11,7 +11,7 @@ debs=(
   libhwy-dev libomp-dev
   libopenblas-dev liblapacke-dev
   libflatbuffers-dev flatbuffers-compiler libzstd-dev libxxhash-dev
-  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev libre2-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev clang-format git
   python3-dev pybind11-dev

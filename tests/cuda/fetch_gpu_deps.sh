@@ -21,7 +21,7 @@ packages=(
   liblapacke-dev liblapacke libtmglib-dev libtmglib3 libgfortran5 libquadmath0
   libflatbuffers-dev libflatbuffers2 flatbuffers-compiler flatbuffers-compiler-dev
   libzstd-dev libzstd1 libxxhash-dev libxxhash0 zlib1g-dev zlib1g
-  libcli11-dev nlohmann-json3-dev
+  libcli11-dev nlohmann-json3-dev libre2-dev libre2-9
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian
   pybind11-dev
 )
