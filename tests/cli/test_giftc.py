@@ -881,6 +881,34 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", frame, "-o", back, "-q").returncode, 0)
         np.testing.assert_array_equal(np.load(back), model_block_e4m3(x))
 
+    def test_a_tensor_without_rows_has_its_sections_checked_too(self):
+        # decode and compare never read the sections of a [0, 64] tensor, so that a damaged
+        # checksum there passed them while inspect --verify refused the frame.
+        import xxhash
+        src, frame, bad = self.path("z.safetensors"), self.path("z.gift"), self.path("zb.gift")
+        save_file({"z": np.zeros((0, 64), np.float32), "w": np.ones((4, 64), np.float32)}, src)
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        with open(frame, "rb") as f:
+            data = bytearray(f.read())
+        length = struct.unpack_from("<I", data, 12)[0]
+        empty = struct.pack("<Q", xxhash.xxh3_64_intdigest(b""))
+        header = bytes(data[32:32 + length])
+        self.assertEqual(header.count(empty), 2)  # the empty codes and scales of 'z'
+        data[32 + header.find(empty)] ^= 0xFF
+        struct.pack_into("<Q", data, 16, xxhash.xxh3_64_intdigest(bytes(data[32:32 + length])))
+        with open(bad, "wb") as f:
+            f.write(data)
+        for args in (("inspect", bad, "--verify"), ("decode", bad, "-o", self.path("d.safetensors")),
+                     ("compare", src, bad)):
+            r = run(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("zb.gift: tensor 'z': ", r.stderr)
+            self.assertIn("section: checksum mismatch (the data is damaged)", r.stderr)
+        self.assertFalse(os.path.exists(self.path("d.safetensors")))
+        for args in (("decode", frame, "-o", self.path("d.safetensors")), ("compare", src, frame)):
+            self.assertEqual(run(*args).returncode, 0, args)
+        self.assertEqual(load_file(self.path("d.safetensors"))["z"].shape, (0, 64))
+
     def test_inspect_verifies_a_frame_whose_basis_travels_apart(self):
         # Encoded with --basis and without --embed-basis, a frame could not be verified at all.
         rng = np.random.default_rng(4)
