@@ -11,6 +11,14 @@
 namespace giftc {
 namespace {
 
+// The first few of `names`, for a message on standard error.
+std::string listed(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size() && i < 5; ++i)
+    text += (i ? ", " : "") + shown(names[i], stderr);
+  return names.size() > 5 ? text + ", ..." : text;
+}
+
 struct FitCliOptions {
   std::vector<std::string> inputs;
   std::string output, activations;
@@ -144,6 +152,7 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
   Progress progress("fit", names.size(), v);
   size_t done = 0;
   std::vector<std::string> unmeasured;  // --damping auto without a gradient to measure on
+  std::vector<std::string> left_out;    // a zero second moment: no whitener
   for (const std::string& name : names) {
     const std::string what = "tensor '" + name + "'";
     uint32_t dim = 0;
@@ -176,23 +185,35 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     check(giftBasisBuilderAdd(builder, name.c_str(), a.data(), dim, source.c_str(), dampings.data(),
                               uint32_t(dampings.size()), probe, probe ? last->shape[0] : 0, nullptr,
                               &chosen));
+    if (chosen == 0) left_out.push_back(name);  // a zero moment: no whitener
     if (v.verbose) {
       progress.clear();
-      std::fprintf(stderr, "%s: damping %g\n", shown(name, stderr).c_str(), chosen);
+      if (chosen == 0) {
+        std::fprintf(stderr, "%s: zero second moment, left out\n", shown(name, stderr).c_str());
+      } else {
+        std::fprintf(stderr, "%s: damping %g\n", shown(name, stderr).c_str(), chosen);
+      }
     }
     progress.step(++done);
   }
+  if (left_out.size() == names.size()) {
+    throw Failure(kBadInput, "every tensor's second moment is zero (" + listed(left_out) +
+                                 "): nothing to fit a whitener to");
+  }
+  if (!v.quiet) progress.clear();
   if (!unmeasured.empty() && !v.quiet) {
-    progress.clear();
-    std::string listed;
-    for (size_t i = 0; i < unmeasured.size() && i < 5; ++i)
-      listed += (i ? ", " : "") + shown(unmeasured[i], stderr);
-    if (unmeasured.size() > 5) listed += ", ...";
     std::fprintf(stderr,
                  "giftc: warning: %zu tensor%s without a 2-D gradient in %s (%s): damping %g, "
                  "the first candidate, taken without measurement\n",
                  unmeasured.size(), unmeasured.size() == 1 ? "" : "s",
-                 shown(o.inputs.back(), stderr).c_str(), listed.c_str(), dampings[0]);
+                 shown(o.inputs.back(), stderr).c_str(), listed(unmeasured).c_str(), dampings[0]);
+  }
+  if (!left_out.empty() && !v.quiet) {
+    std::fprintf(stderr,
+                 "giftc: warning: %zu tensor%s with a zero second moment (%s): no whitener, %s "
+                 "Euclidean wherever the basis is used\n",
+                 left_out.size(), left_out.size() == 1 ? "" : "s", listed(left_out).c_str(),
+                 left_out.size() == 1 ? "it stays" : "they stay");
   }
   giftBasis* fitted = nullptr;
   check(giftBasisBuilderFinish(builder, &fitted));

@@ -270,7 +270,9 @@ class Basis:
             source="activations"):
         """Fits a whitener per matrix from its input side's second moment: `moments` maps a
         matrix name to a d_in x d_in symmetric positive semi-definite array (activation
-        statistics E[x x^T], or W^T W / rows of gradients with source="gradients")."""
+        statistics E[x x^T], or W^T W / rows of gradients with source="gradients"). A zero
+        moment (a matrix that saw no input: a frozen or dead layer) gets no whitener, so that
+        matrix stays Euclidean wherever the basis is used."""
         import numpy as np
         held = []
         for name, a in moments.items():

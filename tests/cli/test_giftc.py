@@ -957,6 +957,37 @@ class Giftc(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("--basis is for --verify", r.stderr)
 
+    def test_fit_leaves_out_a_tensor_whose_moment_is_zero(self):
+        # A frozen layer's zero gradient failed the whole fit ("A has no positive diagonal to
+        # damp against"); it is left out, with a warning, and stays Euclidean.
+        rng = np.random.default_rng(8)
+        src, acts = self.path("z.safetensors"), self.path("za.safetensors")
+        save_file({"good": rng.standard_normal((64, 32)).astype(np.float32),
+                   "frozen": np.zeros((64, 32), np.float32)}, src)
+        save_file({"good": np.eye(32, dtype=np.float32),
+                   "frozen": np.zeros((32, 32), np.float32)}, acts)
+        basis, frame = self.path("z.giftb"), self.path("z.gift")
+        for extra in ((), ("--damping", "0.1"), ("--damping-absolute", "--damping", "0.1"),
+                      ("--activations", acts)):
+            r = run("fit", src, "-o", basis, "-f", *extra)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("warning: 1 tensor with a zero second moment (frozen): no whitener, it "
+                          "stays Euclidean wherever the basis is used", r.stderr)
+            self.assertIn(": 1 whitener (", r.stderr)
+            names = {t["name"].split("#")[0] for t in
+                     json.loads(run("inspect", basis, "--json").stdout)["tensors"]}
+            self.assertEqual(names, {"good"})
+        r = run("encode", src, "--basis", basis, "--coords", "gift", "-o", frame)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        coords = {t["name"]: t["coords"]
+                  for t in json.loads(run("inspect", frame, "--json").stdout)["tensors"]}
+        self.assertEqual(coords, {"good": "gift", "frozen": "euclidean"})
+        save_file({"frozen": np.zeros((64, 32), np.float32)}, src)
+        r = run("fit", src, "-o", basis, "-f")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("every tensor's second moment is zero (frozen): nothing to fit a whitener "
+                      "to", r.stderr)
+
     def test_fit_says_which_dampings_it_could_not_measure(self):
         # --damping auto measures on the last dump: a tensor only in an older one got the first
         # candidate, and the summary said "measured per tensor".

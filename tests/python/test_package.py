@@ -166,6 +166,20 @@ class Package(unittest.TestCase):
         np.testing.assert_allclose(gift.decode(ours, basis=again)["a.weight"], grad["a.weight"],
                                    atol=0.15 * np.abs(grad["a.weight"]).max())
 
+    def test_basis_fit_leaves_out_a_zero_moment(self):
+        # A layer that saw no input (its moment zero) failed the whole fit, and with it the DDP
+        # hook's first refresh behind a zero-initialised layer; it gets no whitener instead.
+        rng = np.random.default_rng(5)
+        acts = rng.standard_normal((256, 64))
+        basis = gift.Basis.fit({"dead.weight": np.zeros((64, 64)),
+                                "live.weight": acts.T @ acts / 256}, rank=4)
+        self.assertEqual([e["name"] for e in basis.entries], ["live.weight"])
+        grad = {"dead.weight": rng.standard_normal((32, 64)).astype(np.float32),
+                "live.weight": rng.standard_normal((32, 64)).astype(np.float32)}
+        with gift.open(gift.encode(grad, basis=basis, coords="gift")) as f:
+            self.assertEqual([t["coords"] for t in f.tensors], ["euclidean", "gift"])
+        self.assertEqual(len(gift.Basis.fit({"dead.weight": np.zeros((64, 64))}).entries), 0)
+
     def test_encode_tensor_gives_the_frames_codes_and_decode_tensor_its_values(self):
         rng = np.random.default_rng(6)
         tensors = [(rng.standard_normal((33, 200)) * np.logspace(-3, 2, 200)).astype(np.float32),

@@ -334,6 +334,52 @@ TEST_F(BasisApi, FitsAndRoundTripsThroughBytesAndFiles) {
   expect_same_entries(basis.get(), from_file.get());
 }
 
+// A matrix whose second moment is zero (a frozen or dead layer: no input reached it) is left
+// out of the basis, so that the others are still fitted; it failed the whole fit before.
+TEST_F(BasisApi, AZeroMomentIsLeftOutAndTheOthersFitted) {
+  const Layer& l = *layer_;
+  for (const int relative : {1, 0}) {
+    giftFitParams fp = GIFT_FIT_PARAMS_INIT;
+    fp.damping_relative = relative;
+    giftBasisBuilder* raw = nullptr;
+    ASSERT_EQ(giftBasisBuilderCreate(&fp, &raw), GIFT_OK);
+    const std::unique_ptr<giftBasisBuilder, decltype(&giftBasisBuilderFree)> b(
+        raw, giftBasisBuilderFree);
+    std::vector<double> zero(l.a.size(), 0.0);
+    double chosen = -1;
+    ASSERT_EQ(giftBasisBuilderAdd(b.get(), "frozen", zero.data(), l.dim, "gradients", nullptr, 0,
+                                  nullptr, 0, nullptr, &chosen),
+              GIFT_OK)
+        << giftGetLastErrorMessage();
+    EXPECT_EQ(chosen, 0.0);
+    ASSERT_EQ(giftBasisBuilderAdd(b.get(), "live", l.a.data(), l.dim, "gradients", nullptr, 0,
+                                  nullptr, 0, nullptr, &chosen),
+              GIFT_OK);
+    EXPECT_EQ(chosen, fp.damping);
+    EXPECT_EQ(giftBasisBuilderAdd(b.get(), "frozen", zero.data(), l.dim, "gradients", nullptr, 0,
+                                  nullptr, 0, nullptr, nullptr),
+              GIFT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("'frozen' added twice"),
+              std::string::npos);
+    // A zero diagonal with something off it is no second moment at all.
+    zero[1] = zero[l.dim] = 1.0;
+    EXPECT_EQ(giftBasisBuilderAdd(b.get(), "odd", zero.data(), l.dim, "gradients", nullptr, 0,
+                                  nullptr, 0, nullptr, nullptr),
+              GIFT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(giftGetLastErrorMessage()).find("not positive semi-definite"),
+              std::string::npos);
+    giftBasis* basis = nullptr;
+    ASSERT_EQ(giftBasisBuilderFinish(b.get(), &basis), GIFT_OK);
+    const BasisPtr owned(basis, giftBasisFree);
+    ASSERT_EQ(giftBasisEntryCount(basis), 1u);
+    uint64_t index = 0;
+    EXPECT_EQ(giftBasisFindEntry(basis, "live", &index), GIFT_OK);
+    EXPECT_EQ(giftBasisFindEntry(basis, "frozen", &index), GIFT_ERROR_NOT_FOUND);
+    std::vector<float> w(l.w.begin(), l.w.begin() + 4 * l.dim);
+    EXPECT_EQ(giftBasisWhiten(basis, "frozen", w.data(), 4, l.dim), GIFT_ERROR_BASIS_MISSING);
+  }
+}
+
 TEST_F(BasisApi, WhitenThenUnwhitenIsTheIdentity) {
   const Layer& l = *layer_;
   const BasisPtr basis = fit(l, "layer.w");

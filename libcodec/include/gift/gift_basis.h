@@ -104,7 +104,9 @@ GIFT_API void giftBasisBuilderFree(giftBasisBuilder* builder);
  * "gradients"). With n_dampings > 0 the candidate dampings replace params->damping: each is
  * measured on `probe` (probe_rows x dim fp32, a gradient of that matrix) by the encoder's
  * estimate under `measure` and the lowest kept (the first without a probe). *chosen, if
- * not NULL, gets the damping kept. */
+ * not NULL, gets the damping kept. A zero `a` (the matrix saw no input, or only values whose
+ * squares underflow) has nothing to whiten by: the matrix gets no whitener, so it stays
+ * Euclidean wherever the basis is used, the call succeeds, and *chosen is 0. */
 GIFT_API giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name,
                                           const double* a, uint32_t dim, const char* source,
                                           const double* dampings, uint32_t n_dampings,

@@ -247,7 +247,8 @@ GIFT_API giftResult_t giftCommSetBasis(giftComm* comm, const giftBasis* basis);
 /* Refits the basis from activation statistics and sets it (collective): moments[i] is this
  * rank's dims[i] x dims[i] fp32 second moment of the inputs of matrix names[i]; they are
  * summed over the ranks in rank order in fp32 and averaged, rank 0 fits a whitener to each
- * (giftBasisBuilderAdd with `params`, source "activations"), and broadcasts the basis's bytes,
+ * (giftBasisBuilderAdd with `params`, source "activations": a zero moment gets none, and its
+ * matrix stays Euclidean), and broadcasts the basis's bytes,
  * so every rank ends with the same basis id. *basis (may be NULL) receives a copy for the
  * caller (giftBasisFree). Every rank gives the same names and dimensions in the same order;
  * where one differs, the call fails on every rank (GIFT_ERROR_INVALID_ARGUMENT, naming it)

@@ -1,5 +1,6 @@
 // The C API of GIFT coordinates (gift_basis.h): bases, fitting, whitening, the measured
 // choice of coordinates, and frames written and read in a basis's coordinates.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -288,8 +289,10 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
       return fail(GIFT_ERROR_INVALID_ARGUMENT,
                   "'%s': source '%s' is not \"activations\" or \"gradients\"", name, source);
     }
-    for (const auto& e : builder->entries) {
-      if (e.name == name) return fail(GIFT_ERROR_INVALID_ARGUMENT, "'%s' added twice", name);
+    const auto named = [name](const auto& e) { return e.name == name; };
+    if (std::any_of(builder->entries.begin(), builder->entries.end(), named) ||
+        std::count(builder->left_out.begin(), builder->left_out.end(), name)) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT, "'%s' added twice", name);
     }
     giftQuantParams q = GIFT_QUANT_PARAMS_INIT;
     if (probe && probe_rows) {
@@ -324,6 +327,23 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
                     "is negative (%g)",
                     name, (unsigned long long)k, a[k * dim + k]);
       }
+    }
+    // A zero second moment (the matrix saw no input, or inputs whose squares underflow: a
+    // frozen or dead layer, a zero-initialised one before it) has no geometry to whiten by:
+    // the matrix gets no whitener and stays Euclidean, rather than failing the whole fit.
+    // Semi-definite with a zero diagonal is zero: anything else off it is refused.
+    if (std::all_of(a, a + uint64_t(dim) * dim, [](double x) { return x == 0; })) {
+      builder->left_out.push_back(name);
+      if (chosen) *chosen = 0;
+      return GIFT_OK;
+    }
+    bool diagonal = false;
+    for (uint64_t k = 0; k < dim; ++k) diagonal = diagonal || a[k * dim + k] > 0;
+    if (!diagonal) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "'%s': the second moment is not positive semi-definite: its diagonal is zero "
+                  "and other entries are not",
+                  name);
     }
     gift::coords::LowRankPlusDiagonal fit;
     if (const giftResult_t r = gift::coords::fit_low_rank(a, dim, builder->options, &fit))

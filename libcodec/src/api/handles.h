@@ -40,4 +40,5 @@ struct giftFrameWriter {
 struct giftBasisBuilder {
   gift::coords::FitOptions options;
   std::vector<gift::coords::BasisEntry> entries;
+  std::vector<std::string> left_out;  // added with a zero second moment: no whitener
 };
