@@ -33,10 +33,13 @@ class Source {
  public:
   Source(const std::string& path, const std::vector<BasisPtr>& bases, int threads)
       : frame_(nullptr, giftFrameClose) {
-    // Standard input holds either kind, told apart by its first bytes as encode does.
+    // Standard input holds either kind, told apart by its first bytes as encode does; so does
+    // a file whose name has no tensor file's extension (a frame, or a tensor file by its first
+    // bytes).
     const bool tensors_from_stdin =
         path == "-" && !gift::io::is_frame(stdin_bytes().data, stdin_bytes().size);
-    if (!tensors_from_stdin && gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown) {
+    if (!tensors_from_stdin && gift::io::kind_of_path(path) == gift::io::FileKind::kUnknown &&
+        (path == "-" || !gift::io::file_lacks_frame_magic(path))) {
       frame_ = open_frame(path);
       check(giftFrameSetThreads(frame_.get(), threads));
       giftFrameInfo frame = GIFT_FRAME_INFO_INIT;

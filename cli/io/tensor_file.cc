@@ -57,7 +57,8 @@ constexpr uint64_t kMaxSafetensorsHeader = uint64_t(100) << 20;
 // JSON nesting: far more than a header needs, far less than would strain the stack.
 constexpr int kMaxSafetensorsDepth = 64;
 
-constexpr const char* kUnknownKind = "unknown file type (expected .safetensors, .npy or .npz)";
+constexpr const char* kUnknownKind =
+    "unknown file type (expected .safetensors, .npy or .npz, by its name or its first bytes)";
 
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
@@ -680,7 +681,6 @@ void check_unread(const TensorFile& f) {
 void read_tensor_file(const std::string& path, TensorFile* out) {
   const bool from_stdin = path == "-";
   FileKind kind = kind_of_path(path);
-  if (kind == FileKind::kUnknown && !from_stdin) bad(path, kUnknownKind);
   const uint8_t* b = nullptr;
   uint64_t size = 0;
   if (from_stdin) {
@@ -690,11 +690,16 @@ void read_tensor_file(const std::string& path, TensorFile* out) {
     if (m.storage) out->storage.push_back(m.storage);
     kind = sniff_kind(b, size);
   } else {
-    map_into(path, out, &b, &size);
-    // A file whose first bytes are another kind's: said so, where its parse by the name's kind
-    // failed on something else (a .npy named .safetensors: "header longer than 100 MiB").
+    map_into(path, out, &b, &size);  // one that cannot be opened says so first
+    // A name without a known extension: the kind its first bytes say, as for standard input
+    // (a safetensors file's JSON header starts after its 8-byte length).
     const FileKind held = sniff_kind(b, size);
-    if (held != kind && held != FileKind::kSafetensors) {
+    if (kind == FileKind::kUnknown) {
+      kind = held != FileKind::kSafetensors || (size > 8 && b[8] == '{') ? held : kind;
+    } else if (held != kind && held != FileKind::kSafetensors) {
+      // A file whose first bytes are another kind's: said so, where its parse by the name's
+      // kind failed on something else (a .npy named .safetensors: "header longer than 100
+      // MiB").
       bad(path, std::string("holds ") + (held == FileKind::kNpy ? "a .npy file" : "a ZIP archive") +
                     " (its first bytes), not what its name's extension says");
     }
@@ -708,6 +713,19 @@ bool is_frame(const uint8_t* b, uint64_t size) {
   const giftResult_t r = giftFrameOpen(b, size, &frame);
   giftFrameClose(frame);
   return r != GIFT_ERROR_FRAME_MAGIC;
+}
+
+bool file_lacks_frame_magic(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  uint8_t head[32];
+  ssize_t n;
+  do {
+    n = ::read(fd, head, sizeof head);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  // The preamble's first 8 bytes are the magic: a prefix of a frame opens as a truncated one.
+  return n >= 0 && (n < 8 || !is_frame(head, uint64_t(n)));
 }
 
 void parse_tensor_file(FileKind kind, const uint8_t* b, uint64_t size, const std::string& name,

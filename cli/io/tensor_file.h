@@ -85,6 +85,10 @@ size_t utf8_sequence_length(const std::string& s, size_t i);
 // For names that are not: printable ASCII but backslash kept, other bytes as \xNN.
 std::string ascii_escaped(const std::string& s);
 
+// Whether the file at `path` opens and its first bytes are not a GIFT frame's magic (false
+// where it cannot be read: opening it as a frame then says why).
+bool file_lacks_frame_magic(const std::string& path);
+
 // Reads any supported kind; "-" reads standard input (kept in an unnamed scratch file, its
 // kind told by its first bytes). Errors are giftc::Failure naming the file (and tensor):
 // kIoError for files that cannot be read, kBadInput for malformed or unsupported ones.

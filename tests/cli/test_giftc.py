@@ -881,6 +881,41 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", frame, "-o", back, "-q").returncode, 0)
         np.testing.assert_array_equal(np.load(back), model_block_e4m3(x))
 
+    def test_a_file_without_an_extension_is_told_by_its_first_bytes(self):
+        # A missing file without an extension was "unknown file type" (status 2), not one that
+        # cannot be opened (3); an existing one was refused (fit) or read as a frame (compare).
+        rng = np.random.default_rng(9)
+        w = rng.standard_normal((64, 64)).astype(np.float32)
+        st, npy, frame = self.path("w_st"), self.path("w_npy"), self.path("w_frame")
+        save_file({"w": w}, st)
+        np.save(npy + ".npy", w)
+        os.rename(npy + ".npy", npy)
+        for args in (("fit", self.path("none"), "-o", self.path("b.giftb")),
+                     ("encode", self.path("none")), ("compare", self.path("none"), st),
+                     ("compare", st, self.path("none"))):
+            r = run(*args)
+            self.assertEqual(r.returncode, 3, args)
+            self.assertIn("none: cannot open: No such file or directory", r.stderr)
+        self.assertEqual(run("encode", st, "-o", frame, "-q").returncode, 0)
+        self.assertEqual(run("fit", st, "-o", self.path("b.giftb"), "-q").returncode, 0)
+        for ref, other in ((st, frame), (frame, st), (npy, frame), (st, npy)):
+            doc = json.loads(run("compare", ref, other, "--json").stdout)
+            self.assertEqual(len(doc["tensors"]), 1, (ref, other))
+        self.assertEqual(json.loads(run("compare", st, npy, "--json").stdout)["total"]["rel_l2"],
+                         0)
+        r = run("encode", npy, "-o", self.path("n.gift"), "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(run("inspect", self.path("n.gift"), "--json").stdout)
+                         ["tensors"][0]["name"], "w_npy")
+        junk = self.path("junk")
+        with open(junk, "wb") as f:
+            f.write(b"not a tensor file at all")
+        for args in (("encode", junk), ("compare", st, junk)):
+            r = run(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("junk: unknown file type (expected .safetensors, .npy or .npz, by its "
+                          "name or its first bytes)", r.stderr)
+
     def test_a_tensor_without_rows_has_its_sections_checked_too(self):
         # decode and compare never read the sections of a [0, 64] tensor, so that a damaged
         # checksum there passed them while inspect --verify refused the frame.
