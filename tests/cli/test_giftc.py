@@ -881,6 +881,39 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("decode", frame, "-o", back, "-q").returncode, 0)
         np.testing.assert_array_equal(np.load(back), model_block_e4m3(x))
 
+    def test_compare_says_an_a_that_is_not_semi_definite_has_no_a_norm(self):
+        # A symmetric A with a positive diagonal but a negative eigenvalue gave rel_anorm '-'
+        # as if there were no A, silently (or a plausible number where it stayed positive).
+        rng = np.random.default_rng(2)
+        w = rng.standard_normal((64, 32)).astype(np.float32)
+        src, frame, acts = self.path("w.safetensors"), self.path("w.gift"), self.path("a.safetensors")
+        save_file({"v": w, "w": w.copy()}, src)
+        x = rng.standard_normal((256, 32))
+        good = (x.T @ x / 256).astype(np.float32)
+        bad = np.zeros((32, 32), np.float32)
+        bad[0, 0] = bad[1, 1] = 1e-6
+        bad[0, 1] = bad[1, 0] = 1.0
+        save_file({"v": good, "w": bad}, acts)
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        r = run("compare", src, frame, "--activations", acts, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("tensor 'w' is not positive semi-definite (the A-norm squared of the "
+                      "reference is negative): no rel_anorm for it", r.stderr)
+        doc = json.loads(r.stdout)
+        by = {t["name"]: t for t in doc["tensors"]}
+        self.assertIsNone(by["w"]["rel_anorm"])
+        self.assertEqual(doc["total"]["rel_anorm"], by["v"]["rel_anorm"])  # w left out
+        decoded = self.path("d.safetensors")
+        self.assertEqual(run("decode", frame, "-o", decoded, "-q").returncode, 0)
+        e = load_file(decoded)["v"].astype(np.float64) - w
+        want = math.sqrt(np.trace(e @ good @ e.T) / np.trace(w @ good @ w.T))
+        self.assertAlmostEqual(by["v"]["rel_anorm"], want, delta=1e-5 * want)
+        # A semi-definite but singular A is no warning.
+        y = rng.standard_normal((2, 32))
+        save_file({"v": good, "w": (y.T @ y).astype(np.float32)}, acts)
+        r = run("compare", src, frame, "--activations", acts)
+        self.assertEqual((r.returncode, r.stderr), (0, ""))
+
     def test_a_file_without_an_extension_is_told_by_its_first_bytes(self):
         # A missing file without an extension was "unknown file type" (status 2), not one that
         # cannot be opened (3); an existing one was refused (fit) or read as a frame (compare).
