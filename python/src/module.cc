@@ -44,6 +44,15 @@ T* address(uintptr_t a) {
   return reinterpret_cast<T*>(a);
 }
 
+// A name, key or path for the C API, which ends it at its first NUL: refused there, as Python's
+// open() refuses one, rather than cut short ("a\0b" and "a\0c" were both "a").
+const char* c_string(const std::string& s, const char* what) {
+  if (s.find('\0') != std::string::npos) {
+    throw py::value_error(std::string(what) + " holds a NUL character");
+  }
+  return s.c_str();
+}
+
 #ifdef GIFT_HAVE_CUDA
 constexpr bool kHaveCuda = true;
 #else
@@ -185,7 +194,7 @@ class Basis {
   explicit Basis(giftBasis* b) : b_(b, giftBasisFree) {}
   static std::shared_ptr<Basis> load(const std::string& path) {
     giftBasis* b = nullptr;
-    check(giftBasisLoad(path.c_str(), &b));
+    check(giftBasisLoad(c_string(path, "path"), &b));
     return std::make_shared<Basis>(b);
   }
   static std::shared_ptr<Basis> from_bytes(const py::bytes& data) {
@@ -202,7 +211,7 @@ class Basis {
     return py::bytes(static_cast<const char*>(data), size);
   }
   void save(const std::string& path, int zstd_level) const {
-    check(giftBasisSave(b_.get(), path.c_str(), zstd_level));
+    check(giftBasisSave(b_.get(), c_string(path, "path"), zstd_level));
   }
   std::string id() const { return id_hex(giftBasisGetId(b_.get())); }
   py::bytes id_raw() const { return id_bytes(giftBasisGetId(b_.get())); }
@@ -243,8 +252,9 @@ std::shared_ptr<Basis> fit_basis(
   std::unique_ptr<giftBasisBuilder, decltype(&giftBasisBuilderFree)> builder(raw,
                                                                              giftBasisBuilderFree);
   for (const auto& [name, a, dim, source] : moments) {
-    check(giftBasisBuilderAdd(builder.get(), name.c_str(), address<const double>(a), dim,
-                              source.c_str(), nullptr, 0, nullptr, 0, nullptr, nullptr));
+    check(giftBasisBuilderAdd(builder.get(), c_string(name, "matrix name"),
+                              address<const double>(a), dim, c_string(source, "source"), nullptr, 0,
+                              nullptr, 0, nullptr, nullptr));
   }
   giftBasis* b = nullptr;
   check(giftBasisBuilderFinish(builder.get(), &b));
@@ -261,7 +271,8 @@ class Writer {
   void set_threads(int threads) { check(giftFrameWriterSetThreads(w_.get(), threads)); }
   void set_compression(int level) { check(giftFrameWriterSetCompression(w_.get(), level)); }
   void add_metadata(const std::string& key, const std::string& value) {
-    check(giftFrameWriterAddMetadata(w_.get(), key.c_str(), value.c_str()));
+    check(giftFrameWriterAddMetadata(w_.get(), c_string(key, "metadata key"),
+                                     c_string(value, "metadata value")));
   }
   void embed_basis(const std::shared_ptr<Basis>& b) {
     check(giftFrameWriterEmbedBasis(w_.get(), basis_of(b)));
@@ -272,8 +283,9 @@ class Writer {
            int coords_mode, double margin, uint32_t min_dim) {
     if (params.is_none()) {
       py::gil_scoped_release nogil;
-      check(giftFrameWriterAddTensor(w_.get(), name.c_str(), shape.data(), uint32_t(shape.size()),
-                                     giftDType_t(dtype), address<const void>(data), nullptr));
+      check(giftFrameWriterAddTensor(w_.get(), c_string(name, "tensor name"), shape.data(),
+                                     uint32_t(shape.size()), giftDType_t(dtype),
+                                     address<const void>(data), nullptr));
       return;
     }
     giftQuantParams p = quant_params(params.cast<py::dict>());
@@ -284,8 +296,8 @@ class Writer {
     select.min_dim = min_dim;
     py::gil_scoped_release nogil;
     check(giftFrameWriterAddTensorInBasis(
-        w_.get(), name.c_str(), shape.data(), uint32_t(shape.size()), giftDType_t(dtype),
-        address<const void>(data), &p, basis_of(basis), &select, nullptr));
+        w_.get(), c_string(name, "tensor name"), shape.data(), uint32_t(shape.size()),
+        giftDType_t(dtype), address<const void>(data), &p, basis_of(basis), &select, nullptr));
   }
   py::bytes finish() {
     void* data = nullptr;
@@ -295,7 +307,7 @@ class Writer {
     return py::bytes(static_cast<const char*>(data), size);
   }
   void write_file(const std::string& path) {
-    check(giftFrameWriterWriteFile(w_.get(), path.c_str()));
+    check(giftFrameWriterWriteFile(w_.get(), c_string(path, "path")));
   }
 
  private:
@@ -324,7 +336,7 @@ class Frame {
   }
   explicit Frame(const std::string& path) {
     giftFrame* f = nullptr;
-    check(giftFrameOpenFile(path.c_str(), &f));
+    check(giftFrameOpenFile(c_string(path, "path"), &f));
     f_.reset(f);
   }
   void set_threads(int threads) { check(giftFrameSetThreads(f_.get(), threads)); }
@@ -457,7 +469,8 @@ class ReducePlan {
     c.nonfinite = giftNonFinite_t(config["nonfinite"].cast<int>());
     std::vector<giftBucketTensor> d;
     for (const auto& [name, dtype, shape] : tensors_) {
-      d.push_back({name.c_str(), giftDType_t(dtype), uint32_t(shape.size()), shape.data()});
+      d.push_back({c_string(name, "tensor name"), giftDType_t(dtype), uint32_t(shape.size()),
+                   shape.data()});
     }
     if (!device) {
       giftReducePlan* p = nullptr;

@@ -166,6 +166,23 @@ class Package(unittest.TestCase):
         np.testing.assert_allclose(gift.decode(ours, basis=again)["a.weight"], grad["a.weight"],
                                    atol=0.15 * np.abs(grad["a.weight"]).max())
 
+    def test_a_nul_in_a_name_key_or_path_is_refused(self):
+        # The C API ends a string at its first NUL: "layer\0a" was stored as "layer", and a
+        # path "b.giftb\0junk" loaded b.giftb.
+        w = np.ones((4, 32), np.float32)
+        for call in (lambda: gift.encode({"layer\0a": w}),
+                     lambda: gift.encode({"w": w}, metadata={"k\0x": "v"}),
+                     lambda: gift.encode({"w": w}, metadata={"k": "v\0tail"}),
+                     lambda: gift.Basis.fit({"a\0b": np.eye(16)}),
+                     lambda: gift.Basis.load(self.path("b.giftb") + "\0junk")):
+            with self.assertRaises(ValueError) as e:
+                call()
+            self.assertIn("holds a NUL character", str(e.exception))
+        basis = gift.Basis.fit({"a": np.eye(16)})
+        with self.assertRaises(ValueError):
+            basis.save(self.path("b.giftb") + "\0junk")
+        self.assertFalse(os.path.exists(self.path("b.giftb")))
+
     def test_basis_fit_leaves_out_a_zero_moment(self):
         # A layer that saw no input (its moment zero) failed the whole fit, and with it the DDP
         # hook's first refresh behind a zero-initialised layer; it gets no whitener instead.
