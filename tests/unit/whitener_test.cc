@@ -639,6 +639,7 @@ TEST(Basis, BuilderRefusesFitParamsAndDampingsItCannotUse) {
   fp.damping_relative = 0;
   const double tiny = 1e-90;  // absolute: D = 1e-90 where A has no weight outside the rank
   std::fill(a.begin(), a.end(), 0.0);
+  a[uint64_t(dim - 1) * dim + dim - 1] = 1.0;  // in the rank (a zero A is left out instead)
   const auto r = add(fp, &tiny);
   EXPECT_EQ(r.first, GIFT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(r.second.find("D[0] = 1e-90 is out of fp32's range"), std::string::npos) << r.second;
