@@ -95,9 +95,13 @@ bool truncate_at(int fd, uint64_t size) {
   return ::ftruncate(fd, off_t(size)) == 0 && ::lseek(fd, off_t(size), SEEK_SET) >= 0;
 }
 
-// SectionFile::allocate_ahead for a file whose end is `size`.
+// SectionFile::allocate_ahead for a file whose end is `size`. Less than kAllocateAheadMin is
+// left to the file system's own allocation as the bytes come: a call per section of a few
+// bytes cost more than writing it (giftc encode of 200,000 tensors of 4 x 4: 15% of its time).
+constexpr uint64_t kAllocateAheadMin = uint64_t(1) << 20;
 void allocate_past(int fd, uint64_t size, uint64_t more) {
-  if (fd >= 0 && more) (void)::fallocate(fd, FALLOC_FL_KEEP_SIZE, off_t(size), off_t(more));
+  if (fd >= 0 && more >= kAllocateAheadMin)
+    (void)::fallocate(fd, FALLOC_FL_KEEP_SIZE, off_t(size), off_t(more));
 }
 
 // Writeback is started every this many bytes, so that it overlaps the rest of the work and

@@ -188,6 +188,10 @@ constexpr uint64_t kBandElems = uint64_t(1) << 20;
 // tiles of 128 x 128 over rows of 16384 fp32 (2M elements a row of tiles) 10 to 15%: 512 MiB on
 // one thread, median of 6, 0.17 s as one band, 0.195 s in bands of 1M elements.
 constexpr uint64_t kMostTileRowElems = 8 * kBandElems;
+// Codes of fewer bytes a band are written on the encoding thread: handing a write of a few
+// bytes to the other one cost more than the write (a futex wake and wait per tensor: giftc
+// encode of 200,000 tensors of 4 x 4).
+constexpr uint64_t kLeastBehindBytes = uint64_t(64) << 10;
 // Elements per thread of the pieces a band of blocks is encoded in, each piece's census
 // taken right after, while it is in the cores' own caches (a whole band is not: 1 MiB fp32
 // per core measured 10% slower for one thread). The encoder, which reads its runs in four
@@ -431,7 +435,8 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   // Where a processor is free, two buffers for the codes, in turn: one is written behind while
   // the next is made (Put); not for another encoder's bands, which may be whole tile rows.
   const uint64_t codes_bytes = cut.parts ? cut.part : std::min(rows, cut.band) * cols;
-  const bool behind = spare_processor(&ctx_) && codes_bytes <= kMostTileRowElems;
+  const bool behind = codes_bytes >= kLeastBehindBytes && codes_bytes <= kMostTileRowElems &&
+                      spare_processor(&ctx_);
   CodesInTurn codes_in_turn(codes_bytes, behind);
   // A tensor's scales are held up to held_scale_bytes; more go to a scratch file beside the
   // scratch data or the output (bands have a sink: the one or the other) as they are made,
