@@ -589,7 +589,7 @@ class ReducePlan:
     (set_basis): a matrix the basis covers by name, whose last dimension is its whitener's
     width, travels whitened always (gift) or where the estimates summed over the ranks say it
     helps (auto: measured on the first call after set_basis and every reselect_every calls,
-    decided by rank 0 for all). Every rank must set the same basis.
+    0 for that first call only, decided by rank 0 for all). Every rank must set the same basis.
 
     keep_nonfinite False: a NaN or Inf in the bucket fails encode_shards on a host plan
     (GiftError naming the tensor and element; the other ranks then wait in their exchange

@@ -85,7 +85,9 @@ class GiftState:
     start_iter: steps of plain fp32 all-reduce before compression starts.
     coords: "auto", "gift" or "euclidean" (see the module's doc); GIFT coordinates need
     attach(model). refresh_every: steps between basis fits (the first on step 0);
-    reselect_every: calls between the transport's measurements under "auto";
+    reselect_every: calls between the transport's measurements under "auto" (0: only the
+    first call after each fit);
+    process_group: None (the default group) or a torch.distributed ProcessGroup;
     basis_rank, damping: how each whitener is fitted (gift.Basis.fit).
     integrity: checksums over every message; None (the default) has them on CPU buckets,
     and not on CUDA buckets, whose device plans have none. (Integrity is not part of a
@@ -108,6 +110,8 @@ class GiftState:
                 and 0 < damping < math.inf):
             raise ValueError(f"damping: {damping!r} is not a positive number")
         damping = float(damping)
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError(f"process_group: {process_group!r} is not a ProcessGroup (or None)")
         self.process_group = process_group
         self.config = dict(fp8=fp8, block=block, scale_dtype=scale_dtype, rounding=rounding,
                            seed=seed, op="avg", error_feedback=error_feedback,

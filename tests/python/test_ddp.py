@@ -525,7 +525,9 @@ def test_bad_options_fail_at_construction(rank, world):
                          (dict(damping=0), "damping: 0 is not a positive number"),
                          (dict(refresh_every=2.5), "refresh_every: 2.5 is not an integer"),
                          (dict(start_iter=-1), "start_iter: -1"),
-                         (dict(error_feedback="no"), "error_feedback: 'no'")):
+                         (dict(error_feedback="no"), "error_feedback: 'no'"),
+                         (dict(process_group="foo"), "process_group: 'foo' is not a "
+                                                     "ProcessGroup")):
         try:
             gift.ddp.GiftState(**kwargs)
         except (ValueError, TypeError) as e:

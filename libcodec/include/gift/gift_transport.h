@@ -64,7 +64,8 @@ typedef struct {
   /* Coordinates of the bucket's matrices once a basis is set (giftReducePlanSetBasis,
    * giftCommSetBasis): GIFT whitens every matrix the basis covers; AUTO whitens those where
    * the encoder's estimate, summed over the ranks, is lower by the margin (measured on the
-   * first call after a basis is set and every reselect_every calls, decided once for all
+   * first call after a basis is set and every reselect_every calls (0: that first call
+   * only), decided once for all
    * ranks by rank 0); EUCLIDEAN never. */
   giftCoordsMode_t coords;
   uint32_t reselect_every;
