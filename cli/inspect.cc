@@ -52,6 +52,17 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   doc["format_version"] =
       std::to_string(info.format_major) + "." + std::to_string(info.format_minor);
   doc["kind"] = info.kind == GIFT_FRAME_BASIS ? "Basis" : "Tensors";
+  // A basis's own id, which errors about a frame's basis name.
+  BasisPtr own(nullptr, giftBasisFree);
+  if (info.kind == GIFT_FRAME_BASIS) {
+    giftBasis* b = nullptr;
+    const gift::io::MappedBytes* in = o.input == "-" ? &stdin_bytes() : nullptr;
+    check(in ? giftBasisFromBytes(in->data, in->size, &b) : giftBasisLoad(o.input.c_str(), &b),
+          gift::io::input_name(o.input));
+    own.reset(b);
+    doc["basis_id"] = basis_id_hex(giftBasisGetId(b));
+    doc["whiteners"] = giftBasisEntryCount(b);
+  }
   doc["producer"] = info.producer;
   doc["metadata"] = nlohmann::ordered_json::object();
   for (const auto& [k, val] : frame_metadata(f.get())) doc["metadata"][k] = val;
@@ -129,6 +140,11 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   for (const auto& [k, val] : doc["metadata"].items())
     std::printf("  %s = %s\n", shown(k, stdout).c_str(),
                 shown(val.get<std::string>(), stdout).c_str());
+  if (own) {
+    const uint64_t whiteners = giftBasisEntryCount(own.get());
+    std::printf("  basis %s (%llu whitener%s)\n", doc["basis_id"].get<std::string>().c_str(),
+                (unsigned long long)whiteners, whiteners == 1 ? "" : "s");
+  }
   if (embedded) {
     const uint64_t whiteners = giftBasisEntryCount(embedded);
     std::printf("  embedded basis %s (%llu whitener%s)\n",

@@ -990,6 +990,15 @@ class Giftc(unittest.TestCase):
                              "-q").returncode, 0)
         r = run("inspect", frame, "--verify", "-q")
         self.assertEqual(r.returncode, 4, r.stderr)
+        # The basis's own id, which that error names, is in its inspect too.
+        wanted = re.search(r"encoded in basis ([0-9a-f]{32})", r.stderr)
+        self.assertIsNotNone(wanted, r.stderr)
+        ident = wanted.group(1)
+        self.assertIn(f"  basis {ident} (1 whitener)\n", run("inspect", basis).stdout)
+        with open(basis, "rb") as f:
+            doc = json.loads(subprocess.run([GIFTC, "inspect", "-", "--json"], stdin=f,
+                                            capture_output=True, text=True).stdout)
+        self.assertEqual((doc["kind"], doc["basis_id"], doc["whiteners"]), ("Basis", ident, 1))
         r = run("inspect", frame, "--verify", "--basis", basis, "-q")
         self.assertEqual(r.returncode, 0, r.stderr)
         # With --json, a frame that fails its verification is still described, with the
