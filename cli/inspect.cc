@@ -24,6 +24,14 @@ std::string estimate_text(const nlohmann::ordered_json& e) {
   return buf;
 }
 
+// Original over stored bytes, or - where nothing is stored (a tensor without elements).
+std::string ratio_text(uint64_t original, uint64_t stored) {
+  if (!stored) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", double(original) / double(stored));
+  return buf;
+}
+
 const char* coords_name(giftCoords_t c) { return c == GIFT_COORDS_GIFT ? "gift" : "euclidean"; }
 
 void run_inspect(const InspectOptions& o, const Verbosity& v) {
@@ -161,14 +169,14 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     shape += "]";
     const uint64_t orig = j["original_bytes"], st = j["stored_bytes"];
     std::printf(
-        "%s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n",
+        "%s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n",
         padded(shown(j["name"].get<std::string>(), stdout), 32).c_str(), shape.c_str(),
         j["dtype"].get<std::string>().c_str(), fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
         fp8 ? (j["scale"].get<std::string>() + " " + j["scale_dtype"].get<std::string>()).c_str()
             : "-",
         j["coords"] == "gift" ? "gift" : "eucl",
         fp8 ? j["rounding"].get<std::string>().c_str() : "-", human_bytes(orig).c_str(),
-        human_bytes(st).c_str(), st ? double(orig) / double(st) : 0.0);
+        human_bytes(st).c_str(), ratio_text(orig, st).c_str());
     if (j.contains("selection")) {
       const auto& s = j["selection"];
       std::printf("%-32s   selection: %s (euclidean %s, gift %s) %s\n", "",
@@ -177,9 +185,12 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
                   estimate_text(s["gift_error"]).c_str(), s["reason"].get<std::string>().c_str());
     }
   }
-  std::printf("%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6.2f\n", "total", "", "", "", "",
-              "", "", human_bytes(total_original).c_str(), human_bytes(file_bytes).c_str(),
-              file_bytes ? double(total_original) / double(file_bytes) : 0.0);
+  std::printf("%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "total", "", "", "", "", "",
+              "", human_bytes(total_original).c_str(), human_bytes(total_stored).c_str(),
+              ratio_text(total_original, total_stored).c_str());
+  std::printf("%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n",
+              "file (with header, padding)", "", "", "", "", "", "", "",
+              human_bytes(file_bytes).c_str(), ratio_text(total_original, file_bytes).c_str());
   if (o.verify && !v.quiet)
     std::printf("\nverified: every checksum matches and every tensor decodes\n");
 }

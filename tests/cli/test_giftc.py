@@ -1680,6 +1680,12 @@ class Giftc(unittest.TestCase):
         r = run("inspect", out)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"grad_sample\s+\[256,1024\]\s+f32\s+e4m3\s+block:128 f32")
+        # The total is of the sections (the stored column's sum), the file's size apart.
+        totals = doc["totals"]
+        self.assertRegex(r.stdout, r"\ntotal .* " + re.escape(
+            f"{totals['original_bytes'] / totals['stored_bytes']:.2f}") + "\n")
+        self.assertRegex(r.stdout, r"\nfile \(with header, padding\) .* " + re.escape(
+            f"{totals['original_bytes'] / totals['file_bytes']:.2f}") + "\n")
         dec = self.path("d.npy")
         r = run("decode", out, "-o", dec)
         self.assertEqual(r.returncode, 0, r.stderr)
