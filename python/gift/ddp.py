@@ -664,6 +664,13 @@ def gift_hook(state, bucket):
                          "float16 ones (DDP's default hook serves the others)")
     if not state._agreed:
         state._agree_on_options(world)
+    elif state._saved_at[0] != world:
+        # Every rank sees the new size, so every rank raises here, none waits in an exchange
+        # (the plans' shards and error feedback are cut for the old size).
+        raise ValueError(f"gift_hook: this GiftState served a world of {state._saved_at[0]}, "
+                         f"and its process group now has {world} ranks; pickle and unpickle "
+                         "it to carry it over (its error feedback is then dropped), or make a "
+                         "new one")
     layout = state._layout(bucket, buf)
     # A CUDA bucket's future carries the current stream, which the work is enqueued on, to
     # whoever waits for it.

@@ -568,6 +568,35 @@ def test_options_that_differ_fail_every_rank(rank, world):
         print("options that differ: every rank raised, naming the option", flush=True)
 
 
+def test_a_live_state_moved_to_another_world_says_so(rank, world):
+    """A live state whose process group changes size fails on every rank, saying what to do;
+    it failed inside gloo ("invalid output tensor list") or in a later exchange."""
+    if world < 2:
+        return
+    alone = [dist.new_group([r]) for r in range(world)]  # on every rank, as torch requires
+    model = new_model("mlp")
+    ddp = DDP(model)
+    state = gift.ddp.GiftState(coords="euclidean")
+    ddp.register_comm_hook(state, gift.ddp.gift_hook)
+    x, y = batch("mlp", rank, 0)
+    nn.functional.mse_loss(ddp(x), y).backward()
+    state.process_group = alone[rank]
+    try:
+        nn.functional.mse_loss(ddp(x), y).backward()
+    except RuntimeError as e:  # DDP wraps the hook's ValueError
+        assert (f"this GiftState served a world of {world}, and its process group now has 1 "
+                "ranks; pickle and unpickle it") in str(e), str(e)
+    else:
+        raise AssertionError("a state moved to a world of 1 went on")
+    restored = pickle.loads(pickle.dumps(state))  # the documented route
+    restored.process_group = alone[rank]
+    solo = DDP(new_model("mlp"), process_group=alone[rank])
+    solo.register_comm_hook(restored, gift.ddp.gift_hook)
+    nn.functional.mse_loss(solo(x), y).backward()
+    if rank == 0:
+        print("a live state in another world: every rank raised, naming the way out", flush=True)
+
+
 def all_tests(rank, world, tmp):
     test_convergence_and_bytes(rank, world, "mlp")
     test_convergence_and_bytes(rank, world, "transformer")
@@ -588,6 +617,7 @@ def all_tests(rank, world, tmp):
     test_failed_decode_on_one_rank_fails_every_rank_at_the_step_end(rank, world)
     test_bad_options_fail_at_construction(rank, world)
     test_options_that_differ_fail_every_rank(rank, world)
+    test_a_live_state_moved_to_another_world_says_so(rank, world)
 
 
 def main():
