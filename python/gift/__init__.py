@@ -276,6 +276,8 @@ class Basis:
         import numpy as np
         held = []
         for name, a in moments.items():
+            if not isinstance(name, str):
+                raise TypeError(f"matrix names are strings; {name!r} is a {type(name).__name__}")
             a = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
             if a.ndim != 2 or a.shape[0] != a.shape[1]:
                 raise ValueError(f"moment of {name!r}: shape {a.shape} is not square")
@@ -345,6 +347,8 @@ def encode(tensors, fp8="e4m3", scale="block:128", scale_dtype="f32", rounding="
     w.set_compression(zstd)
     w.set_threads(threads)
     for key, value in (metadata or {}).items():
+        if not (isinstance(key, str) and isinstance(value, str)):
+            raise TypeError(f"metadata keys and values are strings; {key!r}: {value!r} is not")
         w.add_metadata(key, value)
     if embed_basis:
         w.embed_basis(basis._b)

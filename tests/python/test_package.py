@@ -181,6 +181,14 @@ class Package(unittest.TestCase):
         basis = gift.Basis.fit({"a": np.eye(16)})
         with self.assertRaises(ValueError):
             basis.save(self.path("b.giftb") + "\0junk")
+        # A name or key that is not a str is named (it was pybind's signature dump).
+        for call, says in ((lambda: gift.encode({"w": w}, metadata={1: "v"}),
+                            "metadata keys and values are strings; 1: 'v' is not"),
+                           (lambda: gift.Basis.fit({3: np.eye(16)}),
+                            "matrix names are strings; 3 is a int")):
+            with self.assertRaises(TypeError) as e:
+                call()
+            self.assertEqual(str(e.exception), says)
         self.assertFalse(os.path.exists(self.path("b.giftb")))
 
     def test_basis_fit_leaves_out_a_zero_moment(self):
