@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "gift/gift.h"
 
@@ -175,6 +178,26 @@ TEST(Processors, ThreadCountsAreCappedAtTheProcessors) {
   EXPECT_EQ(giftCtxThreads(ctx.get()), 1);
   ASSERT_EQ(giftCtxSetThreads(ctx.get(), 100000), GIFT_OK);
   EXPECT_EQ(giftCtxThreads(ctx.get()), std::min(procs, omp_get_thread_limit()));
+}
+
+// Each thread's own affinity: a thread pinned to one processor counts one, whatever another
+// thread counted just before (a count kept for the whole process gave it the other's). The
+// pinned thread's first count is the one taken: none was kept for it.
+TEST(Processors, EachThreadCountsItsOwnAffinity) {
+  const int procs = giftProcessors();
+  if (procs < 2) GTEST_SKIP() << "one processor";
+  int pinned = 0, after = 0;
+  std::thread t([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+    pinned = giftProcessors();
+  });
+  t.join();
+  after = giftProcessors();
+  EXPECT_EQ(pinned, 1);
+  EXPECT_EQ(after, procs);
 }
 
 // Inside a parallel region of two threads where the runtime allows no nested one, a call's

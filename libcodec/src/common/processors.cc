@@ -4,7 +4,6 @@
 #include <time.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <exception>
@@ -120,21 +119,21 @@ int cgroup_cpu_limit(const std::string& root) try {
 
 int processors() {
   static const int limit = cgroup_cpu_limit("");
-  // omp_get_num_procs() asks the kernel for the affinity mask (a system call), and a frame's
-  // every tensor asks a few times: 10% of giftc encode's time for 200,000 tensors of 4 x 4.
-  // The answer is kept for kAffinityNanos, so that a new affinity is still seen that soon.
+  // omp_get_num_procs() asks the kernel for the calling thread's affinity mask (a system
+  // call), and a frame's every tensor asks a few times: 10% of giftc encode's time for
+  // 200,000 tensors of 4 x 4. Each thread keeps its own answer (threads may be pinned apart)
+  // for kAffinityNanos, so that a new affinity is still seen that soon.
   constexpr int64_t kAffinityNanos = 50'000'000;
-  static std::atomic<int64_t> until{INT64_MIN};
-  static std::atomic<int> procs{1};
+  thread_local int64_t until = INT64_MIN;
+  thread_local int procs = 1;
   timespec now;
   ::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // no system call (vDSO)
   const int64_t t = int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-  if (t >= until.load(std::memory_order_relaxed)) {
-    procs.store(std::max(1, omp_get_num_procs()), std::memory_order_relaxed);
-    until.store(t + kAffinityNanos, std::memory_order_relaxed);
+  if (t >= until) {
+    procs = std::max(1, omp_get_num_procs());
+    until = t + kAffinityNanos;
   }
-  const int p = procs.load(std::memory_order_relaxed);
-  return limit > 0 ? std::min(p, limit) : p;
+  return limit > 0 ? std::min(procs, limit) : procs;
 }
 
 }  // namespace gift
