@@ -60,16 +60,18 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   doc["format_version"] =
       std::to_string(info.format_major) + "." + std::to_string(info.format_minor);
   doc["kind"] = info.kind == GIFT_FRAME_BASIS ? "Basis" : "Tensors";
-  // A basis's own id, which errors about a frame's basis name.
+  // A basis's own id, which errors about a frame's basis name: read from its sections, so a
+  // damaged one has none (null; --verify says what is wrong), and is still described.
   BasisPtr own(nullptr, giftBasisFree);
   if (info.kind == GIFT_FRAME_BASIS) {
     giftBasis* b = nullptr;
     const gift::io::MappedBytes* in = o.input == "-" ? &stdin_bytes() : nullptr;
-    check(in ? giftBasisFromBytes(in->data, in->size, &b) : giftBasisLoad(o.input.c_str(), &b),
-          gift::io::input_name(o.input));
-    own.reset(b);
-    doc["basis_id"] = basis_id_hex(giftBasisGetId(b));
-    doc["whiteners"] = giftBasisEntryCount(b);
+    if ((in ? giftBasisFromBytes(in->data, in->size, &b) : giftBasisLoad(o.input.c_str(), &b)) ==
+        GIFT_OK) {
+      own.reset(b);
+    }
+    doc["basis_id"] = own ? nlohmann::ordered_json(basis_id_hex(giftBasisGetId(b))) : nullptr;
+    doc["whiteners"] = own ? nlohmann::ordered_json(giftBasisEntryCount(b)) : nullptr;
   }
   doc["producer"] = info.producer;
   doc["metadata"] = nlohmann::ordered_json::object();
@@ -152,6 +154,8 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     const uint64_t whiteners = giftBasisEntryCount(own.get());
     std::printf("  basis %s (%llu whitener%s)\n", doc["basis_id"].get<std::string>().c_str(),
                 (unsigned long long)whiteners, whiteners == 1 ? "" : "s");
+  } else if (info.kind == GIFT_FRAME_BASIS) {
+    std::printf("  basis id unreadable (its sections do not load: --verify says why)\n");
   }
   if (embedded) {
     const uint64_t whiteners = giftBasisEntryCount(embedded);

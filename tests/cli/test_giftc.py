@@ -999,6 +999,22 @@ class Giftc(unittest.TestCase):
             doc = json.loads(subprocess.run([GIFTC, "inspect", "-", "--json"], stdin=f,
                                             capture_output=True, text=True).stdout)
         self.assertEqual((doc["kind"], doc["basis_id"], doc["whiteners"]), ("Basis", ident, 1))
+        # A damaged basis is still described (its id unreadable), and --verify --json says why.
+        with open(basis, "rb") as f:
+            damaged = bytearray(f.read())
+        damaged[-3] ^= 1
+        bad_basis = self.path("bad.giftb")
+        with open(bad_basis, "wb") as f:
+            f.write(damaged)
+        r = run("inspect", bad_basis)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("  basis id unreadable (its sections do not load: --verify says why)",
+                      r.stdout)
+        r = run("inspect", bad_basis, "--verify", "--json")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual((doc["basis_id"], doc["verified"]), (None, False))
+        self.assertIn("checksum mismatch", doc["verify_error"]["message"])
         r = run("inspect", frame, "--verify", "--basis", basis, "-q")
         self.assertEqual(r.returncode, 0, r.stderr)
         # With --json, a frame that fails its verification is still described, with the
@@ -1059,6 +1075,12 @@ class Giftc(unittest.TestCase):
         coords = {t["name"]: t["coords"]
                   for t in json.loads(run("inspect", frame, "--json").stdout)["tensors"]}
         self.assertEqual(coords, {"good": "gift", "frozen": "euclidean"})
+        # A zero A without a gradient to measure on is left out, not also "unmeasured".
+        save_file({"good": rng.standard_normal((64, 32)).astype(np.float32)}, src)
+        r = run("fit", src, "-o", basis, "-f", "--activations", acts)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("1 tensor with a zero second moment (frozen)", r.stderr)
+        self.assertNotIn("taken without measurement", r.stderr)
         save_file({"frozen": np.zeros((64, 32), np.float32)}, src)
         r = run("fit", src, "-o", basis, "-f")
         self.assertEqual(r.returncode, 2)
