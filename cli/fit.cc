@@ -180,12 +180,15 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
         probe = w.data();
       }
     }
-    if (dampings.size() > 1 && !probe) unmeasured.push_back(name);
     double chosen = 0;
     check(giftBasisBuilderAdd(builder, name.c_str(), a.data(), dim, source.c_str(), dampings.data(),
                               uint32_t(dampings.size()), probe, probe ? last->shape[0] : 0, nullptr,
                               &chosen));
-    if (chosen == 0) left_out.push_back(name);  // a zero moment: no whitener
+    if (chosen == 0) {
+      left_out.push_back(name);  // a zero moment: no whitener, nothing measured
+    } else if (dampings.size() > 1 && !probe) {
+      unmeasured.push_back(name);
+    }
     if (v.verbose) {
       progress.clear();
       if (chosen == 0) {

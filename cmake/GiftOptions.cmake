@@ -26,8 +26,8 @@ if(GIFT_WARNINGS_AS_ERRORS)
   list(APPEND GIFT_CUDA_FLAGS -Werror=all-warnings)
 endif()
 # GCC's sanitizers make -Wmaybe-uninitialized misfire (its manual advises against -Werror with
-# them): libstdc++'s <regex>, which giftc uses, trips it under ASan. Sanitized GCC builds
-# (scripts/sanitize.sh) go without that one warning.
+# them: libstdc++'s headers trip it under ASan). Sanitized GCC builds (scripts/sanitize.sh) go
+# without that one warning.
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_FLAGS MATCHES "-fsanitize=")
   list(APPEND GIFT_CXX_FLAGS -Wno-maybe-uninitialized)
 endif()
