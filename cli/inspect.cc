@@ -24,9 +24,10 @@ std::string estimate_text(const nlohmann::ordered_json& e) {
   return buf;
 }
 
-// Original over stored bytes, or - where nothing is stored (a tensor without elements).
+// Original over stored bytes, or - where either is 0 (a tensor without elements, whose
+// scales may still take bytes).
 std::string ratio_text(uint64_t original, uint64_t stored) {
-  if (!stored) return "-";
+  if (!original || !stored) return "-";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", double(original) / double(stored));
   return buf;

@@ -80,7 +80,9 @@ class GiftState:
 
     Every rank needs the same options, step count and attach(): at the first bucket a state
     meets (made or unpickled) they are compared over the ranks (one small all_gather), and
-    ranks that differ fail there on every rank, naming the option.
+    ranks that differ fail there on every rank, naming the option. A live state serves one
+    world size: given a process group of another size it fails on every rank (pickle and
+    unpickle it to carry it over).
 
     start_iter: steps of plain fp32 all-reduce before compression starts.
     coords: "auto", "gift" or "euclidean" (see the module's doc); GIFT coordinates need
@@ -666,7 +668,9 @@ def gift_hook(state, bucket):
         state._agree_on_options(world)
     elif state._saved_at[0] != world:
         # Every rank sees the new size, so every rank raises here, none waits in an exchange
-        # (the plans' shards and error feedback are cut for the old size).
+        # (the plans' shards and error feedback are cut for the old size). A new rank at the
+        # same size is not checked here: only the moved ranks would see it, the others would
+        # wait for them; the exchange's own checks fail every rank instead ("not shard k").
         raise ValueError(f"gift_hook: this GiftState served a world of {state._saved_at[0]}, "
                          f"and its process group now has {world} ranks; pickle and unpickle "
                          "it to carry it over (its error feedback is then dropped), or make a "

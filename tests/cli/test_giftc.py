@@ -976,6 +976,10 @@ class Giftc(unittest.TestCase):
         for args in (("decode", frame, "-o", self.path("d.safetensors")), ("compare", src, frame)):
             self.assertEqual(run(*args).returncode, 0, args)
         self.assertEqual(load_file(self.path("d.safetensors"))["z"].shape, (0, 64))
+        # Its ratio in inspect's table is -, also where its one scale takes bytes.
+        r = run("encode", src, "-o", self.path("t.gift"), "--scale", "tensor", "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(run("inspect", self.path("t.gift")).stdout, r"\nz +\[0,64\] .* 4 B +-\n")
 
     def test_inspect_verifies_a_frame_whose_basis_travels_apart(self):
         # Encoded with --basis and without --embed-basis, a frame could not be verified at all.

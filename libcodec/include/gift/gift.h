@@ -164,7 +164,8 @@ GIFT_API int giftCtxThreads(const giftCtx* ctx);
  * runtimes do not count; at least 1. The quota is read once, at the first call of any function
  * that uses threads: a later move to another cgroup, or a new quota, is not seen. The calling
  * thread's affinity is read again when 50 ms have passed since that thread last read it: a
- * new one is seen that soon. */
+ * new one is seen that soon (with OMP_PLACES or OMP_PROC_BIND set, OpenMP counts the places
+ * it took at its start instead). */
 GIFT_API int giftProcessors(void);
 
 /* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same
