@@ -199,11 +199,11 @@ void run_fit(const FitCliOptions& o, const Verbosity& v) {
     }
     progress.step(++done);
   }
+  if (!v.quiet) progress.clear();
   if (left_out.size() == names.size()) {
     throw Failure(kBadInput, "every tensor's second moment is zero (" + listed(left_out) +
                                  "): nothing to fit a whitener to");
   }
-  if (!v.quiet) progress.clear();
   if (!unmeasured.empty() && !v.quiet) {
     std::fprintf(stderr,
                  "giftc: warning: %zu tensor%s without a 2-D gradient in %s (%s): damping %g, "
