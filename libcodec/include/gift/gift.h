@@ -162,10 +162,10 @@ GIFT_API int giftCtxThreads(const giftCtx* ctx);
  * cgroup's CPU quota is lower (ceil(quota / period), the lowest from its cgroup up to the root
  * of the hierarchy it sees mounted; cgroup v1 cpu.cfs_quota_us or v2 cpu.max), which OpenMP
  * runtimes do not count; at least 1. The quota is read once, at the first call of any function
- * that uses threads: a later move to another cgroup, or a new quota, is not seen. The calling
- * thread's affinity is read again when 50 ms have passed since that thread last read it: a
- * new one is seen that soon (with OMP_PLACES or OMP_PROC_BIND set, OpenMP counts the places
- * it took at its start instead). */
+ * that uses threads: a later move to another cgroup, or a new quota, is not seen. The
+ * affinity is the OpenMP runtime's count for the calling thread (libgomp: that thread's
+ * affinity, unless OMP_PLACES or OMP_PROC_BIND is set; LLVM's libomp: the process's at its
+ * start), taken again when 50 ms have passed since that thread last took it. */
 GIFT_API int giftProcessors(void);
 
 /* Encodes rows*cols elements of `src_dtype` into rows*cols FP8 codes (row-major, the same
