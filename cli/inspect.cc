@@ -35,6 +35,67 @@ std::string ratio_text(uint64_t original, uint64_t stored) {
 
 const char* coords_name(giftCoords_t c) { return c == GIFT_COORDS_GIFT ? "gift" : "euclidean"; }
 
+// A tensor's entry in the JSON document; the table's row is printed from it too.
+nlohmann::ordered_json tensor_json(const giftTensorInfo& e, uint64_t original) {
+  nlohmann::ordered_json j;
+  j["name"] = e.name;
+  j["shape"] = std::vector<uint64_t>(e.shape, e.shape + e.ndim);
+  j["dtype"] = dtype_name(e.dtype);
+  j["encoding"] = e.raw ? "raw" : "fp8";
+  if (!e.raw) {
+    j["fp8"] = fp8_name(e.params.kind);
+    j["scale"] = scale_name(e.params);
+    j["scale_dtype"] = scale_dtype_name(e.params.scale_dtype);
+    j["rounding"] = e.params.rounding == GIFT_ROUND_NEAREST ? "nearest" : "stochastic";
+    if (e.params.rounding == GIFT_ROUND_STOCHASTIC) {
+      j["seed"] = e.params.seed;
+      j["tensor_index"] = e.params.tensor_index;
+    }
+  }
+  j["coords"] = coords_name(e.coords);
+  if (e.coords == GIFT_COORDS_GIFT) j["basis_id"] = basis_id_hex(e.basis_id);
+  if (e.selection.made) {
+    const giftSelection& s = e.selection;
+    j["selection"] = {{"chosen", coords_name(s.chosen)},
+                      {"euclidean_error", json_number(s.euclidean_error)},
+                      {"gift_error", json_number(s.gift_error)},
+                      {"transform_flops", s.transform_flops},
+                      {"reason", s.reason}};
+  }
+  if (e.has_stats) {
+    j["stats"] = {{"amax", e.amax}, {"rms", e.rms}, {"nonfinite", e.nonfinite_count}};
+  }
+  j["original_bytes"] = original;
+  j["stored_bytes"] = e.stored_bytes;
+  j["decompressed_bytes"] = e.raw_bytes;
+  j["compression"] = e.compressed ? "zstd" : "none";
+  return j;
+}
+
+// A tensor's row of the table (and its selection's line), from its JSON entry.
+void print_row(const nlohmann::ordered_json& j) {
+  const bool fp8 = j["encoding"] == "fp8";
+  std::string shape = "[";
+  for (size_t i = 0; i < j["shape"].size(); ++i)
+    shape += (i ? "," : "") + std::to_string(j["shape"][i].get<uint64_t>());
+  shape += "]";
+  const uint64_t orig = j["original_bytes"], st = j["stored_bytes"];
+  std::printf(
+      "%s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n",
+      padded(shown(j["name"].get<std::string>(), stdout), 32).c_str(), shape.c_str(),
+      j["dtype"].get<std::string>().c_str(), fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
+      fp8 ? (j["scale"].get<std::string>() + " " + j["scale_dtype"].get<std::string>()).c_str()
+          : "-",
+      j["coords"] == "gift" ? "gift" : "eucl", fp8 ? j["rounding"].get<std::string>().c_str() : "-",
+      human_bytes(orig).c_str(), human_bytes(st).c_str(), ratio_text(orig, st).c_str());
+  if (j.contains("selection")) {
+    const auto& s = j["selection"];
+    std::printf("%-32s   selection: %s (euclidean %s, gift %s) %s\n", "",
+                s["chosen"].get<std::string>().c_str(), estimate_text(s["euclidean_error"]).c_str(),
+                estimate_text(s["gift_error"]).c_str(), s["reason"].get<std::string>().c_str());
+  }
+}
+
 void run_inspect(const InspectOptions& o, const Verbosity& v) {
   bound_threads(o.threads);
   const FramePtr f = open_frame(o.input);
@@ -85,6 +146,31 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     doc["embedded_basis"] = {{"basis_id", basis_id_hex(giftBasisGetId(embedded))},
                              {"whiteners", giftBasisEntryCount(embedded)}};
   }
+  if (!o.json) {  // the table's heading: the rows follow as each tensor is read
+    std::printf("%s: GIFT frame %s, %s, %zu tensor%s, producer \"%s\"\n",
+                shown(o.input, stdout).c_str(), doc["format_version"].get<std::string>().c_str(),
+                doc["kind"].get<std::string>().c_str(), size_t(info.tensor_count),
+                info.tensor_count == 1 ? "" : "s",
+                shown(doc["producer"].get<std::string>(), stdout).c_str());
+    for (const auto& [k, val] : doc["metadata"].items())
+      std::printf("  %s = %s\n", shown(k, stdout).c_str(),
+                  shown(val.get<std::string>(), stdout).c_str());
+    if (own) {
+      const uint64_t whiteners = giftBasisEntryCount(own.get());
+      std::printf("  basis %s (%llu whitener%s)\n", doc["basis_id"].get<std::string>().c_str(),
+                  (unsigned long long)whiteners, whiteners == 1 ? "" : "s");
+    } else if (info.kind == GIFT_FRAME_BASIS) {
+      std::printf("  basis id unreadable (its sections do not load: --verify says why)\n");
+    }
+    if (embedded) {
+      const uint64_t whiteners = giftBasisEntryCount(embedded);
+      std::printf("  embedded basis %s (%llu whitener%s)\n",
+                  doc["embedded_basis"]["basis_id"].get<std::string>().c_str(),
+                  (unsigned long long)whiteners, whiteners == 1 ? "" : "s");
+    }
+    std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape",
+                "dtype", "fp8", "scales", "coords", "rounding", "original", "stored", "ratio");
+  }
   doc["tensors"] = nlohmann::ordered_json::array();
   uint64_t total_original = 0, total_stored = 0;
   for (uint64_t i = 0; i < info.tensor_count; ++i) {
@@ -92,39 +178,12 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     const uint64_t original = e.elements * giftDTypeSize(e.dtype);
     total_original += original;
     total_stored += e.stored_bytes;
-    nlohmann::ordered_json j;
-    j["name"] = e.name;
-    j["shape"] = std::vector<uint64_t>(e.shape, e.shape + e.ndim);
-    j["dtype"] = dtype_name(e.dtype);
-    j["encoding"] = e.raw ? "raw" : "fp8";
-    if (!e.raw) {
-      j["fp8"] = fp8_name(e.params.kind);
-      j["scale"] = scale_name(e.params);
-      j["scale_dtype"] = scale_dtype_name(e.params.scale_dtype);
-      j["rounding"] = e.params.rounding == GIFT_ROUND_NEAREST ? "nearest" : "stochastic";
-      if (e.params.rounding == GIFT_ROUND_STOCHASTIC) {
-        j["seed"] = e.params.seed;
-        j["tensor_index"] = e.params.tensor_index;
-      }
+    nlohmann::ordered_json j = tensor_json(e, original);
+    if (o.json) {
+      doc["tensors"].push_back(std::move(j));
+    } else {
+      print_row(j);  // the table as it goes: no document of every tensor held
     }
-    j["coords"] = coords_name(e.coords);
-    if (e.coords == GIFT_COORDS_GIFT) j["basis_id"] = basis_id_hex(e.basis_id);
-    if (e.selection.made) {
-      const giftSelection& s = e.selection;
-      j["selection"] = {{"chosen", coords_name(s.chosen)},
-                        {"euclidean_error", json_number(s.euclidean_error)},
-                        {"gift_error", json_number(s.gift_error)},
-                        {"transform_flops", s.transform_flops},
-                        {"reason", s.reason}};
-    }
-    if (e.has_stats) {
-      j["stats"] = {{"amax", e.amax}, {"rms", e.rms}, {"nonfinite", e.nonfinite_count}};
-    }
-    j["original_bytes"] = original;
-    j["stored_bytes"] = e.stored_bytes;
-    j["decompressed_bytes"] = e.raw_bytes;
-    j["compression"] = e.compressed ? "zstd" : "none";
-    doc["tensors"].push_back(j);
   }
   const uint64_t file_bytes = info.bytes;
   doc["totals"] = {{"tensors", info.tensor_count},
@@ -142,53 +201,6 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     std::printf("%s\n", json_text(doc).c_str());
     if (verify_failure) throw *verify_failure;
     return;
-  }
-  std::printf("%s: GIFT frame %s, %s, %zu tensor%s, producer \"%s\"\n",
-              shown(o.input, stdout).c_str(), doc["format_version"].get<std::string>().c_str(),
-              doc["kind"].get<std::string>().c_str(), size_t(info.tensor_count),
-              info.tensor_count == 1 ? "" : "s",
-              shown(doc["producer"].get<std::string>(), stdout).c_str());
-  for (const auto& [k, val] : doc["metadata"].items())
-    std::printf("  %s = %s\n", shown(k, stdout).c_str(),
-                shown(val.get<std::string>(), stdout).c_str());
-  if (own) {
-    const uint64_t whiteners = giftBasisEntryCount(own.get());
-    std::printf("  basis %s (%llu whitener%s)\n", doc["basis_id"].get<std::string>().c_str(),
-                (unsigned long long)whiteners, whiteners == 1 ? "" : "s");
-  } else if (info.kind == GIFT_FRAME_BASIS) {
-    std::printf("  basis id unreadable (its sections do not load: --verify says why)\n");
-  }
-  if (embedded) {
-    const uint64_t whiteners = giftBasisEntryCount(embedded);
-    std::printf("  embedded basis %s (%llu whitener%s)\n",
-                doc["embedded_basis"]["basis_id"].get<std::string>().c_str(),
-                (unsigned long long)whiteners, whiteners == 1 ? "" : "s");
-  }
-  std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape", "dtype",
-              "fp8", "scales", "coords", "rounding", "original", "stored", "ratio");
-  for (const auto& j : doc["tensors"]) {
-    const bool fp8 = j["encoding"] == "fp8";
-    std::string shape = "[";
-    for (size_t i = 0; i < j["shape"].size(); ++i)
-      shape += (i ? "," : "") + std::to_string(j["shape"][i].get<uint64_t>());
-    shape += "]";
-    const uint64_t orig = j["original_bytes"], st = j["stored_bytes"];
-    std::printf(
-        "%s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n",
-        padded(shown(j["name"].get<std::string>(), stdout), 32).c_str(), shape.c_str(),
-        j["dtype"].get<std::string>().c_str(), fp8 ? j["fp8"].get<std::string>().c_str() : "raw",
-        fp8 ? (j["scale"].get<std::string>() + " " + j["scale_dtype"].get<std::string>()).c_str()
-            : "-",
-        j["coords"] == "gift" ? "gift" : "eucl",
-        fp8 ? j["rounding"].get<std::string>().c_str() : "-", human_bytes(orig).c_str(),
-        human_bytes(st).c_str(), ratio_text(orig, st).c_str());
-    if (j.contains("selection")) {
-      const auto& s = j["selection"];
-      std::printf("%-32s   selection: %s (euclidean %s, gift %s) %s\n", "",
-                  s["chosen"].get<std::string>().c_str(),
-                  estimate_text(s["euclidean_error"]).c_str(),
-                  estimate_text(s["gift_error"]).c_str(), s["reason"].get<std::string>().c_str());
-    }
   }
   std::printf("%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "total", "", "", "", "", "",
               "", human_bytes(total_original).c_str(), human_bytes(total_stored).c_str(),
