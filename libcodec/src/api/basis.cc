@@ -308,8 +308,10 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
     const std::string what = std::string("tensor '") + name + "'";
     // An eigendecomposition of NaN only says that it failed; say where the NaN is.
     uint64_t bad = 0, first = 0;
+    bool zero = true;  // every entry (one pass over A for both)
     for (uint64_t k = 0; k < uint64_t(dim) * dim; ++k) {
       if (!std::isfinite(a[k]) && bad++ == 0) first = k;
+      zero = zero && a[k] == 0;
     }
     if (bad) {
       return fail(GIFT_ERROR_INVALID_ARGUMENT,
@@ -320,7 +322,9 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
     }
     // The cheap half of semi-definiteness, as giftc compare checks its A: a negative diagonal
     // entry cannot come from a second moment (a file of something else, or of another order).
+    bool diagonal = false;  // some entry positive
     for (uint64_t k = 0; k < dim; ++k) {
+      diagonal = diagonal || a[k * dim + k] > 0;
       if (a[k * dim + k] < 0) {
         return fail(GIFT_ERROR_INVALID_ARGUMENT,
                     "'%s': the second moment is not positive semi-definite: diagonal entry %llu "
@@ -332,13 +336,11 @@ giftResult_t giftBasisBuilderAdd(giftBasisBuilder* builder, const char* name, co
     // frozen or dead layer, a zero-initialised one before it) has no geometry to whiten by:
     // the matrix gets no whitener and stays Euclidean, rather than failing the whole fit.
     // Semi-definite with a zero diagonal is zero: anything else off it is refused.
-    if (std::all_of(a, a + uint64_t(dim) * dim, [](double x) { return x == 0; })) {
+    if (zero) {
       builder->left_out.push_back(name);
       if (chosen) *chosen = 0;
       return GIFT_OK;
     }
-    bool diagonal = false;
-    for (uint64_t k = 0; k < dim; ++k) diagonal = diagonal || a[k * dim + k] > 0;
     if (!diagonal) {
       return fail(GIFT_ERROR_INVALID_ARGUMENT,
                   "'%s': the second moment is not positive semi-definite: its diagonal is zero "
