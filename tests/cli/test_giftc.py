@@ -897,8 +897,10 @@ class Giftc(unittest.TestCase):
         self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
         r = run("compare", src, frame, "--activations", acts, "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("tensor 'w' is not positive semi-definite (the A-norm squared of the "
-                      "reference is negative): no rel_anorm for it", r.stderr)
+        self.assertIn("tensor 'w': giftComputeErrorMetrics: A is not positive semi-definite: the "
+                      "A-norm squared of the reference is negative (", r.stderr)
+        self.assertIn("): no rel_anorm for it\n", r.stderr)
+        self.assertEqual(r.stderr.count("warning"), 1)  # once for the tensor, not per piece
         doc = json.loads(r.stdout)
         by = {t["name"]: t for t in doc["tensors"]}
         self.assertIsNone(by["w"]["rel_anorm"])

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "gift/gift.h"
@@ -110,6 +112,58 @@ TEST(Metrics, MergedANormCoversThePartsMeasuredWithA) {
   giftErrorMetricsMerge(&total, &bottom);
   EXPECT_NEAR(total.rel_anorm, whole.rel_anorm, 1e-6 * whole.rel_anorm);
   EXPECT_NE(total.rel_anorm, top.rel_anorm);
+}
+
+// An A that is not positive semi-definite gives an A-norm that means nothing: refused, saying
+// why, where it returned rel_anorm 0 (a negative norm squared of the reference) or a plausible
+// number. A singular semi-definite A, whose norms of some rows are zero up to rounding, is not.
+TEST(Metrics, RefusesAnANormOfAnAThatIsNotSemiDefinite) {
+  const uint32_t rows = 3, cols = 4;
+  const std::vector<float> ref = {1, 1, 0, 0, 0.5f, 0.5f, 0, 0, 2, 2, 1, 0};
+  std::vector<float> approx(ref);
+  for (float& x : approx) x *= 1.01f;
+  const auto run = [&](const std::vector<float>& a) {
+    giftErrorMetrics m = GIFT_ERROR_METRICS_INIT;
+    const giftResult_t r =
+        giftComputeErrorMetrics(ref.data(), approx.data(), rows, cols, a.data(), &m);
+    return std::make_tuple(r, std::string(r ? giftGetLastErrorMessage() : ""), m.rel_anorm);
+  };
+  // Eigenvalues 1 +- 4 on the first two coordinates, where the rows are (t, t): their norms
+  // squared are t^2 (1 + 1 - 8), negative; the diagonal part, sum of a_kk x_k^2, is
+  // 2 + 0.5 + 9 (the third row's 1 on coordinate 2).
+  std::vector<float> a(cols * cols, 0.0f);
+  a[0] = a[cols + 1] = 1.0f;
+  a[1] = a[cols] = -4.0f;
+  a[2 * cols + 2] = a[3 * cols + 3] = 1.0f;
+  EXPECT_EQ(std::get<0>(run(a)), GIFT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::get<1>(run(a)),
+            "giftComputeErrorMetrics: A is not positive semi-definite: the A-norm squared of the "
+            "reference is negative (-30.5, its diagonal part 11.5)");
+  // The same A made semi-definite but singular (eigenvalues 2 and 0 there): accepted, and
+  // the norms are those of the quadratic forms computed here in double.
+  a[1] = a[cols] = 1.0f;
+  const auto [ok, none, singular] = run(a);
+  EXPECT_EQ(ok, GIFT_OK) << none;
+  double num = 0, den = 0;
+  for (uint32_t i = 0; i < rows; ++i) {
+    for (uint32_t j = 0; j < cols; ++j) {
+      for (uint32_t k = 0; k < cols; ++k) {
+        const double e_j = double(approx[i * cols + j]) - ref[i * cols + j];
+        const double e_k = double(approx[i * cols + k]) - ref[i * cols + k];
+        num += e_j * a[j * cols + k] * e_k;
+        den += double(ref[i * cols + j]) * a[j * cols + k] * ref[i * cols + k];
+      }
+    }
+  }
+  EXPECT_NEAR(singular, std::sqrt(num / den), 1e-6 * std::sqrt(num / den));
+  // The checks that need no data: a negative diagonal entry, a non-finite entry.
+  a[2 * cols + 2] = -1.0f;
+  EXPECT_EQ(std::get<1>(run(a)),
+            "giftComputeErrorMetrics: A is not positive semi-definite: diagonal entry 2 is "
+            "negative (-1)");
+  a[2 * cols + 2] = 1.0f;
+  a[3 * cols + 1] = NAN;
+  EXPECT_EQ(std::get<1>(run(a)), "giftComputeErrorMetrics: A holds a non-finite value at (3, 1)");
 }
 
 // A round trip equal to its reference has cosine 1 exactly, and no pair has a cosine past 1:

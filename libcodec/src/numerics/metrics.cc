@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <new>
+#include <tuple>
 #include <vector>
 
 #include "common/error.h"
@@ -28,6 +29,27 @@ double a_quadratic(const float* x, uint64_t rows, uint64_t cols, const float* a)
     for (uint64_t i = 0; i < n * cols; ++i) sum += double(x[r0 * cols + i]) * xa[i];
   }
   return sum;
+}
+
+// The checks of A that need no data: finite entries, and a nonnegative diagonal (the cheap
+// half of semi-definiteness).
+giftResult_t check_entries(const float* a, uint64_t cols) {
+  for (uint64_t k = 0; k < cols * cols; ++k) {
+    if (!std::isfinite(a[k])) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "giftComputeErrorMetrics: A holds a non-finite value at (%llu, %llu)",
+                  (unsigned long long)(k / cols), (unsigned long long)(k % cols));
+    }
+  }
+  for (uint64_t k = 0; k < cols; ++k) {
+    if (a[k * (cols + 1)] < 0) {
+      return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                  "giftComputeErrorMetrics: A is not positive semi-definite: diagonal entry %llu "
+                  "is negative (%g)",
+                  (unsigned long long)k, double(a[k * (cols + 1)]));
+    }
+  }
+  return GIFT_OK;
 }
 
 }  // namespace
@@ -87,22 +109,43 @@ giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t row
   out->count = n - s.left_out;
   out->sum_ref_asq = out->sum_err_asq = 0.0;
   finish_ratios(out);
-  if (a && n) try {
-      std::vector<float> diff(n), kept(ref, ref + n);
-      for (uint64_t i = 0; i < n; ++i) {
-        const bool finite = std::isfinite(ref[i]) && std::isfinite(approx[i]);
-        diff[i] = finite ? approx[i] - ref[i] : 0.0f;
-        if (!finite) kept[i] = 0.0f;
-      }
-      const double num = a_quadratic(diff.data(), rows, cols, a);
-      const double den = a_quadratic(kept.data(), rows, cols, a);
-      out->sum_err_asq = num;
-      out->sum_ref_asq = den;
-      out->rel_anorm = den > 0 ? std::sqrt(std::max(num, 0.0) / den) : (num > 0 ? INFINITY : 0.0);
-    } catch (const std::bad_alloc&) {
-      return fail(GIFT_ERROR_OUT_OF_MEMORY,
-                  "giftComputeErrorMetrics: out of memory for the A-norm");
+  if (!a || !n) return GIFT_OK;
+  if (const giftResult_t r = check_entries(a, cols)) return r;
+  try {
+    std::vector<float> diff(n), kept(ref, ref + n);
+    // The A-norms' diagonal parts, sum of a_kk x_k^2: the scale of their rounding.
+    double ref_diag = 0, err_diag = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const bool finite = std::isfinite(ref[i]) && std::isfinite(approx[i]);
+      diff[i] = finite ? approx[i] - ref[i] : 0.0f;
+      if (!finite) kept[i] = 0.0f;
     }
+    for (uint64_t r = 0; r < rows; ++r) {
+      for (uint64_t c = 0; c < cols; ++c) {
+        const double akk = a[c * (cols + 1)], x = kept[r * cols + c], e = diff[r * cols + c];
+        ref_diag += akk * x * x, err_diag += akk * e * e;
+      }
+    }
+    const double num = a_quadratic(diff.data(), rows, cols, a);
+    const double den = a_quadratic(kept.data(), rows, cols, a);
+    // A negative A-norm squared shows an A that is not semi-definite (its norm would mean
+    // nothing, or a plausible number where it stayed positive); fp32 products round it by far
+    // less than 1e-3 of its diagonal part.
+    for (const auto& [sum, diag, what] :
+         {std::make_tuple(den, ref_diag, "reference"), std::make_tuple(num, err_diag, "error")}) {
+      if (sum < -1e-3 * diag) {
+        return fail(GIFT_ERROR_INVALID_ARGUMENT,
+                    "giftComputeErrorMetrics: A is not positive semi-definite: the A-norm "
+                    "squared of the %s is negative (%g, its diagonal part %g)",
+                    what, sum, diag);
+      }
+    }
+    out->sum_err_asq = num;
+    out->sum_ref_asq = den;
+    out->rel_anorm = den > 0 ? std::sqrt(std::max(num, 0.0) / den) : (num > 0 ? INFINITY : 0.0);
+  } catch (const std::bad_alloc&) {
+    return fail(GIFT_ERROR_OUT_OF_MEMORY, "giftComputeErrorMetrics: out of memory for the A-norm");
+  }
   return GIFT_OK;
 }
 
