@@ -35,6 +35,7 @@ struct Bucket {
   PlanPtr plan{nullptr, giftReducePlanDestroy};
   uint64_t message_bytes = 0;
   uint64_t layout = 0;           // hash of the tensors' dtypes and shapes (CallSignature)
+  uint64_t names = 0;            // hash of their names (CallSignature)
   std::vector<uint8_t> send;     // world messages out; later the gathered result
   std::vector<uint8_t> recv;     // world messages in
   std::vector<uint8_t> reduced;  // this rank's reduced shard
@@ -116,6 +117,10 @@ giftResult_t bucket_for(giftComm& c, const gift::transport::BucketShape& shape,
     words.insert(words.end(), shape.shapes[i].begin(), shape.shapes[i].end());
   }
   b.layout = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
+  words.clear();
+  for (const std::string& name : shape.names)
+    words.push_back(XXH3_64bits(name.data(), name.size()));
+  b.names = XXH3_64bits(words.data(), words.size() * sizeof(uint64_t));
   const uint64_t all = b.message_bytes * uint64_t(c.backend.world);
   b.send.resize(all);
   b.recv.resize(all);
@@ -134,6 +139,7 @@ struct CallSignature {
   uint64_t kind, block, scale_dtype, op, integrity, coords, reselect_every, nonfinite;
   uint64_t tensors, elements;
   uint64_t layout;  // Bucket::layout
+  uint64_t names;   // Bucket::names
   uint64_t calls;   // the plan's call counter
 };
 
@@ -177,10 +183,12 @@ CallSignature signature(const giftComm& c, giftResult_t local,
                        shape.dtypes.size(),
                        shape.offset.empty() ? 0 : shape.offset.back(),
                        0,
+                       0,
                        0};
   // Without a plan the local checks failed, and the comparison stops at their outcome.
   if (b) {
     sig.layout = b->layout;
+    sig.names = b->names;
     sig.calls = gift::transport::plan_calls(b->plan.get());
   }
   return sig;
@@ -202,6 +210,12 @@ std::string difference(const CallSignature& zero, const CallSignature& sig, int 
   }
   if (sig.layout != zero.layout) {
     return who + "bucket's tensors differ from rank 0's in their dtypes or shapes";
+  }
+  // Names pick each matrix's whitener, and name the tensors in errors and dumps: the same
+  // shapes under other names are most likely other tensors (another order).
+  if (sig.names != zero.names) {
+    return who + "bucket's tensors differ from rank 0's in their names (the same dtypes and " +
+           "shapes: the tensors in another order?)";
   }
   if (sig.calls != zero.calls) {
     return who + "plan for this bucket has made " + std::to_string(sig.calls) +

@@ -381,6 +381,19 @@ void test_ranks_that_differ_are_named() {
                        g_rank == last ? &stream : nullptr);
     expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT, "stream must be NULL",
                              "a stream on one rank");
+    // The same dtypes and shapes under other names (two tensors in another order): their
+    // whiteners, errors and dumps go by name, so the sum would add other tensors.
+    const uint64_t half[] = {n};
+    const char* names[] = {"a", "b"};
+    if (g_rank == last) std::swap(names[0], names[1]);
+    const giftBucketTensor pair[] = {{names[0], GIFT_DTYPE_F32, 1, half},
+                                     {names[1], GIFT_DTYPE_F32, 1, half}};
+    const void* sends[] = {x.data(), x.data() + n};
+    void* recvs[] = {y.data(), y.data() + n};
+    rc = giftAllReduceBucket(comm.c, pair, sends, recvs, 2);
+    expect_failed_everywhere(rc, GIFT_ERROR_INVALID_ARGUMENT,
+                             who + "bucket's tensors differ from rank 0's in their names",
+                             "names that differ");
     rc = giftAllReduce(comm.c, x.data(), y.data(), n, GIFT_DTYPE_F32, nullptr);
     CHECK(rc == GIFT_OK, "after calls that differ: %s", giftGetLastErrorMessage());
     CHECK(std::fabs(y[0] - 1.5f * float(g_world)) <= 0.25f * float(g_world), "sum %g", y[0]);

@@ -228,7 +228,7 @@ GIFT_API void giftCommDestroy(giftComm* comm);
  * coordinates then stay as they were on every rank, and recv holds no result (but for a dump
  * that failed after its call completed, which the message says). Before anything is sent, the
  * ranks compare their calls: a rank whose arguments fail their checks, whose bucket (element
- * count, dtypes, shapes) differs from rank 0's, whose config differs in what the messages
+ * count, dtypes, shapes, names) differs from rank 0's, whose config differs in what the messages
  * depend on (kind, block, scale_dtype, op, integrity, coords, and reselect_every under AUTO,
  * nonfinite), or whose plan for the bucket has made another number of calls, fails the call on
  * every rank, named, before any plan changes. A call that fails later (a NaN, a corrupted
