@@ -100,8 +100,16 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
     throw Failure(kUsage, o.input + ": holds " + std::to_string(n) +
                               " tensors; a .npy file holds one (decode to .safetensors)");
   }
-  std::vector<giftTensorInfo> infos;
+  // Per tensor, what the output's header and the loop below need (a frame's information on
+  // a tensor, all of it kept, took 350 bytes a tensor): its header, and its pieces, bands of
+  // rows, or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole
+  // rows, of its basis' width), for the threads the library will run; and a buffer sized for
+  // the largest piece.
   std::vector<gift::io::TensorHeader> headers;
+  std::vector<Pieces> pieces;
+  headers.reserve(n);
+  pieces.reserve(n);
+  uint64_t buffer_bytes = 0;
   for (uint64_t i = 0; i < n; ++i) {
     const giftTensorInfo e = tensor_info(f.get(), i);
     const giftDType_t dt = o.dtype.empty() ? e.dtype : parse_dtype(o.dtype);
@@ -112,25 +120,16 @@ void run_decode(const DecodeOptions& o, const Verbosity& v) {
                                       ".safetensors, or to .npy with --dtype f32"
                                 : "--dtype bf16: .npy has no bfloat16 type (use .safetensors)");
     }
-    infos.push_back(e);
     headers.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), dt});
-  }
-
-  // A buffer for every piece of every tensor, sized for the largest piece: bands of rows,
-  // or parts of rows longer than the budget (a tensor in GIFT coordinates decodes whole rows,
-  // of its basis' width), for the threads the library will run.
-  uint64_t buffer_bytes = 0;
-  std::vector<Pieces> pieces;
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t size = giftDTypeSize(headers[i].dtype);
+    const uint64_t size = giftDTypeSize(dt);
     // A tensor in GIFT coordinates is whitened back in fp32 (in place, or for a 16-bit output
     // in an fp32 copy of the band the library makes): its bands are counted in fp32 bytes.
     const uint64_t elements =
-        infos[i].coords == GIFT_COORDS_GIFT
+        e.coords == GIFT_COORDS_GIFT
             ? kMostBandBytes / sizeof(float)
             : std::min(kBandBytesPerThread * uint64_t(threads), kMostBandBytes) / size;
-    pieces.emplace_back(infos[i].rows, infos[i].cols, Pieces::Aligns{infos[i].row_align, 1},
-                        Pieces::Aligns{infos[i].col_align, 1}, elements);
+    pieces.emplace_back(e.rows, e.cols, Pieces::Aligns{e.row_align, 1},
+                        Pieces::Aligns{e.col_align, 1}, elements);
     buffer_bytes = std::max(buffer_bytes, pieces.back().piece_elements() * size);
   }
   // Where a processor is free, a second buffer: each piece is written behind (write(2)'s copy

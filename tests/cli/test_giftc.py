@@ -25,6 +25,7 @@ import zipfile
 import ml_dtypes
 import numpy as np
 import xxhash
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 GIFTC = None
@@ -1888,6 +1889,40 @@ class Giftc(unittest.TestCase):
         got = np.frombuffer(data[w["data_offsets"][0]:w["data_offsets"][1]], dtype=ml_dtypes.bfloat16)
         want = model_block_e4m3(tensors["layers.0.weight"]).astype(ml_dtypes.bfloat16).reshape(-1)
         self.assertTrue(np.array_equal(got.view(np.uint16), want.view(np.uint16)))
+
+    def test_decode_writes_any_utf8_name_and_metadata_into_the_safetensors_header(self):
+        # The header's JSON is written as it goes (a document of every tensor took 500 bytes a
+        # tensor): names and metadata that need escaping, or sort around __metadata__, must
+        # read back as they were, through the safetensors package and a JSON parser.
+        rng = np.random.default_rng(4)
+        names = ["a", "B", "__metadata_", "__metadata__x", 'z"q', "back\\slash", "tab\tnl\nx",
+                 "ctl\x01\x1f\x7f", "\u00e9 \u00fc \u4e2d\u6587", "emoji\U0001f600", "0", "~"]
+        tensors = {n: rng.standard_normal((3, 5)).astype(np.float32) for n in names}
+        tensors["half"] = rng.standard_normal((2, 2)).astype(np.float16)
+        metadata = {'k"1': "v\n1", "a": "b", "\u00e9": "x\x02\\"}
+        src, frame, out = self.path("w.safetensors"), self.path("w.gift"), self.path("back.safetensors")
+        save_file(tensors, src, metadata=metadata)
+        self.assertEqual(run("encode", src, "-o", frame, "-q", "--exclude", ".").returncode, 0)
+        r = run("decode", frame, "-o", out, "-q")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        back = load_file(out)
+        self.assertEqual(set(back), set(tensors))
+        for name, x in tensors.items():  # stored losslessly (--exclude .)
+            self.assertEqual((back[name].dtype, back[name].tobytes()), (x.dtype, x.tobytes()), name)
+        with safe_open(out, "np") as f:
+            self.assertEqual(f.metadata(), metadata)
+        with open(out, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            self.assertEqual((8 + n) % 8, 0)
+        # Data in the frame's order, back to back from 0.
+        order = [t["name"] for t in json.loads(run("inspect", frame, "--json").stdout)["tensors"]]
+        self.assertEqual(sorted(order), sorted(tensors))
+        spans = [header[t]["data_offsets"] for t in order]
+        self.assertEqual(spans[0][0], 0)
+        self.assertTrue(all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans)
+        self.assertEqual(header["half"], {"dtype": "F16", "shape": [2, 2],
+                                          "data_offsets": spans[order.index("half")]})
 
     def test_a_dump_of_many_small_tensors_round_trips(self):
         # 20,000 tensors, as a model with many experts has: every name and value back. (The
