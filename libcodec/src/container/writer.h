@@ -3,8 +3,12 @@
 // and large tensors are encoded in bands of rows, so memory stays bounded by a band.
 #pragma once
 
+#include <flatbuffers/flatbuffers.h>
+
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <unordered_set>
@@ -13,6 +17,7 @@
 
 #include "common/ctx.h"
 #include "common/output_file.h"
+#include "container/layout.h"
 #include "container/sections.h"
 #include "gift/gift.h"
 #include "numerics/shapes.h"
@@ -114,13 +119,17 @@ class FrameWriter {
     const StoredSection* section;
     uint64_t offset;
   };
+  // A deque: a frame of many tensors holds their records once (a vector's growth held 1.5 of
+  // them at a time, 400 bytes a tensor).
+  using PendingList = std::deque<Pending>;
   // The header, with the sections placed after it, and where the frame ends.
   struct Layout {
-    std::vector<uint8_t> head;  // preamble and header
+    std::array<uint8_t, kPreambleBytes> preamble;
+    flatbuffers::DetachedBuffer header;  // the builder's own bytes, not a copy
     std::vector<Placed> sections;
     uint64_t data_start = 0, end = 0;
   };
-  giftResult_t layout(const std::vector<Pending>& tensors, Layout* out) const;
+  giftResult_t layout(const PendingList& tensors, Layout* out) const;
   // Puts the section's bytes in `file`, if any, at the next multiple of 64 (in the output,
   // where it lies in the frame); begin_section only records that place.
   giftResult_t keep(StoredSection* s, SectionFile* file);
@@ -167,7 +176,7 @@ class FrameWriter {
   giftCtx ctx_;
   decltype(&giftEncode) encoder_ = &giftEncode;
   std::vector<std::pair<std::string, std::string>> metadata_;
-  std::vector<Pending> tensors_;
+  PendingList tensors_;
   std::unordered_set<std::string> names_;  // tensors_' names: a check per tensor, not a scan
   ScratchFile scratch_;
   SectionFile* sink_ = nullptr;  // where sections go as they are made: scratch_, stream_ or memory
