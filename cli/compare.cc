@@ -44,6 +44,7 @@ class Source {
       check(giftFrameSetThreads(frame_.get(), threads));
       giftFrameInfo frame = GIFT_FRAME_INFO_INIT;
       check(giftFrameGetInfo(frame_.get(), &frame));
+      entries_.reserve(giftFrameTensorCount(frame_.get()));
       for (uint64_t i = 0; i < giftFrameTensorCount(frame_.get()); ++i) {
         const giftTensorInfo e = tensor_info(frame_.get(), i);
         entries_.push_back({e.name, std::vector<uint64_t>(e.shape, e.shape + e.ndim), e.rows,
@@ -58,6 +59,7 @@ class Source {
     } else {
       gift::io::read_tensor_file(path, &file_);
     }
+    entries_.reserve(file_.tensors.size());
     for (const gift::io::TensorRef& r : file_.tensors) {
       const uint64_t cols = r.shape.empty() ? 1 : r.shape.back();
       entries_.push_back({r.name, r.shape, cols ? r.elements() / cols : 0, cols, 1, 1, nullptr});
@@ -127,7 +129,11 @@ void run_compare(const CompareOptions& o, const Verbosity& v) {
   nlohmann::ordered_json doc;
   doc["reference"] = o.reference;
   doc["decoded"] = o.decoded;
-  doc["tensors"] = nlohmann::ordered_json::array();
+  // Each tensor's metrics, by its place in the reference: printed once every tensor is
+  // measured (a failure prints nothing), from these (a JSON document of every tensor held
+  // 400 bytes a tensor more).
+  std::vector<giftErrorMetrics> measured;
+  measured.reserve(ref.entries().size());
   giftErrorMetrics total = GIFT_ERROR_METRICS_INIT;
   auto row = [](const giftErrorMetrics& m) {
     // No pair measured, every one holding NaN or Inf: no metric, where the library's ratios of
@@ -234,9 +240,7 @@ void run_compare(const CompareOptions& o, const Verbosity& v) {
       check(giftErrorMetricsMerge(&m, &part));
     });
     check(giftErrorMetricsMerge(&total, &m));
-    nlohmann::ordered_json j{{"name", r.name}, {"elements", r.rows * r.cols}};
-    j.update(row(m));
-    doc["tensors"].push_back(j);
+    measured.push_back(m);
   }
   if (ref.entries().size() != dec.entries().size()) {
     throw Failure(kBadInput, o.decoded + ": holds " + std::to_string(dec.entries().size()) +
@@ -247,11 +251,20 @@ void run_compare(const CompareOptions& o, const Verbosity& v) {
   ref.check_unread();
   dec.check_unread();
   gift::io::check_unread(acts);
-  doc["total"] = row(total);
+  const auto tensor_row = [&](size_t i) {
+    const Source::Entry& r = ref.entries()[i];
+    nlohmann::ordered_json j{{"name", r.name}, {"elements", r.rows * r.cols}};
+    j.update(row(measured[i]));
+    return j;
+  };
   if (o.json) {
-    std::printf("%s\n", json_text(doc).c_str());
+    StreamedArray tensors(doc, "tensors", true);
+    for (size_t i = 0; i < measured.size(); ++i) tensors.add(tensor_row(i));
+    doc["total"] = row(total);
+    tensors.end();
     return;
   }
+  doc["total"] = row(total);
   const bool anorm = !o.activations.empty();
   std::printf("%-40s %12s %12s %12s %12s%s\n", "name", "rel_l2", "cosine", "max_abs", "bias",
               anorm ? "    rel_anorm" : "");
@@ -272,7 +285,7 @@ void run_compare(const CompareOptions& o, const Verbosity& v) {
     if (anorm) std::printf(" %s", cell(j["rel_anorm"], "%12.4e").c_str());
     std::printf("\n");
   };
-  for (const auto& j : doc["tensors"]) print(j["name"].get<std::string>(), j);
+  for (size_t i = 0; i < measured.size(); ++i) print(ref.entries()[i].name, tensor_row(i));
   print("total", doc["total"]);
   if (const uint64_t n = doc["total"]["nonfinite"].get<uint64_t>()) {
     std::printf("%llu element pair(s) hold NaN or Inf and are left out of the metrics\n",

@@ -171,19 +171,9 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     std::printf("\n%-32s %-16s %-5s %-5s %-14s %-5s %-10s %11s %11s %6s\n", "name", "shape",
                 "dtype", "fp8", "scales", "coords", "rounding", "original", "stored", "ratio");
   }
-  // The tensors as they are read, table rows or the document's "tensors" array, with no
-  // document of every tensor held (200,000 tensors took 600 MB as one): the document is
-  // printed around a mark where the array goes, the same bytes as one dump of it all.
-  static const char kMark[] = "tensors go here";
-  doc["tensors"] = kMark;
-  const auto around_mark = [&](bool before) {
-    // The top-level key on a line of its own (a name or value holding the mark has its line
-    // breaks escaped), then the mark in quotes.
-    const std::string key = "\n  \"tensors\": ", text = json_text(doc);
-    const size_t at = text.find(key + '"' + kMark + '"') + key.size();
-    return before ? text.substr(0, at) : text.substr(at + sizeof kMark + 1);
-  };
-  if (o.json) std::fputs(around_mark(true).c_str(), stdout);
+  // The tensors as they are read, table rows or the document's elements: no document of
+  // every tensor held.
+  StreamedArray tensors(doc, "tensors", o.json);
   uint64_t total_original = 0, total_stored = 0;
   for (uint64_t i = 0; i < info.tensor_count; ++i) {
     const giftTensorInfo e = tensor_info(f.get(), i);
@@ -191,17 +181,8 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
     total_original += original;
     total_stored += e.stored_bytes;
     const nlohmann::ordered_json j = tensor_json(e, original);
-    if (!o.json) {
-      print_row(j);
-      continue;
-    }
-    // An element of an array two levels deep, as the whole document's dump indents it.
-    std::string item = json_text(j);
-    for (size_t nl = item.find('\n'); nl != std::string::npos; nl = item.find('\n', nl + 1))
-      item.insert(nl + 1, "    ");
-    std::printf("%s    %s", i ? ",\n" : "[\n", item.c_str());
+    o.json ? tensors.add(j) : print_row(j);
   }
-  if (o.json) std::fputs(info.tensor_count ? "\n  ]" : "[]", stdout);
   const uint64_t file_bytes = info.bytes;
   doc["totals"] = {{"tensors", info.tensor_count},
                    {"original_bytes", total_original},
@@ -215,7 +196,7 @@ void run_inspect(const InspectOptions& o, const Verbosity& v) {
   }
 
   if (o.json) {
-    std::printf("%s\n", around_mark(false).c_str());
+    tensors.end();
     if (verify_failure) throw *verify_failure;
     return;
   }

@@ -556,7 +556,10 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
   struct Extent {
     uint64_t begin, end;
   };
+  // Sized once: 200,000 tensors' records grown by doubling held 1.5 times them.
   std::vector<Extent> extents;
+  extents.reserve(h.size());
+  out->tensors.reserve(h.size());
   for (auto it = h.begin(); it != h.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it->is_object()) bad(name, "__metadata__ is not an object");
@@ -624,6 +627,7 @@ void parse_safetensors(const uint8_t* b, uint64_t size, const std::string& name,
   if (at != data_size) bad(name, "tensor data does not end at the end of the file");
   // File order: by offset, as writers lay tensors out.
   std::vector<TensorRef> sorted;
+  sorted.reserve(order.size());
   for (size_t i : order) sorted.push_back(std::move(out->tensors[i]));
   out->tensors = std::move(sorted);
 }
