@@ -207,6 +207,24 @@ void zero_unwritten(const gift::transport::Layout& l, const giftQuantParams& par
   memset(msg + l.extra_at + extra_bytes, 0, l.message_bytes - l.extra_at - extra_bytes);
 }
 
+// The non-finite values a step refuses (GIFT_NONFINITE_ERROR), over all the messages it
+// encodes: how many, and the first's place in the bucket.
+struct NonFinite {
+  uint64_t count = 0, first = UINT64_MAX;
+  void add(uint64_t n, uint64_t at) {
+    count += n;
+    first = std::min(first, at);
+  }
+};
+
+giftResult_t refuse(const giftReducePlan& p, uint32_t step, const NonFinite& seen) {
+  const size_t t = tensor_of(p, seen.first);
+  return fail(GIFT_ERROR_NONFINITE_INPUT,
+              "%" PRIu64 " non-finite value(s) %s, the first at element %" PRIu64 " of tensor '%s'",
+              seen.count, step == kScatter ? "in the input" : "in the reduced sum",
+              seen.first - p.bucket.offset[t], p.bucket.names[t].c_str());
+}
+
 // Encodes `count` values into `msg` chunk by chunk. fill(begin, n, x, spare) gives each
 // chunk's values, formed by the step's own passes while they are in cache: in x (kChunk
 // floats of scratch; spare is kChunk more for its own use), or already in place at
@@ -215,12 +233,14 @@ void zero_unwritten(const gift::transport::Layout& l, const giftQuantParams& par
 // then goes to values + begin: in place, or from scratch through non-temporal stores (where
 // values is 16-byte aligned, as the plan's buffers are), since only the next call reads it
 // (plain stores would first read every line of the work buffer from memory). Kept NaN or Inf
-// (GIFT_NONFINITE_KEEP) mark the message.
+// (GIFT_NONFINITE_KEEP) mark the message; under GIFT_NONFINITE_ERROR they are added to
+// *refused, and the message is left as it is (the call fails once its caller has counted them
+// all).
 template <typename Fill>
 giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint32_t step,
                             int shard, float* values, uint64_t count, bool feedback, uint8_t* msg,
-                            Fill&& fill, uint32_t flags = 0, const void* extra = nullptr,
-                            uint64_t extra_bytes = 0) {
+                            NonFinite* refused, Fill&& fill, uint32_t flags = 0,
+                            const void* extra = nullptr, uint64_t extra_bytes = 0) {
   zero_unwritten(p.layout, p.params, count, extra_bytes, msg);
   MessageHeader h{};
   p.coords.fill_header(&h);
@@ -261,13 +281,8 @@ giftResult_t encode_message(giftReducePlan& p, const ChunkScratch& scratch, uint
     if (seen[c].nonfinite_count) first = std::min(first, c * kChunk + seen[c].first_nonfinite);
   }
   if (nonfinite && p.params.nonfinite == GIFT_NONFINITE_ERROR) {
-    const uint64_t at = p.layout.shard_begin[shard] + first;
-    const size_t t = tensor_of(p, at);
-    return fail(GIFT_ERROR_NONFINITE_INPUT,
-                "%" PRIu64 " non-finite value(s) %s, the first at element %" PRIu64
-                " of tensor '%s'",
-                nonfinite, step == kScatter ? "in the input" : "in the reduced sum",
-                at - p.bucket.offset[t], p.bucket.names[t].c_str());
+    refused->add(nonfinite, p.layout.shard_begin[shard] + first);
+    return GIFT_OK;
   }
   if (nonfinite) h.flags |= kHoldsNonFinite;
   memcpy(msg, &h, sizeof h);
@@ -577,6 +592,7 @@ giftResult_t encode_shards(giftReducePlan* plan, const void* const* tensors, uin
   apply_coords(p, p.flat.data(), false);
   // This call's residuals go to the work buffer (over the values they come from, where the
   // whole bucket is there), in original coordinates, until step 5 commits them.
+  NonFinite refused;
   for (int r = 0; r < p.world; ++r) {
     const uint64_t begin = p.layout.shard_begin[r];
     const bool carry = measure_now && r == 0;
@@ -586,13 +602,16 @@ giftResult_t encode_shards(giftReducePlan* plan, const void* const* tensors, uin
       return x;
     };
     float* work = p.flat.empty() ? nullptr : p.flat.data() + begin;  // empty: no use for it
-    if (const giftResult_t rc = encode_message(
-            p, scratch, kScatter, r, work, p.shard_count(r), feedback,
-            send + uint64_t(r) * p.layout.message_bytes, fill, carry ? kCarriesEstimates : 0,
-            p.coords.estimates.data(), carry ? p.coords.estimates.size() * sizeof(float) : 0)) {
+    if (const giftResult_t rc =
+            encode_message(p, scratch, kScatter, r, work, p.shard_count(r), feedback,
+                           send + uint64_t(r) * p.layout.message_bytes, &refused, fill,
+                           carry ? kCarriesEstimates : 0, p.coords.estimates.data(),
+                           carry ? p.coords.estimates.size() * sizeof(float) : 0)) {
       return rc;
     }
   }
+  // Every shard is encoded first, so that the count is the input's.
+  if (refused.count) return refuse(p, kScatter, refused);
   if (feedback) {
     apply_coords(p, p.flat.data(), true);
     p.residual_pending = true;
@@ -667,8 +686,10 @@ giftResult_t sum_shard(giftReducePlan* plan, const uint8_t* recv, uint8_t* out_m
     }
     return sum;
   };
-  const giftResult_t rc = encode_message(p, scratch, kGather, p.rank, p.sum.data(), count, feedback,
-                                         out_msg, fill, flags, d.data(), d.size());
+  NonFinite refused;
+  giftResult_t rc = encode_message(p, scratch, kGather, p.rank, p.sum.data(), count, feedback,
+                                   out_msg, &refused, fill, flags, d.data(), d.size());
+  if (rc == GIFT_OK && refused.count) rc = refuse(p, kGather, refused);
   p.shard_residual_pending = rc == GIFT_OK && feedback;
   return rc;
 }

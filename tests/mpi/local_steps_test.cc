@@ -680,6 +680,16 @@ TEST(LocalSteps, NonFiniteInputNamesTheTensor) {
             std::string::npos)
       << giftGetLastErrorMessage();
   giftReducePlanDestroy(p);
+  // Spread over the shards of three ranks, the values are all counted (the count was the
+  // first shard's that held one), and the first is still the first.
+  ASSERT_EQ(giftReducePlanCreate(&c, 3, 0, d.data(), d.size(), &p), GIFT_OK);
+  memcpy(in[0][5].data() + 4 * 18, &nan, 4);
+  gift::test::store(specs[6].dtype, INFINITY, in[0][6].data() + in[0][6].size() - 2);
+  send.resize(3 * giftReducePlanMessageBytes(p));
+  EXPECT_EQ(giftReduceEncodeShards(p, ptrs.data(), send.data()), GIFT_ERROR_NONFINITE_INPUT);
+  EXPECT_EQ(std::string(giftGetLastErrorMessage()),
+            "3 non-finite value(s) in the input, the first at element 17 of tensor 'big.fp32'");
+  giftReducePlanDestroy(p);
 }
 
 // GIFT_NONFINITE_KEEP: a NaN on one rank and an Inf on another reach every rank as an fp32
