@@ -42,15 +42,30 @@ void check(giftResult_t r, const std::string& context) {
   throw Failure(exit_code_for(r), context.empty() ? msg : context + ": " + msg);
 }
 
+namespace {
+
+// A path the library would refuse as not a regular file, refused here saying what to do.
+void check_regular(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Failure(kIoError, path + ": " + gift::io::not_regular(st));
+}
+
+}  // namespace
+
 BasisPtr read_basis(const std::string& path) {
   giftBasis* b = nullptr;
-  if (!path.empty()) check(giftBasisLoad(path.c_str(), &b));
+  if (!path.empty()) {
+    check_regular(path);
+    check(giftBasisLoad(path.c_str(), &b));
+  }
   return BasisPtr(b, giftBasisFree);
 }
 
 FramePtr open_frame(const std::string& path) {
   giftFrame* f = nullptr;
   if (path != "-") {
+    check_regular(path);
     check(giftFrameOpenFile(path.c_str(), &f));
     return FramePtr(f, giftFrameClose);
   }

@@ -80,14 +80,25 @@ uint64_t load_le(const uint8_t* p, int bytes) {
   return v;
 }
 
+}  // namespace
+
+std::string not_regular(const struct stat& st) {
+  const bool stream = S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode) || S_ISSOCK(st.st_mode);
+  return stream ? "not a regular file but a pipe or device (giftc reads one as standard input: "
+                  "give - and redirect it)"
+                : "not a regular file";
+}
+
+namespace {
+
 // Maps `fd` read-only and keeps the mapping alive in *storage: tensors point into it, so a
 // large dump is never copied. Closes fd.
 void map_fd(int fd, const std::string& name, std::vector<std::shared_ptr<void>>* storage,
             const uint8_t** data, uint64_t* size) {
-  struct stat st;
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    io_error(name, "not a regular file");
+    io_error(name, not_regular(st));
   }
   *data = nullptr;
   *size = uint64_t(st.st_size);
@@ -105,6 +116,9 @@ void map_fd(int fd, const std::string& name, std::vector<std::shared_ptr<void>>*
 }
 
 void map_into(const std::string& path, TensorFile* out, const uint8_t** data, uint64_t* size) {
+  // Refused before it is opened: a FIFO's open waits for a writer.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) io_error(path, not_regular(st));
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) io_error(path, std::string("cannot open: ") + std::strerror(errno));
   map_fd(fd, path, &out->storage, data, size);
@@ -720,6 +734,10 @@ bool is_frame(const uint8_t* b, uint64_t size) {
 }
 
 bool file_lacks_frame_magic(const std::string& path) {
+  // Not a pipe's first bytes, which reading would take from it (or wait for a writer): it is
+  // refused as an input where it is opened.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   uint8_t head[32];

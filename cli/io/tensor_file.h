@@ -3,6 +3,8 @@
 // a temporary name and a rename.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -88,6 +90,9 @@ std::string ascii_escaped(const std::string& s);
 // Whether the file at `path` opens and its first bytes are not a GIFT frame's magic (false
 // where it cannot be read: opening it as a frame then says why).
 bool file_lacks_frame_magic(const std::string& path);
+
+// Why an input of this kind (not a regular file) is refused, with what to do for a pipe.
+std::string not_regular(const struct stat& st);
 
 // Reads any supported kind; "-" reads standard input (kept in an unnamed scratch file, its
 // kind told by its first bytes). Errors are giftc::Failure naming the file (and tensor):

@@ -96,6 +96,38 @@ class Giftc(unittest.TestCase):
         return dict(os.environ, LD_PRELOAD=built, **env,  # (ASan's runtime then comes second)
                     ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
 
+    def test_inputs_that_are_pipes_are_refused_at_once_saying_to_use_standard_input(self):
+        # A FIFO without a writer made giftc wait in open() (a name without an extension, or
+        # any for encode and fit), and one with a writer was "not a regular file": refused
+        # before it is opened, saying what to do, for each command and each input.
+        src, frame = self.path("w.npy"), self.path("w.gift")
+        np.save(src, np.ones((4, 64), np.float32))
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        fifo, named = self.path("fifo"), self.path("fifo.safetensors")
+        os.mkfifo(fifo)
+        os.mkfifo(named)
+        why = "not a regular file but a pipe or device (giftc reads one as standard input: give - and redirect it)"
+        for args in (("encode", fifo), ("encode", named), ("fit", named, "-o", self.path("b.giftb")),
+                     ("decode", fifo), ("inspect", fifo), ("compare", src, fifo),
+                     ("compare", fifo, frame),
+                     ("decode", frame, "--basis", fifo, "-o", self.path("d.npy"))):
+            r = subprocess.run([GIFTC, *args], capture_output=True, text=True, timeout=20)
+            self.assertEqual(r.returncode, 3, (args, r.stderr))
+            self.assertIn(why, r.stderr, args)
+        # A pipe with a writer (a shell's <(...)) is refused as well, and standard input takes it.
+        read_end, write_end = os.pipe()
+        with open(src, "rb") as f:
+            os.write(write_end, f.read())
+        os.close(write_end)
+        r = subprocess.run([GIFTC, "encode", f"/dev/fd/{read_end}", "-o", self.path("p.gift")],
+                           capture_output=True, text=True, timeout=20, pass_fds=(read_end,))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(why, r.stderr)
+        with open(src, "rb") as f:
+            r = subprocess.run([GIFTC, "encode", "-", "-o", self.path("p.gift"), "-q"], stdin=f)
+        self.assertEqual(r.returncode, 0)
+        os.close(read_end)
+
     def test_outputs_that_are_not_plain_new_files_are_refused_or_written_into(self):
         # -f replaces an existing regular output only: never a link or an input. A device or
         # a FIFO is written into as standard output is (as zstd -o /dev/null does).
