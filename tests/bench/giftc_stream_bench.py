@@ -9,8 +9,10 @@ output of the same size, without the codec), which no codec can beat. A benchmar
 test: it prints a table and asserts nothing.
 
 Usage: giftc_stream_bench.py PATH/TO/giftc [--floor PATH/TO/io_floor] [--dir DIR]
-                             [--sizes 512M,6G] [--repeat 3]
-DIR (default: a folder under $TMPDIR) needs about 3.5x the largest size free.
+                             [--sizes 512M,6G] [--repeat 3] [--many N]
+DIR (default: a folder under $TMPDIR) needs about 3.5x the largest size free. With --many N,
+also a dump of N tensors of 4 x 4 (a model of many experts, say): every command's time and
+RssAnon against cp, where memory grows with the number of tensors.
 """
 import argparse
 import json
@@ -44,6 +46,47 @@ def write_dump(path, total_bytes, dtype):
                 x = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation is fine for data
             f.write(x.tobytes())
     return count * per
+
+
+def write_many(path, count):
+    """A safetensors file of `count` fp32 tensors of 4 x 4."""
+    per = 64
+    header = {f"experts.{i}.weight": {"dtype": "F32", "shape": [4, 4],
+                                      "data_offsets": [i * per, (i + 1) * per]}
+              for i in range(count)}
+    js = json.dumps(header).encode()
+    js += b" " * ((8 - (8 + len(js)) % 8) % 8)
+    x = np.random.default_rng(2).standard_normal(count * 16, dtype=np.float32)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(js)) + js + x.tobytes())
+
+
+def many_table(giftc, work, count, repeat):
+    """Every command on a dump of `count` small tensors, against cp of it."""
+    src = os.path.join(work, f"many-{count}.safetensors")
+    frame, out, copy = src + ".gift", src + ".out.safetensors", src + ".copy"
+    write_many(src, count)
+    subprocess.run([giftc, "encode", src, "-o", frame, "-q"], check=True)
+    rm = lambda *paths: [os.path.exists(p) and os.unlink(p) for p in paths]
+    encoded = frame + ".new"
+    names = ["cp", "encode", "decode", "inspect", "inspect --json", "compare", "compare --json"]
+    results = interleaved_runs([
+        (["cp", src, copy], lambda: rm(copy)),
+        ([giftc, "encode", src, "-o", encoded, "-q"], lambda: rm(encoded)),
+        ([giftc, "decode", frame, "-o", out, "-q"], lambda: rm(out)),
+        ([giftc, "inspect", frame], lambda: None),
+        ([giftc, "inspect", "--json", frame], lambda: None),
+        ([giftc, "compare", src, frame], lambda: None),
+        ([giftc, "compare", "--json", src, frame], lambda: None),
+    ], repeat)
+    print(f"\n{count} tensors of 4 x 4 fp32 ({os.path.getsize(src) / 2**20:.1f} MiB, frame "
+          f"{os.path.getsize(frame) / 2**20:.1f} MiB), all threads, median of {repeat}:")
+    print("| command | s (x cp) | RssAnon MiB | RssAnon bytes a tensor |")
+    print("|---|---|---|---|")
+    cp_t = results[0][0]
+    for name, (t, m, _) in zip(names, results):
+        print(f"| {name} | {t:.3f} ({t / cp_t:.1f}) | {m:.1f} | {m * 2**20 / count:.0f} |")
+    rm(src, frame, encoded, out, copy)
 
 
 def measure(cmd):
@@ -94,6 +137,8 @@ def main():
     ap.add_argument("--dtypes", default="F32,BF16", help="dump dtypes (default: F32,BF16)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="interleaved rounds; medians and fastest of them (default: 3)")
+    ap.add_argument("--many", type=int, default=0,
+                    help="also a dump of this many tensors of 4 x 4 (default: none)")
     a = ap.parse_args()
     floor = a.floor or os.path.join(os.path.dirname(os.path.abspath(a.giftc)), os.pardir, "tests",
                                     "bench", "io_floor")
@@ -182,6 +227,11 @@ def main():
               f"| {encs_t:.3f} ({encs_t / sync_t:.2f}) | {dec_t:.3f} ({dec_t / cp_t:.2f}) "
               f"| {decs_t:.3f} ({decs_t / sync_t:.2f}) | {encf_t:.3f} ({encf_t / cp_t:.2f}) "
               f"| {decf_t:.3f} ({decf_t / cp_t:.2f}) |")
+    if a.many > 0:
+        work = a.dir or tempfile.mkdtemp(prefix="giftc-bench-")
+        many_table(a.giftc, work, a.many, a.repeat)
+        if not a.dir:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
