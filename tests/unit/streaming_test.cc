@@ -1217,6 +1217,51 @@ TEST(Streaming, RecordedTemporariesAreRemovedOnRequest) {
   ::rmdir(dir.c_str());
 }
 
+// Small writes into a file are gathered and written as one: every other way of writing or
+// moving the file's end (a large write, a write behind, truncate, write_at, append_from,
+// commit) comes after them, in order, and the size counts them all along.
+TEST(Streaming, SmallWritesIntoAFileKeepTheirOrder) {
+  const std::string dir = temp_dir(), path = dir + "/small.bin", from = dir + "/from.bin";
+  {
+    std::ofstream f(from, std::ios::binary);
+    f << "0123456789";
+  }
+  const int src = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(src, 0);
+  std::string expected;
+  gift::OutputFile out;
+  ASSERT_EQ(out.open(path), GIFT_OK);
+  const auto put = [&](const std::string& bytes) {
+    ASSERT_EQ(out.write(bytes.data(), bytes.size()), GIFT_OK);
+    expected += bytes;
+    EXPECT_EQ(out.size(), expected.size());
+  };
+  put("ab");
+  put(std::string(70000, 'L'));  // past the gathering: written after "ab"
+  put("cd");
+  ASSERT_EQ(out.truncate(expected.size() - 1), GIFT_OK);  // drops the "d" still gathered
+  expected.pop_back();
+  put("ef");
+  ASSERT_EQ(out.write_at(1, "X", 1), GIFT_OK);  // over bytes written, not gathered ones
+  expected[1] = 'X';
+  const std::string behind(100000, 'B'), small = "gh";
+  ASSERT_EQ(out.write_behind(behind.data(), behind.size(), nullptr), GIFT_OK);
+  expected += behind;
+  ASSERT_EQ(out.write_behind(small.data(), small.size(), nullptr), GIFT_OK);
+  expected += small;
+  put("ij");
+  ASSERT_EQ(out.append_from(src, 2, 3), GIFT_OK);
+  expected += "234";
+  for (int k = 0; k < 5000; ++k) put(std::to_string(k));  // many times the gathering's room
+  ASSERT_EQ(out.commit(), GIFT_OK) << giftGetLastErrorMessage();
+  ::close(src);
+  const std::vector<uint8_t> got = file_bytes(path);
+  EXPECT_TRUE(std::string(got.begin(), got.end()) == expected);
+  ::unlink(path.c_str());
+  ::unlink(from.c_str());
+  ::rmdir(dir.c_str());
+}
+
 TEST(Streaming, OutputToADescriptorWritesAsItComes) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);

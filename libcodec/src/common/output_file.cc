@@ -108,6 +108,11 @@ void allocate_past(int fd, uint64_t size, uint64_t more) {
 // commit's fsync waits only for the tail.
 constexpr uint64_t kWritebackBytes = uint64_t(8) << 20;
 
+// Writes into a file below kSmallWrite bytes are gathered, up to kGatherBytes, and written as
+// one: a frame of many small tensors took four write(2) calls a tensor (giftc encode of
+// 200,000 tensors of 4 x 4: 800,000 calls, a quarter of its time), and its decode one.
+constexpr uint64_t kSmallWrite = uint64_t(4) << 10, kGatherBytes = uint64_t(64) << 10;
+
 }  // namespace
 
 OutputFile::~OutputFile() {
@@ -136,6 +141,7 @@ void OutputFile::forget_temporary() {
 }
 
 void OutputFile::discard() {
+  gathered_.clear();
   if (owned_ && fd_ >= 0) ::close(fd_);
   if (owned_ && !committed_ && !unnamed_ && !temp_.empty()) ::unlink(temp_.c_str());
   forget_temporary();
@@ -219,7 +225,7 @@ void OutputFile::open_fd(int fd, const std::string& name) {
 }
 
 giftResult_t OutputFile::reserve(uint64_t total) {
-  if (const giftResult_t r = settle()) return r;
+  if (const giftResult_t r = flush()) return r;
   if (fd_ < 0 || !owned_ || total <= written_) return GIFT_OK;
   if (::fallocate(fd_, 0, off_t(written_), off_t(total - written_)) == 0) {
     reserved_ = total;
@@ -231,7 +237,16 @@ giftResult_t OutputFile::reserve(uint64_t total) {
 }
 
 giftResult_t OutputFile::write(const void* data, uint64_t size) {
-  if (const giftResult_t r = settle()) return r;
+  // Into a file only: a descriptor (a pipe) gets the bytes as they come. Gathered while a
+  // write behind runs too: it touches neither gathered_ nor written_.
+  if (size < kSmallWrite && is_file() && !failed_ &&
+      (gathered_.size() + size <= kGatherBytes || flush() == GIFT_OK)) {
+    if (gathered_.capacity() < kGatherBytes) gathered_.reserve(kGatherBytes);
+    const auto* p = static_cast<const uint8_t*>(data);
+    gathered_.insert(gathered_.end(), p, p + size);
+    return GIFT_OK;
+  }
+  if (const giftResult_t r = flush()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   written_ += size;
   if (const giftResult_t r = put_bytes(data, size)) {
@@ -243,13 +258,26 @@ giftResult_t OutputFile::write(const void* data, uint64_t size) {
 
 giftResult_t OutputFile::write_behind(const void* data, uint64_t size,
                                       std::function<void()> first) {
-  if (const giftResult_t r = settle()) return r;
+  if (size < kSmallWrite && is_file()) {  // gathered (copied): less than a thread's hand-off
+    if (first) first();
+    return write(data, size);
+  }
+  if (const giftResult_t r = flush()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   written_ += size;
   return behind_.start([this, data, size, first = std::move(first)] {
     if (first) first();
     return put_bytes(data, size);
   });
+}
+
+giftResult_t OutputFile::flush() {
+  if (const giftResult_t r = settle()) return r;
+  if (gathered_.empty()) return GIFT_OK;
+  written_ += gathered_.size();
+  const giftResult_t r = put_bytes(gathered_.data(), gathered_.size());
+  gathered_.clear();
+  return r ? fail_for_good(r) : GIFT_OK;
 }
 
 // Touches only the descriptor, the writeback's own fields and broken_pipe_, so that it may run
@@ -275,7 +303,7 @@ void OutputFile::start_writeback() {
 }
 
 giftResult_t OutputFile::truncate(uint64_t size) {
-  if (const giftResult_t r = settle()) return r;
+  if (const giftResult_t r = flush()) return r;
   if (!is_file()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not a file", name_.c_str());
   if (!truncate_at(fd_, size)) return fail_io("cannot truncate", errno);
   written_ = size;
@@ -284,7 +312,7 @@ giftResult_t OutputFile::truncate(uint64_t size) {
 }
 
 giftResult_t OutputFile::write_at(uint64_t offset, const void* data, uint64_t size) {
-  if (const giftResult_t r = settle()) return r;
+  if (const giftResult_t r = flush()) return r;
   if (!is_file() || offset + size > written_) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: cannot write there", name_.c_str());
   }
@@ -300,7 +328,7 @@ void OutputFile::allocate_ahead(uint64_t more) {
 }
 
 giftResult_t OutputFile::restart(int* old_fd) {
-  if (const giftResult_t r = settle()) return r;
+  if (const giftResult_t r = flush()) return r;
   if (!is_file()) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not a file", name_.c_str());
   const int fd = fd_;
   if (!unnamed_) ::unlink(temp_.c_str());  // the descriptor keeps the bytes until closed
@@ -316,7 +344,7 @@ giftResult_t OutputFile::restart(int* old_fd) {
 }
 
 giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
-  if (const giftResult_t r = settle()) return r;
+  if (const giftResult_t r = flush()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   loff_t off = loff_t(offset);
   uint64_t left = size;
@@ -351,7 +379,7 @@ giftResult_t OutputFile::append_from(int src, uint64_t offset, uint64_t size) {
 }
 
 giftResult_t OutputFile::commit() {
-  if (const giftResult_t r = settle()) return r;
+  if (const giftResult_t r = flush()) return r;
   if (fd_ < 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "%s: not open", name_.c_str());
   if (const giftResult_t r = check_not_streaming()) return r;
   if (!owned_) {

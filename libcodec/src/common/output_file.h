@@ -108,8 +108,8 @@ class OutputFile : public SectionFile {
   giftResult_t check_not_streaming() const;
 
   bool is_file() const { return owned_ && fd_ >= 0; }
-  uint64_t written() const { return written_; }
-  uint64_t size() const override { return written_; }
+  uint64_t written() const { return written_ + gathered_.size(); }
+  uint64_t size() const override { return written(); }
   const std::string& name() const { return name_; }
   // A file's folder (where its temporary name lies).
   std::string folder() const;
@@ -119,6 +119,9 @@ class OutputFile : public SectionFile {
   giftResult_t fail_io(const char* what, int err);
   // write(2) of the bytes after written_ - size, and writeback of what is then complete.
   giftResult_t put_bytes(const void* data, uint64_t size);
+  // settle, then the small writes gathered are written: first thing every call that writes
+  // or moves the file's end does.
+  giftResult_t flush();
   giftResult_t fail_exists();
   // Ends the output with failure r (the last message): later calls report it again.
   giftResult_t fail_for_good(giftResult_t r);
@@ -133,9 +136,10 @@ class OutputFile : public SectionFile {
   int mode_ = -1;  // -1: as created
   std::string path_, temp_, name_;
   int temp_slot_ = -1;  // temp_'s place among the names giftRemoveTemporaryFiles removes
-  uint64_t written_ = 0, reserved_ = 0;
-  uint64_t flushed_ = 0;        // writeback started for [0, flushed_)
-  uint64_t hold_ = UINT64_MAX;  // and not from here on
+  uint64_t written_ = 0, reserved_ = 0;  // written_: in the file, past what is gathered
+  std::vector<uint8_t> gathered_;        // small writes not yet written, after written_
+  uint64_t flushed_ = 0;                 // writeback started for [0, flushed_)
+  uint64_t hold_ = UINT64_MAX;           // and not from here on
   std::function<void()> lost_;
   BackgroundJob behind_;  // write_behind's job and write(2), while nothing else touches the file
   giftResult_t failed_ = GIFT_OK;  // the failure that ended the output, and its message
