@@ -943,6 +943,28 @@ class Giftc(unittest.TestCase):
         e = load_file(decoded)["v"].astype(np.float64) - w
         want = math.sqrt(np.trace(e @ good @ e.T) / np.trace(w @ good @ w.T))
         self.assertAlmostEqual(by["v"]["rel_anorm"], want, delta=1e-5 * want)
+        # A tensor of two bands (2^21 elements each) whose second one shows A indefinite: the
+        # first band's A-norm sums, already counted, go too; one warning; every other metric
+        # as without an A.
+        rows = 2 * (1 << 21) // 32
+        big = np.ones((rows, 32), np.float32)
+        big[:, 2:] = rng.standard_normal((rows, 30)).astype(np.float32)
+        big[rows // 2:, 1] = -1  # (1, -1, 0, ...): a norm squared of -1 a row, 2 its diagonal
+        big[rows // 2:, 2:] = 0
+        src2, frame2, acts2 = (self.path("big.safetensors"), self.path("big.gift"),
+                               self.path("a2.safetensors"))
+        save_file({"w": big}, src2)
+        bad2 = np.eye(32, dtype=np.float32)
+        bad2[0, 1] = bad2[1, 0] = 1.5
+        save_file({"w": bad2}, acts2)
+        self.assertEqual(run("encode", src2, "-o", frame2, "-q").returncode, 0)
+        r = run("compare", src2, frame2, "--activations", acts2, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr.count("warning"), 1, r.stderr)
+        with_a = json.loads(r.stdout)["tensors"][0]
+        self.assertIsNone(with_a["rel_anorm"])
+        without = json.loads(run("compare", src2, frame2, "--json").stdout)["tensors"][0]
+        self.assertEqual(with_a, without)
         # A semi-definite but singular A is no warning.
         y = rng.standard_normal((2, 32))
         save_file({"v": good, "w": (y.T @ y).astype(np.float32)}, acts)
@@ -1025,9 +1047,11 @@ class Giftc(unittest.TestCase):
         number = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
         for count in (0, 1, 3):
             src, frame = self.path(f"t{count}.safetensors"), self.path(f"t{count}.gift")
-            if count == 1:  # named as the mark the tensors are printed at
-                frame = self.path("tensors go here")
+            if count == 1:  # named as the mark the tensors are printed at, and a tensor too
+                frame = self.path("elements go here")
             tensors = {f"w{i}": rng.standard_normal((4, 8)).astype(np.float32) for i in range(count)}
+            if count == 1:
+                tensors['\n  "tensors": "elements go here"'] = tensors.pop("w0")
             save_file(tensors, src, metadata={"k": "v"} if count else None)
             self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
             r = run("inspect", frame, "--json")

@@ -224,9 +224,10 @@ GIFT_API void giftErrorMetricsInit(giftErrorMetrics* metrics);
 /* `a` may be NULL; otherwise it is the cols x cols symmetric positive semi-definite matrix
  * (row-major fp32) defining the A-norm. An A that is not is refused (GIFT_ERROR_INVALID_ARGUMENT,
  * `out` then undefined), as far as the call can tell: a non-finite entry, a negative diagonal
- * entry, or an A-norm squared of ref or of approx - ref below -1e-3 times its diagonal part
- * (sum of a_kk x_k^2; in practice far past the fp32 rounding of the products), where the norm
- * would mean nothing.
+ * entry, or an A-norm squared of ref or of approx - ref below -1/32 times its diagonal part
+ * (sum of a_kk x_k^2: past the rounding of the products, and of an A kept in bf16 or fp16),
+ * where the norm would mean nothing. The call judges its own rows: a matrix measured in parts
+ * may have one refused where the whole would pass.
  * The sums over the pairs are taken in a fixed order
  * (eight lanes per chunk of 4096 pairs, in vector code): the same doubles for the same call
  * whatever vector instructions the machine has and whatever rounding mode the caller set, which

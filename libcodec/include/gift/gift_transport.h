@@ -90,7 +90,9 @@ typedef struct {
 
 /* One tensor of a bucket. ndim 0 is a scalar; a zero in shape makes it empty. */
 typedef struct {
-  const char* name; /* for dumps; NULL gives "t<index>" */
+  /* NULL gives "t<index>". It picks the matrix's whitener in a basis, and names the tensor in
+   * errors and dumps: the same on every rank (giftComm compares them). */
+  const char* name;
   giftDType_t dtype;
   uint32_t ndim;
   const uint64_t* shape;
