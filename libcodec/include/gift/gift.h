@@ -478,6 +478,9 @@ GIFT_API giftResult_t giftOutputOpenFd(int fd, const char* name, giftOutput** ou
  * fails here, before anything is written, and writing is faster on file systems that
  * otherwise allocate as the bytes come. Nothing for a descriptor. */
 GIFT_API giftResult_t giftOutputReserve(giftOutput* out, uint64_t total);
+/* Appends `size` bytes. Into a file, writes under 4 KiB are gathered (up to 64 KiB) and made
+ * by the next call that writes past them or ends the output, at the latest the commit, which
+ * then reports their failure (a full disk, say); into a descriptor, every write is made here. */
 GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_t size);
 /* As giftOutputWrite, but the bytes may be written on a background thread while the caller
  * goes on (making the next ones): the `size` bytes at `data` must stay as they are until the

@@ -136,8 +136,8 @@ class OutputFile : public SectionFile {
   int mode_ = -1;  // -1: as created
   std::string path_, temp_, name_;
   int temp_slot_ = -1;  // temp_'s place among the names giftRemoveTemporaryFiles removes
-  uint64_t written_ = 0, reserved_ = 0;  // written_: in the file, past what is gathered
-  std::vector<uint8_t> gathered_;        // small writes not yet written, after written_
+  uint64_t written_ = 0, reserved_ = 0;  // written_: bytes in the file (write(2) made)
+  std::vector<uint8_t> gathered_;        // small writes to come after them (flush)
   uint64_t flushed_ = 0;                 // writeback started for [0, flushed_)
   uint64_t hold_ = UINT64_MAX;           // and not from here on
   std::function<void()> lost_;
