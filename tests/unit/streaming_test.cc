@@ -1219,7 +1219,8 @@ TEST(Streaming, RecordedTemporariesAreRemovedOnRequest) {
 
 // Small writes into a file are gathered and written as one: every other way of writing or
 // moving the file's end (a large write, a write behind, truncate, write_at, append_from,
-// commit) comes after them, in order, and the size counts them all along.
+// commit) comes after them, in order, and the size counts them all along; a small write waits
+// for a write behind as every call does.
 TEST(Streaming, SmallWritesIntoAFileKeepTheirOrder) {
   const std::string dir = temp_dir(), path = dir + "/small.bin", from = dir + "/from.bin";
   {
@@ -1244,11 +1245,20 @@ TEST(Streaming, SmallWritesIntoAFileKeepTheirOrder) {
   put("ef");
   ASSERT_EQ(out.write_at(1, "X", 1), GIFT_OK);  // over bytes written, not gathered ones
   expected[1] = 'X';
-  const std::string behind(100000, 'B'), small = "gh";
+  // A write behind's buffer is the caller's again once the next call returns, a small one
+  // (gathered) included.
+  // The buffers are changed at their tails, which write(2) reaches last, at once: no other
+  // work in between.
+  std::string behind(32 << 20, 'B'), again(32 << 20, 'C');
+  const std::string behind_was = behind, again_was = again, small = "gh";
   ASSERT_EQ(out.write_behind(behind.data(), behind.size(), nullptr), GIFT_OK);
-  expected += behind;
+  ASSERT_EQ(out.write("x", 1), GIFT_OK);
+  std::fill(behind.end() - 4096, behind.end(), 'Z');
+  ASSERT_EQ(out.write_behind(again.data(), again.size(), nullptr), GIFT_OK);
   ASSERT_EQ(out.write_behind(small.data(), small.size(), nullptr), GIFT_OK);
-  expected += small;
+  std::fill(again.end() - 4096, again.end(), 'Z');
+  expected += behind_was + "x" + again_was + small;
+  EXPECT_EQ(out.size(), expected.size());
   put("ij");
   ASSERT_EQ(out.append_from(src, 2, 3), GIFT_OK);
   expected += "234";

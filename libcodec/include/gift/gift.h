@@ -487,11 +487,13 @@ GIFT_API giftResult_t giftOutputWrite(giftOutput* out, const void* data, uint64_
  * next call that takes `out` returns (giftOutputWait, giftOutputFree and the frame writer's
  * calls included; giftOutputBytes excepted), which first waits for this write and returns its
  * failure, if any. Two buffers used in turn overlap making the bytes with writing them; where
- * no thread can be had, the write happens here. A write into a pipe without a reader raises
- * SIGPIPE on the thread that reports it, as giftOutputWrite's own write(2) would. */
+ * no thread can be had, the write happens here; one under 4 KiB into a file is gathered, as
+ * giftOutputWrite's are. A write into a pipe without a reader raises SIGPIPE on the thread
+ * that reports it, as giftOutputWrite's own write(2) would. */
 GIFT_API giftResult_t giftOutputWriteBehind(giftOutput* out, const void* data, uint64_t size);
-/* Waits for a giftOutputWriteBehind in progress: GIFT_OK, or its failure (which every later
- * call on `out` reports too). */
+/* Waits for a giftOutputWriteBehind in progress and makes the writes gathered: GIFT_OK once
+ * every byte handed over is written, or the failure (which every later call on `out` reports
+ * too). */
 GIFT_API giftResult_t giftOutputWait(giftOutput* out);
 GIFT_API giftResult_t giftOutputCommit(giftOutput* out);
 /* Whether giftOutputCommit makes a file durable: 1 (the default) fsyncs it before it takes

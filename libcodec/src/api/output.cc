@@ -52,7 +52,7 @@ giftResult_t giftOutputWriteBehind(giftOutput* out, const void* data, uint64_t s
 giftResult_t giftOutputWait(giftOutput* out) {
   gift::clear_error();
   if (!out) return fail(GIFT_ERROR_INVALID_ARGUMENT, "giftOutputWait: null output");
-  return out->file.settle();
+  return out->file.flush();
 }
 
 giftResult_t giftOutputReserve(giftOutput* out, uint64_t total) {

@@ -237,10 +237,13 @@ giftResult_t OutputFile::reserve(uint64_t total) {
 }
 
 giftResult_t OutputFile::write(const void* data, uint64_t size) {
-  // Into a file only: a descriptor (a pipe) gets the bytes as they come. Gathered while a
-  // write behind runs too: it touches neither gathered_ nor written_.
-  if (size < kSmallWrite && is_file() && !failed_ &&
-      (gathered_.size() + size <= kGatherBytes || flush() == GIFT_OK)) {
+  // A write behind first, as for every call: its buffer is the caller's again once this
+  // returns. Gathered into a file only: a descriptor (a pipe) gets the bytes as they come.
+  if (const giftResult_t r = settle()) return r;
+  if (size < kSmallWrite && is_file()) {
+    if (gathered_.size() + size > kGatherBytes) {
+      if (const giftResult_t r = flush()) return r;
+    }
     if (gathered_.capacity() < kGatherBytes) gathered_.reserve(kGatherBytes);
     const auto* p = static_cast<const uint8_t*>(data);
     gathered_.insert(gathered_.end(), p, p + size);
@@ -259,6 +262,7 @@ giftResult_t OutputFile::write(const void* data, uint64_t size) {
 giftResult_t OutputFile::write_behind(const void* data, uint64_t size,
                                       std::function<void()> first) {
   if (size < kSmallWrite && is_file()) {  // gathered (copied): less than a thread's hand-off
+    if (const giftResult_t r = settle()) return r;  // `first` runs after the write before it
     if (first) first();
     return write(data, size);
   }
@@ -274,10 +278,13 @@ giftResult_t OutputFile::write_behind(const void* data, uint64_t size,
 giftResult_t OutputFile::flush() {
   if (const giftResult_t r = settle()) return r;
   if (gathered_.empty()) return GIFT_OK;
-  written_ += gathered_.size();
-  const giftResult_t r = put_bytes(gathered_.data(), gathered_.size());
+  const uint64_t size = gathered_.size();
+  written_ += size;
+  const giftResult_t r = put_bytes(gathered_.data(), size);
   gathered_.clear();
-  return r ? fail_for_good(r) : GIFT_OK;
+  if (!r) return GIFT_OK;
+  written_ -= size;  // not all of them were, as for a write that fails
+  return fail_for_good(r);
 }
 
 // Touches only the descriptor, the writeback's own fields and broken_pipe_, so that it may run

@@ -66,6 +66,9 @@ class OutputFile : public SectionFile {
   // write(2) runs on a background thread while the caller makes the next bytes.
   giftResult_t write_behind(const void* data, uint64_t size, std::function<void()> first) override;
   giftResult_t settle() override;
+  // settle, then the small writes gathered are written (giftOutputWait: everything handed
+  // over is in the file, or has failed).
+  giftResult_t flush();
   // Appends `size` bytes of the file `fd` from `offset`, in the kernel where it can.
   giftResult_t append_from(int fd, uint64_t offset, uint64_t size);
   // A file only: drops the bytes from `size` on; the next write goes there.
@@ -119,9 +122,6 @@ class OutputFile : public SectionFile {
   giftResult_t fail_io(const char* what, int err);
   // write(2) of the bytes after written_ - size, and writeback of what is then complete.
   giftResult_t put_bytes(const void* data, uint64_t size);
-  // settle, then the small writes gathered are written: first thing every call that writes
-  // or moves the file's end does.
-  giftResult_t flush();
   giftResult_t fail_exists();
   // Ends the output with failure r (the last message): later calls report it again.
   giftResult_t fail_for_good(giftResult_t r);
