@@ -111,8 +111,10 @@ class Source {
 
 void run_compare(const CompareOptions& o, const Verbosity& v) {
   bound_threads(o.threads);
-  if (o.reference == "-" && o.decoded == "-")
-    throw Failure(kUsage, "standard input (-) can be one of the two files, not both");
+  std::vector<std::string> inputs = o.bases;
+  inputs.insert(inputs.end(), {o.reference, o.decoded, o.activations});
+  if (std::count(inputs.begin(), inputs.end(), "-") > 1)
+    throw Failure(kUsage, "standard input (-) can be read once: give it as one input only");
   std::vector<BasisPtr> bases;
   for (const std::string& path : o.bases) bases.push_back(read_basis(path));
   Source ref(o.reference, bases, o.threads), dec(o.decoded, bases, o.threads);

@@ -116,10 +116,9 @@ void map_fd(int fd, const std::string& name, std::vector<std::shared_ptr<void>>*
 }
 
 void map_into(const std::string& path, TensorFile* out, const uint8_t** data, uint64_t* size) {
-  // Refused before it is opened: a FIFO's open waits for a writer.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) io_error(path, not_regular(st));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Opened without waiting (a FIFO's open waits for a writer), then refused by map_fd if not
+  // a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) io_error(path, std::string("cannot open: ") + std::strerror(errno));
   map_fd(fd, path, &out->storage, data, size);
 }
@@ -736,10 +735,13 @@ bool is_frame(const uint8_t* b, uint64_t size) {
 bool file_lacks_frame_magic(const std::string& path) {
   // Not a pipe's first bytes, which reading would take from it (or wait for a writer): it is
   // refused as an input where it is opened.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return false;
+  }
   uint8_t head[32];
   ssize_t n;
   do {

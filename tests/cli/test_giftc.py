@@ -364,9 +364,13 @@ class Giftc(unittest.TestCase):
             r = subprocess.run([GIFTC, "compare", *args, "--json"], input=data, capture_output=True)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(json.loads(r.stdout)["tensors"], json.loads(want.stdout)["tensors"])
-        r = subprocess.run([GIFTC, "compare", "-", "-"], input=frame_bytes, capture_output=True)
-        self.assertEqual(r.returncode, 1)
-        self.assertIn(b"not both", r.stderr)
+        # Standard input once: the activations (or a basis) from it too were read after the
+        # reference had taken it ("not a safetensors file").
+        for args in (["-", "-"], ["-", frame, "--activations", "-"],
+                     [src, "-", "--basis", "-"]):
+            r = subprocess.run([GIFTC, "compare", *args], input=frame_bytes, capture_output=True)
+            self.assertEqual(r.returncode, 1, args)
+            self.assertIn(b"standard input (-) can be read once", r.stderr)
 
     def test_memory_does_not_grow_with_a_row(self):
         # A vector is one row, and a tile's rows one band: encode (24 MiB), decode, compare and

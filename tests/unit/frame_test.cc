@@ -16,6 +16,7 @@
 #include "container/census.h"
 #include "container/layout.h"
 #include "gift/gift.h"
+#include "gift/gift_basis.h"
 #include "gift_generated.h"
 #include "numerics/elementwise.h"
 #include "unit/edited.h"
@@ -129,6 +130,22 @@ TEST(Frame, RoundTripMatchesTheCodecAndKeepsRawDataExact) {
 // data pointer is where its length word ends): frames with one read back whatever the layout.
 // Names of 1 to 16 bytes move the vector through every offset; the test checks that some
 // frames had it off an 8-byte boundary, the case a reader once refused as misaligned.
+// A FIFO is refused at once, not waited on: open(2) of one without a writer blocked until a
+// writer came.
+TEST(Frame, OpeningAFifoIsRefusedWithoutWaiting) {
+  char dir[] = "/tmp/gift-fifo-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/f.gift";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  giftFrame* f = nullptr;
+  EXPECT_EQ(giftFrameOpenFile(fifo.c_str(), &f), GIFT_ERROR_IO);
+  EXPECT_EQ(std::string(giftGetLastErrorMessage()), fifo + ": not a regular file");
+  giftBasis* b = nullptr;
+  EXPECT_EQ(giftBasisLoad(fifo.c_str(), &b), GIFT_ERROR_IO);
+  ::unlink(fifo.c_str());
+  ::rmdir(dir);
+}
+
 TEST(Frame, ScalarsReadBackWhereverTheirEmptyShapeLands) {
   const std::vector<float> grad = values(20 * 15 * 5, 4);
   const uint64_t sg[] = {20, 15, 5};

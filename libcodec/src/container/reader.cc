@@ -56,7 +56,8 @@ std::unique_ptr<ByteSource> borrow_bytes(const void* data, uint64_t size) {
 }
 
 giftResult_t map_file(const std::string& path, std::unique_ptr<ByteSource>* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Without waiting: a FIFO's open(2) waits for a writer, and it is refused below anyway.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return fail(GIFT_ERROR_IO, "%s: cannot open: %s", path.c_str(), std::strerror(errno));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
