@@ -587,6 +587,16 @@ giftResult_t encode_shards(giftReducePlan* plan, const void* const* tensors, uin
     for_each_chunk(scratch, p.bucket.offset.back(), [&](uint64_t b, uint64_t n, float*, float*) {
       gather(b, n, p.flat.data() + b);
     });
+    // Refused values are counted here, as they are given: once whitened, one NaN is its whole
+    // row's (256 counted for one, the first said to be the row's first).
+    if (p.params.nonfinite == GIFT_NONFINITE_ERROR) {
+      NonFinite given;
+      const float* v = p.flat.data();
+      for (uint64_t i = 0; i < p.bucket.offset.back(); ++i) {
+        if (!gift::transport::is_finite(v[i])) given.add(1, i);
+      }
+      if (given.count) return refuse(p, kScatter, given);
+    }
   }
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());
   apply_coords(p, p.flat.data(), false);

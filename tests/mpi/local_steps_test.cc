@@ -1168,4 +1168,26 @@ TEST(LocalStepsCoords, ErrorFeedbackKeptInOriginalCoordinatesMakesTheMeanConverg
   EXPECT_LT(mean_error(32), first / 8) << "first " << first << ", after 32 " << mean_error(32);
 }
 
+// A NaN in a tensor sent in GIFT coordinates is counted as given, not as whitened (where it
+// is its whole row's: "256 non-finite value(s) ..., the first at element 512").
+TEST(LocalStepsCoords, NonFiniteInputIsCountedAsGiven) {
+  const BasisPtr basis = fit_basis(16);
+  const giftAllReduceConfig c = coords_config(GIFT_COORDS_MODE_GIFT);
+  for (int world : {1, 2}) {
+    SimulatedWorld sim(c, world, kCoordsBucket);
+    sim.set_basis(basis.get());
+    std::vector<Bucket> in = coords_inputs(world);
+    const float nan = NAN;
+    memcpy(in[0][0].data() + 4 * (2 * 256 + 5), &nan, 4);  // aniso's row 2, column 5
+    std::vector<uint8_t> send(uint64_t(world) * sim.message_bytes());
+    std::vector<const void*> ptrs;
+    for (const auto& t : in[0]) ptrs.push_back(t.data());
+    EXPECT_EQ(giftReduceEncodeShards(sim.plan(0), ptrs.data(), send.data()),
+              GIFT_ERROR_NONFINITE_INPUT);
+    EXPECT_EQ(std::string(giftGetLastErrorMessage()),
+              "1 non-finite value(s) in the input, the first at element 517 of tensor 'aniso'")
+        << "world " << world;
+  }
+}
+
 }  // namespace
