@@ -773,46 +773,8 @@ void parse_tensor_file(FileKind kind, const uint8_t* b, uint64_t size, const std
 
 namespace {
 
-// s as a JSON string, escaped as nlohmann::json's dump escapes it (s is UTF-8, which it
-// keeps as it is; the controls, quote and backslash escaped).
-void append_json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char code[8];
-          std::snprintf(code, sizeof code, "\\u%04x", unsigned(c));
-          out += code;
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += '"';
-}
+// s as a JSON string, by nlohmann::json's own writer (the bytes a document's dump gave).
+void append_json_string(std::string& out, const std::string& s) { out += nlohmann::json(s).dump(); }
 
 }  // namespace
 

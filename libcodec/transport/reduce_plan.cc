@@ -589,13 +589,15 @@ giftResult_t encode_shards(giftReducePlan* plan, const void* const* tensors, uin
     });
     // Refused values are counted here, as they are given: once whitened, one NaN is its whole
     // row's (256 counted for one, the first said to be the row's first).
-    if (p.params.nonfinite == GIFT_NONFINITE_ERROR) {
+    const float* v = p.flat.data();
+    const uint64_t all = p.bucket.offset.back();
+    if (p.params.nonfinite == GIFT_NONFINITE_ERROR &&
+        gift::simd::abs_max_bits(v, GIFT_DTYPE_F32, all) >= 0x7F800000u) {
       NonFinite given;
-      const float* v = p.flat.data();
-      for (uint64_t i = 0; i < p.bucket.offset.back(); ++i) {
+      for (uint64_t i = 0; i < all; ++i) {
         if (!gift::transport::is_finite(v[i])) given.add(1, i);
       }
-      if (given.count) return refuse(p, kScatter, given);
+      return refuse(p, kScatter, given);
     }
   }
   if (measure_now) p.coords.measure(p.bucket, p.params, p.flat.data());

@@ -115,14 +115,12 @@ giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t row
     std::vector<float> diff(n), kept(ref, ref + n);
     // The A-norms' diagonal parts, sum of a_kk x_k^2: the scale of their rounding.
     double ref_diag = 0, err_diag = 0;
-    for (uint64_t i = 0; i < n; ++i) {
-      const bool finite = std::isfinite(ref[i]) && std::isfinite(approx[i]);
-      diff[i] = finite ? approx[i] - ref[i] : 0.0f;
-      if (!finite) kept[i] = 0.0f;
-    }
-    for (uint64_t r = 0; r < rows; ++r) {
-      for (uint64_t c = 0; c < cols; ++c) {
-        const double akk = a[c * (cols + 1)], x = kept[r * cols + c], e = diff[r * cols + c];
+    for (uint64_t r = 0, i = 0; r < rows; ++r) {
+      for (uint64_t c = 0; c < cols; ++c, ++i) {
+        const bool finite = std::isfinite(ref[i]) && std::isfinite(approx[i]);
+        diff[i] = finite ? approx[i] - ref[i] : 0.0f;
+        if (!finite) kept[i] = 0.0f;
+        const double akk = a[c * (cols + 1)], x = kept[i], e = diff[i];
         ref_diag += akk * x * x, err_diag += akk * e * e;
       }
     }
