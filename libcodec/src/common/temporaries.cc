@@ -16,10 +16,12 @@ namespace {
 // free, being filled, named, or claimed by a handler that is unlinking it (then it stays
 // so: the process is ending). Untouched slots cost no memory.
 enum : int { kFree, kFilling, kNamed, kUnlinking };
+// Every member initialized, so that the array is zeros from the start (constant
+// initialization), not written slot by slot as giftc starts: 64 page faults and 256 KiB.
 struct Slot {
   std::atomic<int> state{kFree};
-  pid_t pid;  // a forked child does not remove its parent's files
-  char path[PATH_MAX];
+  pid_t pid = 0;  // a forked child does not remove its parent's files
+  char path[PATH_MAX] = {};
 };
 constexpr int kSlots = 64;
 Slot slots[kSlots];

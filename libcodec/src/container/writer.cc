@@ -73,24 +73,27 @@ class SinkMark {
 };
 
 // The buffers of a tensor's codes: one, or two used in turn (one written behind while the
-// next is made).
+// next is made), those of the tensor before where they are large enough.
 class CodesInTurn {
  public:
-  CodesInTurn(uint64_t bytes, bool two) : two_(two) {
-    for (int k = 0; k < (two ? 2 : 1); ++k)
-      buffers_[k].reset(new uint8_t[std::max<uint64_t>(bytes, 1)]);
+  CodesInTurn(BandBuffers* kept, uint64_t bytes, bool two) : kept_(kept), two_(two) {
+    bytes = std::max<uint64_t>(bytes, 1);
+    if (kept->codes_bytes < bytes) {  // the smaller ones go first
+      kept->codes[0].reset();
+      kept->codes[1].reset();
+      kept->codes_bytes = bytes;
+    }
+    for (int k = 0; k < (two ? 2 : 1); ++k) {
+      if (!kept->codes[k]) kept->codes[k].reset(new uint8_t[bytes]);
+    }
   }
   uint8_t* next() {
     turn_ = two_ ? turn_ ^ 1 : 0;
-    return buffers_[turn_].get();
-  }
-  void release() {
-    buffers_[0].reset();
-    buffers_[1].reset();
+    return kept_->codes[turn_].get();
   }
 
  private:
-  std::unique_ptr<uint8_t[]> buffers_[2];
+  BandBuffers* kept_;
   bool two_;
   size_t turn_ = 0;
 };
@@ -100,7 +103,8 @@ class CodesInTurn {
 // before it in a scratch file, so that memory does not grow with the tensor.
 class ScalesBuffer {
  public:
-  explicit ScalesBuffer(uint64_t total) : total_(total) {}
+  // `bytes`: where the held scales go, kept for the next tensor.
+  ScalesBuffer(std::vector<uint8_t>* bytes, uint64_t total) : total_(total), bytes_(*bytes) {}
   giftResult_t spill_to(const std::string& dir) {
     spilled_ = true;
     return file_.open(dir);
@@ -150,7 +154,7 @@ class ScalesBuffer {
   }
   static constexpr uint64_t kChunk = uint64_t(1) << 20;
   uint64_t total_;
-  std::vector<uint8_t> bytes_;  // scales [base_, base_ + bytes_.size())
+  std::vector<uint8_t>& bytes_;  // scales [base_, base_ + bytes_.size())
   uint64_t base_ = 0;
   bool spilled_ = false;
   ScratchFile file_;
@@ -437,11 +441,11 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const uint64_t codes_bytes = cut.parts ? cut.part : std::min(rows, cut.band) * cols;
   const bool behind = codes_bytes >= kLeastBehindBytes && codes_bytes <= kMostTileRowElems &&
                       spare_processor(&ctx_);
-  CodesInTurn codes_in_turn(codes_bytes, behind);
+  CodesInTurn codes_in_turn(&buffers_, codes_bytes, behind);
   // A tensor's scales are held up to held_scale_bytes; more go to a scratch file beside the
   // scratch data or the output (bands have a sink: the one or the other) as they are made,
   // and into the sink after the codes.
-  ScalesBuffer scales(scale_bytes);
+  ScalesBuffer scales(&buffers_.scales, scale_bytes);
   if (scale_bytes > held_scale_bytes) {
     const std::string dir = scratch_.is_open() ? scratch_.dir() : stream_->folder();
     if (const giftResult_t r = scales.spill_to(dir)) return r;
@@ -556,7 +560,6 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     return fail(r, "tensor '%s': %s", t->name.c_str(), giftGetLastErrorMessage());
   // As the codes: compressed as they are stored, not in one call (which would hold them
   // twice more).
-  codes_in_turn.release();
   return spill_section(
       &t->scales, scale_bytes, [&](const Put& put) { return scales.put_all(put); }, false);
 }
