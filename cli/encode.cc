@@ -177,6 +177,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
   }
 
   uint64_t in_bytes = 0, quantized = 0, in_gift = 0;
+  gift::io::PagesReleaser released;
   Progress progress("encode", in.tensors.size(), v);
   for (size_t i = 0; i < in.tensors.size(); ++i) {
     const gift::io::TensorRef& t = in.tensors[i];
@@ -197,6 +198,7 @@ void run_encode(const EncodeOptions& o, const Verbosity& v) {
                     o.input + ": " + giftGetLastErrorMessage() + " (--keep-nonfinite stores them)");
     }
     check(r, o.input);
+    released.release(in, i);
     // --coords gift asked for GIFT coordinates: a tensor the basis names but cannot take
     // (another width, too small, non-finite or too large values) says why it stays Euclidean.
     uint64_t entry = 0;

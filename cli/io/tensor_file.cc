@@ -1,6 +1,7 @@
 #include "io/tensor_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -483,6 +484,65 @@ const uint8_t* TensorRef::data() const {
   return f.at;
 }
 uint64_t TensorHeader::elements() const { return product(shape); }
+
+namespace {
+
+// Bytes released at once, at least: a thread's start and end cost about what unmapping 1 MiB
+// does.
+constexpr uint64_t kLeastReleasedBytes = uint64_t(8) << 20;
+// Tensors at most this far apart in memory are one span (a file's tensors follow one another;
+// farther is another mapping, whose gap is no file's).
+constexpr uintptr_t kMostGap = 64;
+// The releasing thread's stack: a default 8 MiB one counts against RLIMIT_DATA, which bounds
+// giftc's memory (the man page's ulimit -d), and the thread only makes one system call. It
+// holds the libraries' thread-local storage too (OpenBLAS's alone is 60 KiB: 64 KiB stacks
+// were refused), as the library's own background thread's does.
+constexpr size_t kReleaseStackBytes = size_t(256) << 10;
+
+}  // namespace
+
+PagesReleaser::~PagesReleaser() { wait(); }
+
+void PagesReleaser::wait() {
+  if (running_) pthread_join(thread_, nullptr);
+  running_ = false;
+  range_.storage.clear();
+}
+
+void PagesReleaser::release(const TensorFile& f, size_t i) {
+  const TensorRef& t = f.tensors[i];
+  if (!t.mapped) return;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(t.mapped);
+  if (at < span_end_ || at - span_end_ > kMostGap) span_begin_ = at;
+  span_end_ = at + t.bytes;
+  if (span_end_ - span_begin_ < kLeastReleasedBytes) return;
+  wait();
+  // The pages wholly inside the span: those at its ends may hold other bytes still to be read.
+  // The mappings are held until the release has ended: once unmapped, the addresses could
+  // be another mapping's.
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  range_ = {(span_begin_ + page - 1) & ~(page - 1), span_end_ & ~(page - 1), f.storage};
+  span_begin_ = span_end_;
+  const auto run = [](void* r) -> void* {
+    const Range& range = *static_cast<const Range*>(r);
+    (void)::madvise(reinterpret_cast<void*>(range.begin), range.end - range.begin, MADV_DONTNEED);
+    return nullptr;
+  };
+  // Every signal blocked, so that giftc's handlers run on its main thread only.
+  sigset_t all, before;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &before);
+  pthread_attr_t attr;
+  if (pthread_attr_init(&attr) == 0) {
+    running_ = pthread_attr_setstacksize(&attr, kReleaseStackBytes) == 0 &&
+               pthread_create(&thread_, &attr, run, &range_) == 0;
+    pthread_attr_destroy(&attr);
+    if (running_) pthread_setname_np(thread_, "gift-release");  // told from the codec's
+  }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  // Without a thread the pages are unmapped at the end, as before.
+  if (!running_) range_.storage.clear();
+}
 
 std::vector<float> widen_to_float(const TensorRef& t) {
   std::vector<float> out(t.elements());

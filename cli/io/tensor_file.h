@@ -3,6 +3,7 @@
 // a temporary name and a rename.
 #pragma once
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <cstdint>
@@ -67,6 +68,32 @@ struct TensorFile {
   std::vector<TensorRef> tensors;  // in file order
   std::map<std::string, std::string> metadata;
   std::vector<std::shared_ptr<void>> storage;
+};
+
+// Drops, on a background thread, the page mappings of tensors read in place that a command is
+// done with: left to the end, unmapping a 512 MiB dump took giftc encode 13 ms (25 ms where the
+// page cache held it in 4 KiB pages) on its one codec thread, a tenth of its time. The bytes
+// stay in the page cache; a later read maps them again.
+class PagesReleaser {
+ public:
+  PagesReleaser() = default;
+  PagesReleaser(const PagesReleaser&) = delete;
+  PagesReleaser& operator=(const PagesReleaser&) = delete;
+  ~PagesReleaser();
+  // Tensor i of f is done with: released with those before it that follow one another in
+  // memory, once they reach 8 MiB and the release before has ended. Nothing for a fetched one.
+  void release(const TensorFile& f, size_t i);
+
+ private:
+  void wait();
+
+  struct Range {
+    uintptr_t begin, end;
+    std::vector<std::shared_ptr<void>> storage;  // the mappings, held until released
+  } range_{};
+  uintptr_t span_begin_ = 0, span_end_ = 0;  // done with, not released yet
+  pthread_t thread_{};
+  bool running_ = false;
 };
 
 // A tensor's values as fp32 (exact for every supported dtype).

@@ -1529,8 +1529,9 @@ class Giftc(unittest.TestCase):
         # count of threads taken after the work sees them: while fit, an encode in GIFT
         # coordinates and a decode are blocked writing into a FIFO whose pipe holds one page
         # (fit and encode write once done; decode's first tensor bytes come after its first
-        # band's inverse whitening), no thread but the main one and the output's writer behind
-        # (named gift-write). OPENBLAS_NUM_THREADS, where set, gives OpenBLAS's count.
+        # band's inverse whitening), no thread but the main one, the output's writer behind
+        # (named gift-write) and encode's release of its input's pages (gift-release).
+        # OPENBLAS_NUM_THREADS, where set, gives OpenBLAS's count.
         if not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2:
             self.skipTest("needs /proc and two processors")
 
@@ -1539,7 +1540,7 @@ class Giftc(unittest.TestCase):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 try:
                     with open(f"/proc/{pid}/task/{tid}/comm") as c:
-                        n += c.read().strip() != "gift-write"
+                        n += c.read().strip() not in ("gift-write", "gift-release")
                 except OSError:  # ended meanwhile
                     pass
             return n
