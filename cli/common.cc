@@ -476,12 +476,6 @@ void add_threads_option(CLI::App* command, int* threads) {
           "", "non-negative"));
 }
 
-// OpenBLAS's own calls (its pthreads build, Debian's default), referenced weakly: with another
-// BLAS they are null.
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));
-extern "C" int openblas_get_num_threads(void) __attribute__((weak));
-extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
-
 namespace {
 
 int codec_threads(int asked) {
@@ -492,14 +486,11 @@ int codec_threads(int asked) {
   return giftCtxThreads(ctx.get());
 }
 
-// Whether OpenBLAS's count comes from its own variables: a count of at least 1, as OpenBLAS
-// reads them (an empty or smaller value counts as unset).
-bool blas_count_given() {
-  for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"}) {
-    const char* v = std::getenv(name);
-    if (v && std::atoi(v) >= 1) return true;
-  }
-  return false;
+// A thread count from the environment as OpenBLAS reads it (atoi), or 0 where unset: an
+// empty or smaller value counts as unset.
+int count_in(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::max(std::atoi(v), 0) : 0;
 }
 
 }  // namespace
@@ -508,17 +499,16 @@ int bound_threads(int asked) {
   const int threads = codec_threads(asked);
   omp_set_num_threads(threads);
   // OpenBLAS counts neither --threads nor a cgroup's CPU quota: on its own it works on one
-  // thread per processor of the affinity. Its count is only ever lowered here: a higher one
-  // adds threads to its pool, each reserving its buffer, which under a ulimit -v OpenBLAS
-  // 0.3.21 retries forever (OMP_NUM_THREADS=1, the man page's advice there, keeps it at 1).
-  // Its pool keeps its size; with 1 thread it is not used at all.
-  if (openblas_set_num_threads && openblas_get_num_threads && !blas_count_given())
-    openblas_set_num_threads(std::min(threads, openblas_get_num_threads()));
-  // The pool started as giftc was loaded, and its threads spin for work for about 0.1 s, as
-  // long as a whole encode of 512 MiB: on 2 cores, giftc encode with both threads then took
-  // 0.10 or 0.20 s by turns, and 0.10 s every time with the pool ended first. Ending it costs
-  // nothing: OpenBLAS starts it again at its first threaded call (fit, GIFT coordinates).
-  if (blas_thread_shutdown_) blas_thread_shutdown_();
+  // thread per processor of the affinity (or OMP_NUM_THREADS's count). libgift loads it only
+  // when a command first needs it (fit, GIFT coordinates, metrics against A), and OpenBLAS
+  // then takes its count from OPENBLAS_NUM_THREADS, set here unless given: --threads's count,
+  // never more than OpenBLAS would start (a larger pool reserves a buffer per thread, which
+  // under a ulimit -v OpenBLAS 0.3.21 retries forever; OMP_NUM_THREADS=1 keeps it at 1).
+  if (!count_in("OPENBLAS_NUM_THREADS") && !count_in("GOTO_NUM_THREADS")) {
+    const int omp = count_in("OMP_NUM_THREADS");
+    const int blas = omp ? std::min(threads, omp) : threads;
+    setenv("OPENBLAS_NUM_THREADS", std::to_string(blas).c_str(), 1);
+  }
   return threads;
 }
 

@@ -66,6 +66,19 @@ find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu/open
           REQUIRED)
 find_package(LAPACK REQUIRED)
 find_library(LAPACKE_LIBRARY lapacke REQUIRED)
+# libgift loads BLAS and LAPACKE when first needed (numerics/linalg.cc), by the sonames of the
+# libraries found here: the names a program would have been linked to.
+function(gift_soname library out)
+  execute_process(COMMAND ${CMAKE_OBJDUMP} -p ${library} OUTPUT_VARIABLE dump
+                  RESULT_VARIABLE failed ERROR_QUIET)
+  if(failed OR NOT dump MATCHES "SONAME +([^\r\n ]+)")
+    message(FATAL_ERROR "${library}: no soname (objdump -p)")
+  endif()
+  set(${out} ${CMAKE_MATCH_1} PARENT_SCOPE)
+endfunction()
+list(GET BLAS_LIBRARIES 0 GIFT_BLAS_LIBRARY)
+gift_soname(${GIFT_BLAS_LIBRARY} GIFT_BLAS_SONAME)
+gift_soname(${LAPACKE_LIBRARY} GIFT_LAPACKE_SONAME)
 
 # CUDA: the toolkit's headers serve CPU tests as a reference even without a GPU.
 set(GIFT_HAVE_CUDA OFF)

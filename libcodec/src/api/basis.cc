@@ -231,8 +231,7 @@ giftResult_t second_moment(const char* what, const void* w, giftDType_t dtype, u
       c.add(w, dtype, 0, rows * cols);
       return gift::nonfinite_error(c.stats, cols);
     }
-    gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols), a, decay);
-    return GIFT_OK;
+    return gift::coords::gradient_second_moment(w, dtype, rows, uint32_t(cols), a, decay);
   });
 }
 

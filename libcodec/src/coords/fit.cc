@@ -1,14 +1,12 @@
 #include "coords/fit.h"
 
-#include <cblas.h>
-#include <lapacke.h>
-
 #include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "common/error.h"
 #include "numerics/convert.h"
+#include "numerics/linalg.h"
 #include "numerics/shapes.h"
 
 namespace gift::coords {
@@ -18,7 +16,8 @@ namespace {
 giftResult_t top_eigen(std::vector<double> m, uint32_t k, uint32_t rank, std::vector<double>* vecs,
                        std::vector<double>* vals) {
   std::vector<double> w(k);
-  if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', int(k), m.data(), int(k), w.data()) != 0) {
+  if (linalg::functions().dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', int(k), m.data(), int(k), w.data()) !=
+      0) {
     return fail(GIFT_ERROR_INTERNAL, "fit: eigendecomposition failed");
   }
   vecs->assign(uint64_t(k) * rank, 0.0);
@@ -34,9 +33,9 @@ giftResult_t top_eigen(std::vector<double> m, uint32_t k, uint32_t rank, std::ve
 // Orthonormalizes the columns of the n x k matrix y in place.
 giftResult_t orthonormalize(std::vector<double>* y, uint32_t n, uint32_t k) {
   std::vector<double> tau(k);
-  if (LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, int(n), int(k), y->data(), int(k), tau.data()) != 0 ||
-      LAPACKE_dorgqr(LAPACK_ROW_MAJOR, int(n), int(k), int(k), y->data(), int(k), tau.data()) !=
-          0) {
+  const linalg::Functions& la = linalg::functions();
+  if (la.dgeqrf(LAPACK_ROW_MAJOR, int(n), int(k), y->data(), int(k), tau.data()) != 0 ||
+      la.dorgqr(LAPACK_ROW_MAJOR, int(n), int(k), int(k), y->data(), int(k), tau.data()) != 0) {
     return fail(GIFT_ERROR_INTERNAL, "fit: QR failed");
   }
   return GIFT_OK;
@@ -48,6 +47,8 @@ giftResult_t fit_low_rank(const double* a, uint32_t dim, const FitOptions& o,
                           LowRankPlusDiagonal* out) {
   if (!a || dim == 0) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: no A, or A of dimension 0");
   if (!(o.damping > 0)) return fail(GIFT_ERROR_INVALID_ARGUMENT, "fit: damping must be positive");
+  if (const giftResult_t r = linalg::load()) return r;
+  const linalg::Functions& la = linalg::functions();
   const uint32_t rank = std::min(o.rank, dim);
   out->dim = dim;
   out->rank = rank;
@@ -63,21 +64,21 @@ giftResult_t fit_low_rank(const double* a, uint32_t dim, const FitOptions& o,
     std::normal_distribution<double> nd;
     for (double& x : omega) x = nd(gen);
     for (uint32_t it = 0; it <= o.power_iterations; ++it) {
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0, a,
-                  int(dim), omega.data(), int(k), 0.0, y.data(), int(k));
+      la.dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0, a,
+               int(dim), omega.data(), int(k), 0.0, y.data(), int(k));
       if (const giftResult_t r = orthonormalize(&y, dim, k)) return r;
       omega.swap(y);
     }
     // Rayleigh-Ritz on the subspace: Q^T A Q (k x k).
     std::vector<double> aq(uint64_t(dim) * k), small(uint64_t(k) * k), vecs, vals;
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0, a,
-                int(dim), omega.data(), int(k), 0.0, aq.data(), int(k));
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(k), int(k), int(dim), 1.0,
-                omega.data(), int(k), aq.data(), int(k), 0.0, small.data(), int(k));
+    la.dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(dim), 1.0, a,
+             int(dim), omega.data(), int(k), 0.0, aq.data(), int(k));
+    la.dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(k), int(k), int(dim), 1.0, omega.data(),
+             int(k), aq.data(), int(k), 0.0, small.data(), int(k));
     if (const giftResult_t r = top_eigen(small, k, rank, &vecs, &vals)) return r;
     out->u.assign(uint64_t(dim) * rank, 0.0);
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(rank), int(k), 1.0,
-                omega.data(), int(k), vecs.data(), int(rank), 0.0, out->u.data(), int(rank));
+    la.dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(rank), int(k), 1.0,
+             omega.data(), int(k), vecs.data(), int(rank), 0.0, out->u.data(), int(rank));
     out->l = vals;
   }
   return redamp(a, o.damping, o.damping_relative, out);
@@ -104,8 +105,9 @@ giftResult_t redamp(const double* a, double damping, bool relative, LowRankPlusD
   return GIFT_OK;
 }
 
-void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
-                            double* a, double decay) {
+giftResult_t gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
+                                    double* a, double decay) {
+  if (const giftResult_t r = linalg::load()) return r;
   // Bands of rows of about kBandElems elements, widened (exactly) and added in turn: memory
   // for one band, not a double copy of the gradient. BLAS updates the upper triangle only, the
   // first band scaling it by decay; the lower triangle is copied from it at the end. With decay 0
@@ -121,11 +123,13 @@ void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uin
     const uint64_t n = std::min(band, rows - r0);
     convert_elements(src + r0 * dim * dtype_size(dtype), dtype, wf.data(), GIFT_DTYPE_F32, n * dim);
     std::copy(wf.begin(), wf.begin() + ptrdiff_t(n * dim), wd.begin());
-    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(n),
-                (1.0 - decay) / double(rows), wd.data(), int(dim), r0 ? 1.0 : decay, a, int(dim));
+    linalg::functions().dsyrk(CblasRowMajor, CblasUpper, CblasTrans, int(dim), int(n),
+                              (1.0 - decay) / double(rows), wd.data(), int(dim), r0 ? 1.0 : decay,
+                              a, int(dim));
   }
   for (uint32_t i = 0; i < dim; ++i)
     for (uint32_t j = 0; j < i; ++j) a[uint64_t(i) * dim + j] = a[uint64_t(j) * dim + i];
+  return GIFT_OK;
 }
 
 }  // namespace gift::coords

@@ -40,13 +40,13 @@ giftResult_t redamp(const double* a, double damping, bool relative, LowRankPlusD
 // a = A_g = W^T W / rows (dim x dim, row-major) for a rows x dim gradient of any input dtype
 // (the case without activation statistics), in double; with decay > 0, the smoothed
 // a = decay a + (1 - decay) A_g, for `a` symmetric (with decay 0 it is only written).
-void gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
-                            double* a, double decay = 0);
-// The same, into a new matrix.
+giftResult_t gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows, uint32_t dim,
+                                    double* a, double decay = 0);
+// The same, into a new matrix (empty where it fails).
 inline std::vector<double> gradient_second_moment(const void* w, giftDType_t dtype, uint64_t rows,
                                                   uint32_t dim) {
   std::vector<double> a(uint64_t(dim) * dim);
-  gradient_second_moment(w, dtype, rows, dim, a.data());
+  if (gradient_second_moment(w, dtype, rows, dim, a.data()) != GIFT_OK) a.clear();
   return a;
 }
 

@@ -1,14 +1,12 @@
 #include "coords/whitener.h"
 
-#include <cblas.h>
-#include <lapacke.h>
-
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 
 #include "common/error.h"
 #include "coords/low_rank_update.h"
+#include "numerics/linalg.h"
 
 namespace gift::coords {
 
@@ -18,6 +16,8 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
   if (u.size() != uint64_t(dim) * k || diag.size() != dim || k > dim) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: inconsistent sizes");
   }
+  if (const giftResult_t r = linalg::load()) return r;
+  const linalg::Functions& la = linalg::functions();
   for (double x : diag) {
     if (!(x > 0) || !std::isfinite(x))
       return fail(GIFT_ERROR_INVALID_ARGUMENT, "whitener: D must be positive");
@@ -48,28 +48,27 @@ giftResult_t make_whitener(const std::vector<double>& u, const std::vector<doubl
   // B = Q R; B B^T = Q (R R^T) Q^T = V diag(s) V^T with R R^T = W diag(s) W^T and V = Q W.
   std::vector<double> tau(k ? k : 1), r(uint64_t(k) * k, 0.0);
   if (k) {
-    if (LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, int(dim), int(k), b.data(), int(k), tau.data()) != 0) {
+    if (la.dgeqrf(LAPACK_ROW_MAJOR, int(dim), int(k), b.data(), int(k), tau.data()) != 0) {
       return fail(GIFT_ERROR_INTERNAL, "whitener: QR failed");
     }
     for (uint32_t i = 0; i < k; ++i)
       for (uint32_t j = i; j < k; ++j) r[uint64_t(i) * k + j] = b[uint64_t(i) * k + j];
-    if (LAPACKE_dorgqr(LAPACK_ROW_MAJOR, int(dim), int(k), int(k), b.data(), int(k), tau.data()) !=
-        0) {
+    if (la.dorgqr(LAPACK_ROW_MAJOR, int(dim), int(k), int(k), b.data(), int(k), tau.data()) != 0) {
       return fail(GIFT_ERROR_INTERNAL, "whitener: forming Q failed");
     }
   }
   std::vector<double> rrt(uint64_t(k) * k), s(k);
   if (k) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(k), int(k), int(k), 1.0, r.data(),
-                int(k), r.data(), int(k), 0.0, rrt.data(), int(k));
-    if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', int(k), rrt.data(), int(k), s.data()) != 0) {
+    la.dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(k), int(k), int(k), 1.0, r.data(), int(k),
+             r.data(), int(k), 0.0, rrt.data(), int(k));
+    if (la.dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', int(k), rrt.data(), int(k), s.data()) != 0) {
       return fail(GIFT_ERROR_INTERNAL, "whitener: eigendecomposition failed");
     }
   }
   std::vector<double> v(uint64_t(dim) * k);
   if (k) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(k), 1.0, b.data(),
-                int(k), rrt.data(), int(k), 0.0, v.data(), int(k));
+    la.dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(dim), int(k), int(k), 1.0, b.data(),
+             int(k), rrt.data(), int(k), 0.0, v.data(), int(k));
   }
   out->dim = dim;
   out->rank = k;
@@ -105,15 +104,17 @@ giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector
                                  const std::vector<double>& diag, uint32_t dim,
                                  DenseWhitener* out) {
   const uint32_t k = uint32_t(l.size());
+  if (const giftResult_t r = linalg::load()) return r;
+  const linalg::Functions& la = linalg::functions();
   std::vector<double> a(uint64_t(dim) * dim, 0.0), ul(u);
   for (uint32_t i = 0; i < dim; ++i)
     for (uint32_t j = 0; j < k; ++j) ul[uint64_t(i) * k + j] *= l[j];
   if (k) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(dim), int(dim), int(k), 1.0, ul.data(),
-                int(k), u.data(), int(k), 0.0, a.data(), int(dim));
+    la.dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(dim), int(dim), int(k), 1.0, ul.data(),
+             int(k), u.data(), int(k), 0.0, a.data(), int(dim));
   }
   for (uint32_t i = 0; i < dim; ++i) a[uint64_t(i) * dim + i] += diag[i];
-  if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', int(dim), a.data(), int(dim)) != 0) {
+  if (la.dpotrf(LAPACK_ROW_MAJOR, 'L', int(dim), a.data(), int(dim)) != 0) {
     return fail(GIFT_ERROR_INVALID_ARGUMENT, "dense whitener: A^ is not positive definite");
   }
   for (uint32_t i = 0; i < dim; ++i)
@@ -126,23 +127,23 @@ giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector
 
 void whiten_dense(const DenseWhitener& t, double* w, uint64_t rows) {
   // X L^T = W  =>  X = W L^-T
-  cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
-              int(t.dim), 1.0, t.l.data(), int(t.dim), w, int(t.dim));
+  linalg::functions().dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit,
+                            int(rows), int(t.dim), 1.0, t.l.data(), int(t.dim), w, int(t.dim));
 }
 
 void unwhiten_dense(const DenseWhitener& t, double* w, uint64_t rows) {
-  cblas_dtrmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
-              int(t.dim), 1.0, t.l.data(), int(t.dim), w, int(t.dim));
+  linalg::functions().dtrmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit,
+                            int(rows), int(t.dim), 1.0, t.l.data(), int(t.dim), w, int(t.dim));
 }
 
 void whiten_dense(const DenseWhitener& t, float* w, uint64_t rows) {
-  cblas_strsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
-              int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
+  linalg::functions().strsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit,
+                            int(rows), int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
 }
 
 void unwhiten_dense(const DenseWhitener& t, float* w, uint64_t rows) {
-  cblas_strmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(rows),
-              int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
+  linalg::functions().strmm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit,
+                            int(rows), int(t.dim), 1.0f, t.l32.data(), int(t.dim), w, int(t.dim));
 }
 
 bool inverse_stays_finite(const Whitener& t, const float* whitened, uint64_t rows) {

@@ -50,6 +50,7 @@ struct DenseWhitener {
 
 giftResult_t make_dense_whitener(const std::vector<double>& u, const std::vector<double>& l,
                                  const std::vector<double>& diag, uint32_t dim, DenseWhitener* out);
+// Of a whitener make_dense_whitener made (which loaded BLAS).
 void whiten_dense(const DenseWhitener& t, double* w, uint64_t rows);
 void unwhiten_dense(const DenseWhitener& t, double* w, uint64_t rows);
 void whiten_dense(const DenseWhitener& t, float* w, uint64_t rows);

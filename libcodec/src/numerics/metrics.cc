@@ -2,8 +2,6 @@
 // itself adds no error visible at FP8 precision.
 #include "numerics/metrics.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <new>
@@ -12,6 +10,7 @@
 
 #include "common/error.h"
 #include "numerics/fp_env.h"
+#include "numerics/linalg.h"
 #include "numerics/pair_sums.h"
 
 namespace gift {
@@ -24,8 +23,9 @@ double a_quadratic(const float* x, uint64_t rows, uint64_t cols, const float* a)
   double sum = 0.0;
   for (uint64_t r0 = 0; r0 < rows; r0 += kRowsPerStep) {
     const uint64_t n = std::min(kRowsPerStep, rows - r0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(cols), int(cols), 1.0f,
-                x + r0 * cols, int(cols), a, int(cols), 0.0f, xa.data(), int(cols));
+    linalg::functions().sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(cols),
+                              int(cols), 1.0f, x + r0 * cols, int(cols), a, int(cols), 0.0f,
+                              xa.data(), int(cols));
     for (uint64_t i = 0; i < n * cols; ++i) sum += double(x[r0 * cols + i]) * xa[i];
   }
   return sum;
@@ -111,6 +111,7 @@ giftResult_t compute_metrics(const float* ref, const float* approx, uint64_t row
   finish_ratios(out);
   if (!a || !n) return GIFT_OK;
   if (const giftResult_t r = check_entries(a, cols)) return r;
+  if (const giftResult_t r = linalg::load()) return r;
   try {
     std::vector<float> diff(n), kept(ref, ref + n);
     // The A-norms' diagonal parts, sum of a_kk x_k^2: the scale of their rounding.
