@@ -490,8 +490,8 @@ namespace {
 // Bytes released at once, at least: a thread's start and end cost about what unmapping 1 MiB
 // does.
 constexpr uint64_t kLeastReleasedBytes = uint64_t(8) << 20;
-// Tensors at most this far apart in memory are one span (a file's tensors follow one another;
-// farther is another mapping, whose gap is no file's).
+// Tensors at most this far apart in memory are one span: a safetensors file's follow one
+// another (an .npz's stored members, headers apart, are released each on its own).
 constexpr uintptr_t kMostGap = 64;
 // The releasing thread's stack: a default 8 MiB one counts against RLIMIT_DATA, which bounds
 // giftc's memory (the man page's ulimit -d), and the thread only makes one system call. It

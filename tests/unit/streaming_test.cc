@@ -229,6 +229,47 @@ TEST(Streaming, ScratchWriterWritesTheSameBytes) {
   ::rmdir(dir.c_str());
 }
 
+// The writer keeps its band buffers from tensor to tensor: a tensor written behind after a
+// larger one that was not (the second buffer made then) and before one as large (which uses
+// it) writes the same frame as one held in memory. The second buffer was made of the smaller
+// tensor's size, and the last tensor's bands overran it (heap overflow; ASan's build says so).
+TEST(Streaming, KeptBandBuffersFitEveryLaterTensor) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "writes behind need 2 processors";
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/kept.gift";
+  const std::vector<float> wide = values(16 * 65536, 3), row = values(65536, 4);
+  const uint64_t sw[] = {16, 65536}, sr[] = {1, 65536};
+  giftQuantParams p;
+  giftQuantParamsInit(&p);
+  const auto frame = [&](bool streamed) {
+    giftFrameWriter* w = nullptr;
+    EXPECT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+    giftOutput* out = nullptr;
+    if (streamed) {
+      EXPECT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+      const char* names[] = {"first", "row", "last"};
+      const uint32_t ndims[] = {2, 2, 2};
+      const int lossless[] = {0, 0, 0};
+      EXPECT_EQ(giftFrameWriterStreamTo(w, out, 3, names, ndims, lossless), GIFT_OK);
+    }
+    EXPECT_EQ(giftFrameWriterSetThreads(w, 0), GIFT_OK);  // every processor: none behind
+    EXPECT_EQ(giftFrameWriterAddTensor(w, "first", sw, 2, GIFT_DTYPE_F32, wide.data(), &p),
+              GIFT_OK);
+    EXPECT_EQ(giftFrameWriterSetThreads(w, 1), GIFT_OK);  // one: the codes written behind
+    EXPECT_EQ(giftFrameWriterAddTensor(w, "row", sr, 2, GIFT_DTYPE_F32, row.data(), &p), GIFT_OK);
+    EXPECT_EQ(giftFrameWriterAddTensor(w, "last", sw, 2, GIFT_DTYPE_F32, wide.data(), &p), GIFT_OK);
+    if (!streamed) return finished_frame(w);
+    EXPECT_EQ(giftFrameWriterWriteOutput(w, out), GIFT_OK) << giftGetLastErrorMessage();
+    EXPECT_EQ(giftOutputCommit(out), GIFT_OK) << giftGetLastErrorMessage();
+    giftOutputFree(out);
+    giftFrameWriterFree(w);
+    return file_bytes(path);
+  };
+  EXPECT_EQ(frame(true), frame(false));
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
 // `words` fp32 words whose first `noise` bytes are random and the rest 0.
 std::vector<uint8_t> part_noise(uint64_t words, uint64_t noise) {
   std::vector<uint8_t> bytes(words * 4, 0);

@@ -73,19 +73,18 @@ class SinkMark {
 };
 
 // The buffers of a tensor's codes: one, or two used in turn (one written behind while the
-// next is made), those of the tensor before where they are large enough.
+// next is made), those kept from the tensors before where they are large enough. Every kept
+// buffer holds codes_bytes bytes, the second one too when it is made later.
 class CodesInTurn {
  public:
   CodesInTurn(BandBuffers* kept, uint64_t bytes, bool two) : kept_(kept), two_(two) {
     bytes = std::max<uint64_t>(bytes, 1);
-    if (kept->codes_bytes < bytes) {  // the smaller ones go first
-      kept->codes[0].reset();
-      kept->codes[1].reset();
-      kept->codes_bytes = bytes;
-    }
+    if (kept->codes_bytes < bytes) kept->release_codes();  // the smaller ones go first
+    const uint64_t size = std::max(kept->codes_bytes, bytes);
     for (int k = 0; k < (two ? 2 : 1); ++k) {
-      if (!kept->codes[k]) kept->codes[k].reset(new uint8_t[bytes]);
+      if (!kept->codes[k]) kept->codes[k].reset(new uint8_t[size]);
     }
+    kept->codes_bytes = size;  // once they are all there (new may throw)
   }
   uint8_t* next() {
     turn_ = two_ ? turn_ ^ 1 : 0;
@@ -116,6 +115,7 @@ class ScalesBuffer {
       bytes_.clear();
       return file_.truncate(0);
     }
+    if (bytes_.capacity() < total_) std::vector<uint8_t>().swap(bytes_);  // not both at once
     bytes_.assign(total_, 0);
     return GIFT_OK;
   }
@@ -203,6 +203,13 @@ constexpr uint64_t kLeastBehindBytes = uint64_t(64) << 10;
 // 512 MiB fp32 dump took 0.133 to 0.139 s on one thread, census second 0.117 to 0.122 s.
 // Still one encoder task (codec.cc, kChunkElems) per thread.
 constexpr uint64_t kPieceElems = uint64_t(1) << 16;
+
+// Once a tensor is encoded: what is larger than a common band's buffers (a row of tiles'
+// codes, another encoder's whole rows, scales past those held) goes with it.
+void keep_band_sized(BandBuffers* b) {
+  if (b->codes_bytes > kBandElems) b->release_codes();
+  if (b->scales.capacity() > held_scale_bytes) std::vector<uint8_t>().swap(b->scales);
+}
 
 // How encode_in_bands cuts a tensor of rows x cols encoded under p (on the CPU encoder or
 // another).
@@ -441,6 +448,10 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
   const uint64_t codes_bytes = cut.parts ? cut.part : std::min(rows, cut.band) * cols;
   const bool behind = codes_bytes >= kLeastBehindBytes && codes_bytes <= kMostTileRowElems &&
                       spare_processor(&ctx_);
+  struct Kept {
+    BandBuffers* buffers;
+    ~Kept() { keep_band_sized(buffers); }
+  } kept_buffers{&buffers_};
   CodesInTurn codes_in_turn(&buffers_, codes_bytes, behind);
   // A tensor's scales are held up to held_scale_bytes; more go to a scratch file beside the
   // scratch data or the output (bands have a sink: the one or the other) as they are made,

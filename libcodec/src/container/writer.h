@@ -48,13 +48,19 @@ struct CoordsChoice {
 };
 
 // Where a frame writer's tensors are encoded in bands: the codes of a band (two, written in
-// turn) and the tensor's held scales. Kept from tensor to tensor: allocated anew, each tensor's
-// pages were faulted in and zeroed again, 5,000 faults in giftc encode of 512 MiB of bf16 in 8
-// tensors (about 5% of its time on one thread).
+// turn) and the tensor's held scales. Kept from tensor to tensor where they are of a common
+// band's size: allocated anew, each tensor's pages were faulted in and zeroed again, 5,000
+// faults in giftc encode of 512 MiB of bf16 in 8 tensors (about 5% of its time on one thread).
 struct BandBuffers {
   std::unique_ptr<uint8_t[]> codes[2];
   uint64_t codes_bytes = 0;  // of each
   std::vector<uint8_t> scales;
+
+  void release_codes() {
+    codes[0].reset();
+    codes[1].reset();
+    codes_bytes = 0;
+  }
 };
 
 class FrameWriter {
