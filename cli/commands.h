@@ -26,9 +26,9 @@ CLI::Validator file_name();
 
 // The threads the library codes on for --threads `asked` (giftCtxThreads), returned, and the
 // process's threads held to them, each command's first step: OpenMP's default, which the library's
-// calls that take no count run on (fit's measurements of the damping), and the count OpenBLAS works
-// on (fit, GIFT coordinates), unless OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS gives its own;
-// OpenBLAS's pool, started as giftc was loaded, is ended until its next threaded call.
+// calls that take no count run on (fit's measurements of the damping), and the count OpenBLAS
+// starts with where a command loads it (fit, compare --activations), unless OPENBLAS_NUM_THREADS
+// or GOTO_NUM_THREADS gives its own.
 int bound_threads(int asked);
 
 }  // namespace giftc

@@ -16,8 +16,8 @@ namespace {
 // in the cores' own caches from its decode to write(2)'s copy: a 512 MiB fp32 dump decoded
 // on one thread in 0.163 s through 512 KiB bands, 0.182 s through 8 MiB ones.
 constexpr uint64_t kBandBytesPerThread = uint64_t(512) << 10;
-// The most for any band, and the size of those of tensors in GIFT coordinates: their inverse
-// whitening runs BLAS on each band, which (OpenBLAS with its own threads) ran erratically on
+// The most for any band, and the size of those of tensors in GIFT coordinates: when their
+// inverse whitening ran BLAS on each band (OpenBLAS with its own threads), it ran erratically on
 // 512 KiB bands, 0.16 to 0.26 s for 128 MiB of them, and took a steady 0.18 s on 8 MiB ones.
 // Well below the size from which the codec streams its stores past the caches (codec.cc,
 // kStreamBytes), which would leave write(2) to read the band from memory.

@@ -60,7 +60,10 @@ void BM_LowRankWhitenAndInverse(benchmark::State& state) {
 template <typename T>
 void BM_DenseCholeskyWhitenAndInverse(benchmark::State& state) {
   DenseWhitener t;
-  make_dense_whitener(model().u, model().l, model().diag, kIn, &t);
+  if (make_dense_whitener(model().u, model().l, model().diag, kIn, &t) != GIFT_OK) {
+    state.SkipWithError(giftGetLastErrorMessage());
+    return;
+  }
   const std::vector<float> g = gradient();
   std::vector<T> w(g.begin(), g.end());
   for (auto _ : state) {

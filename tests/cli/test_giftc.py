@@ -373,8 +373,8 @@ class Giftc(unittest.TestCase):
             self.assertIn(b"standard input (-) can be read once", r.stderr)
 
     def test_commands_start_under_a_data_cap_without_blas_settings(self):
-        # libgift loads OpenBLAS only where a command needs it (fit, GIFT coordinates, metrics
-        # against A): under a ulimit -d that leaves no room for OpenBLAS's buffers, and with
+        # libgift loads OpenBLAS only where a command needs it (fit, compare --activations):
+        # under a ulimit -d that leaves no room for OpenBLAS's buffers, and with
         # none of its settings, the commands that do not need it start and work. (Linked,
         # OpenBLAS started one thread per processor as giftc was loaded, and --version hung
         # under this cap.)

@@ -22,15 +22,18 @@ namespace {
 Functions loaded;
 std::string failure;  // why load() failed, or empty
 
-// Each library stays loaded for the life of the process, as a linked one would.
+// Each library stays loaded for the life of the process, as a linked one would. BLAS's
+// symbols are global, as a linked library's are, so that LAPACKE's LAPACK calls go to the BLAS
+// library found (OpenBLAS holds LAPACK too) before the liblapack.so.3 LAPACKE depends on:
+// loaded locally, a system whose liblapack.so.3 is netlib's fitted another basis.
 void load_once() {
-  const auto open = [](const char* soname) {
-    void* h = ::dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+  const auto open = [](const char* soname, int scope) {
+    void* h = ::dlopen(soname, RTLD_NOW | scope);
     if (!h) failure = std::string("cannot load ") + soname + ": " + ::dlerror();
     return h;
   };
-  void* blas = open(GIFT_BLAS_SONAME);
-  void* lapacke = blas ? open(GIFT_LAPACKE_SONAME) : nullptr;
+  void* blas = open(GIFT_BLAS_SONAME, RTLD_GLOBAL);
+  void* lapacke = blas ? open(GIFT_LAPACKE_SONAME, RTLD_LOCAL) : nullptr;
   if (!lapacke) return;
   const auto get = [](void* h, const char* soname, const char* name, auto* fn) {
     if (!failure.empty()) return;

@@ -1,5 +1,6 @@
-// BLAS and LAPACK, loaded when first needed: fitting a basis, making a whitener, error
-// metrics against A. Linked, they were loaded at every start of every program that links
+// BLAS and LAPACK, loaded when first needed: fitting a basis (and making its whitener), error
+// metrics against A; encoding and decoding in GIFT coordinates apply a basis's whitener
+// without them. Linked, they were loaded at every start of every program that links
 // libgift: OpenBLAS's 12,000 symbol bindings, its thread pool and LAPACKE's, 4.5 ms of each
 // giftc run (8 ms in all), most of which (inspect, decode, encode in Euclidean coordinates)
 // never call them; and under a tight ulimit -d, OpenBLAS's pool kept giftc from starting at
