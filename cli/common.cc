@@ -500,10 +500,10 @@ int bound_threads(int asked) {
   omp_set_num_threads(threads);
   // OpenBLAS counts neither --threads nor a cgroup's CPU quota: on its own it works on one
   // thread per processor of the affinity (or OMP_NUM_THREADS's count). libgift loads it only
-  // when a command first needs it (fit, metrics against A), and OpenBLAS
-  // then takes its count from OPENBLAS_NUM_THREADS, set here unless given: --threads's count,
-  // never more than OpenBLAS would start (a larger pool reserves a buffer per thread, which
-  // under a ulimit -v OpenBLAS 0.3.21 retries forever; OMP_NUM_THREADS=1 keeps it at 1).
+  // when a command first needs it (fit, metrics against A), and OpenBLAS then takes its count
+  // from OPENBLAS_NUM_THREADS, set here unless given: --threads's count, never more than
+  // OpenBLAS would start (a larger pool reserves a buffer per thread, which under a ulimit -v
+  // OpenBLAS 0.3.21 retries forever; OMP_NUM_THREADS=1 keeps it at 1).
   if (!count_in("OPENBLAS_NUM_THREADS") && !count_in("GOTO_NUM_THREADS")) {
     const int omp = count_in("OMP_NUM_THREADS");
     const int blas = omp ? std::min(threads, omp) : threads;
