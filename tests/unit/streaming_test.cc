@@ -1381,6 +1381,30 @@ TEST(Streaming, WritesBehindKeepTheirBytesAndReportTheirFailures) {
   gift::set_background_threads_for_test(true);
 }
 
+// Writes behind handed over at gaps that span every way the thread waits for its next job (its
+// poll, its naps, the condition variable, and each after the one before it ran out and went
+// off for a while) keep their bytes and their order, each buffer refilled once the write of
+// the next one has started.
+TEST(Streaming, WritesBehindAtAnyPaceKeepTheirBytes) {
+  const std::string dir = temp_dir(), path = dir + "/paced.bin";
+  giftOutput* out = nullptr;
+  ASSERT_EQ(giftOutputOpenFile(path.c_str(), &out), GIFT_OK);
+  std::vector<uint8_t> buffers[2], expected;
+  constexpr useconds_t kGaps[] = {0, 300, 700, 2500};  // us
+  for (int k = 0; k < 200; ++k) {
+    std::vector<uint8_t>& b = buffers[k % 2];
+    b.assign(size_t(8 << 10) + size_t(k), uint8_t(k * 7 + 1));
+    expected.insert(expected.end(), b.begin(), b.end());
+    ASSERT_EQ(giftOutputWriteBehind(out, b.data(), b.size()), GIFT_OK) << giftGetLastErrorMessage();
+    ::usleep(kGaps[(k / 10) % 4]);
+  }
+  ASSERT_EQ(giftOutputCommit(out), GIFT_OK) << giftGetLastErrorMessage();
+  giftOutputFree(out);
+  EXPECT_TRUE(file_bytes(path) == expected);
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
 // Every call that takes an output waits for its write behind before it returns, after which
 // the caller may refill the buffer: a pipe whose reader starts late gets none of the refill.
 TEST(Streaming, CallsOnAnOutputWaitForItsWriteBehind) {
