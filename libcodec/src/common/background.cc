@@ -142,15 +142,17 @@ giftResult_t BackgroundJob::start(std::function<giftResult_t()> job) {
     pthread_sigmask(SIG_SETMASK, &before, nullptr);
     inline_ = !started_;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  pending_ = true;
-  if (inline_) {
-    finish(job());
-    return GIFT_OK;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_ = true;
+    if (inline_) {
+      finish(job());
+      return GIFT_OK;
+    }
+    job_ = std::move(job);
+    busy_.store(true, std::memory_order_release);
   }
-  job_ = std::move(job);
-  busy_.store(true, std::memory_order_release);
-  changed_.notify_all();
+  changed_.notify_all();  // unlocked: the thread woken does not block on the mutex at once
   return GIFT_OK;
 }
 
@@ -177,22 +179,21 @@ void* BackgroundJob::run(void* self) {
   background_thread = true;
   (void)prctl(PR_SET_TIMERSLACK, kNapSlackNs, 0, 0, 0);  // this thread's own; may fail
   BackgroundJob& b = *static_cast<BackgroundJob*>(self);
-  std::unique_lock<std::mutex> lock(b.mutex_);
+  const auto ready = [&] { return b.busy_.load(std::memory_order_acquire) || b.stop_.load(); };
+  std::unique_lock<std::mutex> lock(b.mutex_, std::defer_lock);
   Poll poll;
   poll.naps = true;
   for (;;) {
-    if (!b.job_ && !b.stop_) {
-      lock.unlock();
-      poll.until([&] { return b.busy_.load(std::memory_order_acquire) || b.stop_.load(); });
-      lock.lock();
-    }
+    if (!ready()) poll.until(ready);
+    lock.lock();
     b.changed_.wait(lock, [&] { return b.job_ || b.stop_; });
     if (!b.job_) return nullptr;  // stopped
     lock.unlock();
     const giftResult_t r = b.job_();
     lock.lock();
     b.finish(r);  // last_message() is this thread's own
-    b.changed_.notify_all();
+    lock.unlock();
+    b.changed_.notify_all();  // unlocked, as in start()
   }
 }
 
