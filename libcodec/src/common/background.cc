@@ -54,18 +54,21 @@ bool poll_until(Ready ready) {
 
 // Past its poll, the thread naps (kNap at a time) for up to kNaps before it sleeps on the
 // condition variable. A job started while it naps costs the caller no futex wake, since the
-// condition variable has no waiter; where the thread is the faster side, as it is for
-// encode's codes, a nap's delay comes out of its slack. giftc encode --threads 1 of a 512 MiB
-// bf16 dump (Zen 4 VM: 1 MiB of codes a band every 0.45 ms, written in 0.25 ms, so the poll
-// runs out and goes off) woke the thread 250 times, 5.6% of the encoding thread's time in
-// the kernel's wake-up path. The caller does not nap: where it waits, the thread is the
-// slower side (decode's output), and a nap's delay would be the thread's, left without a job.
-// A nap that takes over kNapLate shows the processor taken by another thread or process:
-// napping on, each nap's wake-up waits for it, and naps go off as a poll that runs out does.
-// Medians of interleaved rounds, against sleeping at once: 115.5 -> 108.2 ms (9 rounds; cp
-// 131.8 ms); with another process busy on one of the 2 processors, 160.1 -> 161.5 ms, where
-// napping without the kNapLate rule took 170.1 ms. A nap of 20 us takes about 45 us there,
-// with the thread's timer slack at kNapSlackNs (the default 50 us made it 90 us).
+// condition variable has no waiter; where the thread is the faster side, as it is for encode's
+// codes, a nap's delay comes out of its slack. giftc encode --threads 1 of a 512 MiB bf16 dump
+// (Zen 4 VM: 1 MiB of codes a band every 0.45 ms, written in 0.25 ms, so the poll runs out and
+// goes off) woke the thread 250 times, 5.6% of the encoding thread's time in the kernel's
+// wake-up path. The caller does not nap: where it waits, the thread is the slower side
+// (decode's output), and a nap's delay would be the thread's, left without a job.
+// A nap that takes over kNapLate (another thread or process held the processor) turns naps off
+// as a poll that runs out does. Where every processor is busy, a nap's wake-up may take the
+// processor from the caller: with another process busy on one of the 2 processors, napping on
+// took 170.1 ms against 160.1 sleeping at once, and 161.5 with this rule. Late naps are not
+// only that case's (a few a run on an idle VM too: 10% of the naps idle, 7% busy, in one run
+// each), so the rule keeps naps on for part of a run: idle, medians of interleaved rounds
+// against sleeping at once, 115.5 -> 108.2 ms (9 rounds; cp 131.8 ms). A nap of 20 us takes
+// about 45 us there, with the thread's timer slack at kNapSlackNs (the default 50 us made it
+// 90 us).
 constexpr auto kNap = std::chrono::microseconds(20);
 constexpr auto kNapLate = 10 * kNap;
 constexpr auto kNaps = std::chrono::milliseconds(1);
