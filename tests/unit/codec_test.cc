@@ -1,6 +1,7 @@
 // The tensor encoder and decoder through the C API: group geometry, scale rules, the
 // vectorized and threaded paths against a plain per-element reference written here.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <xmmintrin.h>
 
 #include <algorithm>
@@ -434,6 +435,53 @@ TEST(Codec, CallerFlushToZeroAndRoundingModeDoNotChangeTheBytes) {
       EXPECT_EQ(0, std::memcmp(got_y.data(), want_y.data(), want_y.size() * 4)) << describe(p, s);
     }
   }
+}
+
+// Called from each thread of a caller's parallel region (as the transport encodes its shards),
+// where the runtime allows no nested region, the codec runs a team of one on each: the same
+// codes, scales, statistics and decoded values as a call from outside, on each of encode's
+// and decode's paths (blocks, tiles, the per-group path of rows, groups split into chunks).
+TEST(Codec, CallsInsideAParallelRegionGiveTheBytesOfCallsOutside) {
+  const Shape s{64, 4100};  // above kSplitGroupElems, so a tensor's scale splits on threads
+  const std::vector<float> x = gradient_like(s, 77);
+  const std::vector<giftQuantParams> ps = {
+      params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK, GIFT_SCALE_DTYPE_F32, 32),
+      params(GIFT_FP8_E5M2, GIFT_SCALE_TILE, GIFT_SCALE_DTYPE_E8M0, 128, 8, 16),
+      params(GIFT_FP8_E4M3, GIFT_SCALE_ROW, GIFT_SCALE_DTYPE_F32),
+      params(GIFT_FP8_E4M3, GIFT_SCALE_TENSOR, GIFT_SCALE_DTYPE_F32)};
+  const int levels = omp_get_max_active_levels();
+  omp_set_max_active_levels(1);
+  for (const giftQuantParams& p : ps) {
+    use_threads(0);
+    giftEncodeStats want_stats{};
+    const Encoded want = encode(p, x.data(), GIFT_DTYPE_F32, s, &want_stats);
+    const std::vector<float> want_y = decode(p, want, s);
+    Encoded got[2];
+    giftEncodeStats got_stats[2] = {};
+    std::vector<float> got_y[2];
+    int team = 0;
+#pragma omp parallel num_threads(2)
+    {
+      const int t = omp_get_thread_num();
+      got[t] = encode(p, x.data(), GIFT_DTYPE_F32, s, &got_stats[t]);
+      got_y[t] = decode(p, got[t], s);
+#pragma omp single
+      team = omp_get_num_threads();
+    }
+    if (team != 2) {
+      omp_set_max_active_levels(levels);
+      GTEST_SKIP() << "the runtime gave the outer region one thread";
+    }
+    for (int t = 0; t < 2; ++t) {
+      SCOPED_TRACE("thread " + std::to_string(t) + ": " + describe(p, s));
+      EXPECT_EQ(got[t].codes, want.codes);
+      EXPECT_EQ(got[t].scales, want.scales);
+      EXPECT_EQ(got_stats[t].amax, want_stats.amax);
+      EXPECT_EQ(got_stats[t].nonfinite_count, want_stats.nonfinite_count);
+      EXPECT_EQ(0, std::memcmp(got_y[t].data(), want_y.data(), want_y.size() * 4));
+    }
+  }
+  omp_set_max_active_levels(levels);
 }
 
 TEST(Codec, KeepPolicyStoresNanAndInfCodesWithFiniteScales) {

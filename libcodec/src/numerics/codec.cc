@@ -32,25 +32,28 @@ constexpr uint64_t kChunkElems = uint64_t(1) << 16;
 // likely to find in cache, stay cached.
 constexpr uint64_t kStreamBytes = uint64_t(32) << 20;
 
-// task(t) for t in [0, tasks), in a static schedule on a team of team_size(threads, tasks),
-// then end_team() on each of the team's threads. A team of one runs them here, outside
-// OpenMP: libgomp's region of one thread (its `if` clause as well) still allocates a team and
-// ends at a barrier that calls futex(2), and giftc's bands take the encoder and decoder once
-// per piece of 64K elements. giftc encode --threads 1 of a 512 MiB bf16 dump made 4,925 futex
-// calls, now 798.
+// task(t, thread) for t in [0, tasks), in a static schedule on a team of team_size(threads,
+// tasks), `thread` the running thread's place in the team (below `threads`: what per-thread
+// state is indexed by), then end_team() on each of the team's threads. A team of one runs them
+// here, outside OpenMP: libgomp's region of one thread (its `if` clause as well) still
+// allocates a team and ends at a barrier that calls futex(2), and giftc's bands take the
+// encoder and decoder once per piece of 64K elements (giftc encode --threads 1 of a 512 MiB
+// bf16 dump: 4,694 futex calls, 616 this way). Here omp_get_thread_num() would be the
+// caller's place in a region of its own (the transport encodes inside one), hence `thread`.
 template <typename Task, typename End = void (*)()>
 void for_each_task(
     int threads, int64_t tasks, Task&& task, End&& end_team = [] {}) {
   const int team = team_size(threads, tasks);
   if (team == 1) {
-    for (int64_t t = 0; t < tasks; ++t) task(t);
+    for (int64_t t = 0; t < tasks; ++t) task(t, size_t(0));
     end_team();
     return;
   }
 #pragma omp parallel num_threads(team)
   {
+    const size_t thread = static_cast<size_t>(omp_get_thread_num());
 #pragma omp for schedule(static) nowait
-    for (int64_t t = 0; t < tasks; ++t) task(t);
+    for (int64_t t = 0; t < tasks; ++t) task(t, thread);
     end_team();
   }
 }
@@ -179,14 +182,15 @@ Census encode_group(const giftQuantParams& p, const GroupGrid& grid, uint64_t g,
   return census;
 }
 
-// Splits [begin, begin + n) into chunks spread over threads.
+// Splits [begin, begin + n) into chunks spread over threads: f(first, count, thread), thread
+// as for_each_task gives it.
 template <typename F>
 void parallel_chunks(uint64_t begin, uint64_t n, int threads, F&& f) {
   const int64_t chunks = static_cast<int64_t>(ceil_div(n, kChunkElems));
-  for_each_task(threads, chunks, [&](int64_t c) {
+  for_each_task(threads, chunks, [&](int64_t c, size_t thread) {
     const num::FpEnvGuard fp_env;
     const uint64_t b = begin + uint64_t(c) * kChunkElems;
-    f(b, std::min(kChunkElems, begin + n - b));
+    f(b, std::min(kChunkElems, begin + n - b), thread);
   });
 }
 
@@ -197,21 +201,22 @@ Census encode_group_split(const giftQuantParams& p, const GroupGrid& grid, uint6
                           int threads, const BandOrigin& origin) {
   const Rect r = grid.rect(g);
   std::vector<Census> parts(static_cast<size_t>(threads));
-  parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
-    parts[static_cast<size_t>(omp_get_thread_num())].merge(census_span(src, dtype, b, n));
+  parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n, size_t thread) {
+    parts[thread].merge(census_span(src, dtype, b, n));
   });
   Census census;
   for (const Census& c : parts) census.merge(c);
   const GroupScale gs = make_scale(p, scale_amax(census, origin, g), scales, g);
-  parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
+  parallel_chunks(r.r0 * grid.cols, r.count(), threads, [&](uint64_t b, uint64_t n, size_t) {
     convert_span(p, src, dtype, b, n, gs, census.nonfinite > 0, origin, codes);
   });
   return census;
 }
 
 // Block layout: the groups of all rows, in order, cut into tasks of about kChunkElems
-// elements; each task is walked as runs of whole blocks within one row, then end_task runs on
-// the task's thread. Where every row is whole blocks, the blocks of consecutive rows follow
+// elements; each task is walked as runs of whole blocks within one row (f(first group, first
+// element, elements, thread), thread as for_each_task gives it), then end_task runs on the
+// task's thread. Where every row is whole blocks, the blocks of consecutive rows follow
 // one another in memory as their scales do, and a task is one run: the encoder reads a run
 // of 64 blocks or more faster (simd.cc, kReadStreams; rows of 4096 fp32 from memory, one
 // thread: 35 to 40% faster than run by run).
@@ -221,18 +226,18 @@ void for_each_block_run(
   const uint64_t nb = grid.grid_cols, groups = grid.count();
   const uint64_t per_task = std::max<uint64_t>(1, kChunkElems / p.block);
   const int64_t tasks = static_cast<int64_t>(ceil_div(groups, per_task));
-  for_each_task(threads, tasks, [&](int64_t t) {
+  for_each_task(threads, tasks, [&](int64_t t, size_t thread) {
     const num::FpEnvGuard fp_env;
     uint64_t g = uint64_t(t) * per_task;
     const uint64_t end = std::min(groups, g + per_task);
     if (grid.cols % p.block == 0) {
-      f(g, g * p.block, (end - g) * p.block);
+      f(g, g * p.block, (end - g) * p.block, thread);
       g = end;
     }
     while (g < end) {
       const uint64_t row = g / nb, first = g % nb, last = std::min(nb, first + (end - g));
       const uint64_t c0 = first * p.block, c1 = std::min(grid.cols, last * p.block);
-      f(g, row * grid.cols + c0, c1 - c0);  // first group, first element, elements
+      f(g, row * grid.cols + c0, c1 - c0, thread);
       g += last - first;
     }
     end_task();
@@ -258,8 +263,8 @@ simd::BlockRun block_run(const giftQuantParams& p, const void* src, giftDType_t 
 Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void* src,
                      giftDType_t dtype, uint8_t* codes, void* scales, int threads) {
   std::vector<Census> parts(static_cast<size_t>(threads));
-  for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n) {
-    Census& acc = parts[static_cast<size_t>(omp_get_thread_num())];
+  for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n, size_t thread) {
+    Census& acc = parts[thread];
     // Codes stay cached at any size: streaming them gained about 7% (256 MiB, one thread) at
     // sizes that giftc's pieces and transport shards never reach, and evicts what is sent next.
     const uint32_t bits =
@@ -292,7 +297,7 @@ void decode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const uin
   const size_t width = dtype_size(dst_dtype);
   for_each_task(
       threads, tasks,
-      [&](int64_t t) {
+      [&](int64_t t, size_t) {
         const num::FpEnvGuard fp_env;
         const uint64_t r = uint64_t(t) / pieces_per_row, c0 = uint64_t(t) % pieces_per_row * piece;
         const uint64_t n = std::min(piece, grid.cols - c0), e = r * grid.cols + c0;
@@ -324,12 +329,11 @@ Census encode_tile_rows(const giftQuantParams& p, const GroupGrid& grid, const v
   // Each thread's piece's tiles' amax bits and factors, reused piece by piece.
   std::vector<std::vector<uint32_t>> bits_of(static_cast<size_t>(threads));
   std::vector<std::vector<float>> factor_of(static_cast<size_t>(threads));
-  for_each_task(threads, tasks, [&](int64_t t) {
+  for_each_task(threads, tasks, [&](int64_t t, size_t thread) {
     const num::FpEnvGuard fp_env;
-    const size_t me = static_cast<size_t>(omp_get_thread_num());
-    Census& acc = parts[me];
-    std::vector<uint32_t>& bits = bits_of[me];
-    std::vector<float>& factor = factor_of[me];
+    Census& acc = parts[thread];
+    std::vector<uint32_t>& bits = bits_of[thread];
+    std::vector<float>& factor = factor_of[thread];
     const uint64_t first = uint64_t(t) % pieces_per_row * tiles_per_piece;
     const uint64_t g0 = uint64_t(t) / pieces_per_row * grid.grid_cols + first;
     const uint64_t count = std::min(tiles_per_piece, grid.grid_cols - first);
@@ -392,9 +396,9 @@ giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const v
     total = encode_tile_rows(p, grid, src, src_dtype, codes, scales, threads, origin);
   } else {
     std::vector<Census> parts(static_cast<size_t>(threads));
-    for_each_task(threads, groups, [&](int64_t g) {
+    for_each_task(threads, groups, [&](int64_t g, size_t thread) {
       const num::FpEnvGuard fp_env;
-      parts[static_cast<size_t>(omp_get_thread_num())].merge(
+      parts[thread].merge(
           encode_group(p, grid, uint64_t(g), src, src_dtype, codes, scales, origin));
     });
     for (const Census& c : parts) total.merge(c);
@@ -413,7 +417,7 @@ void group_amax(const giftCtx* ctx, const giftQuantParams& p, const void* src,
                 giftDType_t src_dtype, uint64_t rows, uint64_t cols, float* amax) {
   const GroupGrid grid = group_grid(p, rows, cols);
   const int64_t groups = static_cast<int64_t>(grid.count());
-  for_each_task(thread_count(ctx), groups, [&](int64_t g) {
+  for_each_task(thread_count(ctx), groups, [&](int64_t g, size_t) {
     Census census;
     for_each_row_span(grid, grid.rect(uint64_t(g)), [&](uint64_t b, uint64_t n) {
       census.merge(census_span(src, src_dtype, b, n));
@@ -459,7 +463,7 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
   if (p.layout == GIFT_SCALE_BLOCK) {
     for_each_block_run(
         p, grid, threads,
-        [&](uint64_t g, uint64_t e, uint64_t n) {
+        [&](uint64_t g, uint64_t e, uint64_t n, size_t) {
           simd::decode_blocks(block_run(p, nullptr, dst_dtype, g, e, n, const_cast<uint8_t*>(codes),
                                         const_cast<void*>(scales), stream),
                               out + e * width, dst_dtype);
@@ -481,7 +485,7 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
     for (int64_t g = 0; g < groups; ++g) {
       const Rect r = grid.rect(uint64_t(g));
       const float s = scale_of(uint64_t(g));
-      parallel_chunks(r.r0 * cols, r.count(), threads, [&](uint64_t b, uint64_t n) {
+      parallel_chunks(r.r0 * cols, r.count(), threads, [&](uint64_t b, uint64_t n, size_t) {
         decode_span(b, n, s);
         fence();
       });
@@ -490,7 +494,7 @@ void decode_tensor(const giftCtx* ctx, const giftQuantParams& p, const uint8_t* 
   }
   for_each_task(
       threads, groups,
-      [&](int64_t g) {
+      [&](int64_t g, size_t) {
         const num::FpEnvGuard fp_env;
         const float s = scale_of(uint64_t(g));
         for_each_row_span(grid, grid.rect(uint64_t(g)),
