@@ -1381,10 +1381,10 @@ TEST(Streaming, WritesBehindKeepTheirBytesAndReportTheirFailures) {
   gift::set_background_threads_for_test(true);
 }
 
-// Writes behind handed over at gaps that span every way the thread waits for its next job (its
-// poll, its naps, the condition variable, and each after the one before it ran out and went
-// off for a while) keep their bytes and their order, each buffer refilled once the write of
-// the next one has started.
+// Writes behind handed over at gaps meant to fall in each way the thread waits for its next job
+// on two processors or more (its poll, its naps, the condition variable; which one a gap meets
+// is the scheduler's call; on one processor, the condition variable only) keep their bytes and
+// their order, each buffer refilled once the write of the next one has started.
 TEST(Streaming, WritesBehindAtAnyPaceKeepTheirBytes) {
   const std::string dir = temp_dir(), path = dir + "/paced.bin";
   giftOutput* out = nullptr;

@@ -61,30 +61,32 @@ bool poll_until(Ready ready) {
 // wake-up path. The caller does not nap: where it waits, the thread is the slower side
 // (decode's output), and a nap's delay would be the thread's, left without a job.
 // A nap that takes over kNapLate (another thread or process held the processor) turns naps off
-// as a poll that runs out does. Where every processor is busy, a nap's wake-up may take the
-// processor from the caller: with another process busy on one of the 2 processors, napping on
-// took 170.1 ms against 160.1 sleeping at once, and 161.5 with this rule. Late naps are not
-// only that case's (a few a run on an idle VM too: 10% of the naps idle, 7% busy, in one run
-// each), so the rule keeps naps on for part of a run: idle, medians of interleaved rounds
-// against sleeping at once, 115.5 -> 108.2 ms (9 rounds; cp 131.8 ms). A nap of 20 us takes
-// about 45 us there, with the thread's timer slack at kNapSlackNs (the default 50 us made it
-// 90 us).
+// as a poll that runs out does; naps that run out without a job do not (a gap past kNaps, at a
+// tensor's end say, tells nothing of their cost). Where every processor is busy, a nap's
+// wake-up may take the processor from the caller: with another process busy on one of the 2
+// processors, napping on took 170.1 ms against 160.1 sleeping at once; with this rule, 175.8
+// against 176.6 (medians of 9 interleaved rounds). Late naps are not only that case's (a few a
+// run on an idle VM too: 10% of the naps idle, 7% busy, in one run each), so the rule keeps
+// naps on for part of a run. Idle, medians of 15 interleaved rounds: 126.9 ms sleeping at
+// once, 120.9 napping (cp 148.0 ms). A nap of 20 us takes about 45 us there, with the thread's
+// timer slack at kNapSlackNs (the default 50 us made it 90 us).
 constexpr auto kNap = std::chrono::microseconds(20);
 constexpr auto kNapLate = 10 * kNap;
 constexpr auto kNaps = std::chrono::milliseconds(1);
 constexpr unsigned long kNapSlackNs = 1000;
 
-// Whether ready() held within kNaps, every nap on time.
+// Naps until ready() holds (true), kNaps pass or a nap runs late (false; *late says which).
 template <typename Ready>
-bool nap_until(Ready ready) {
+bool nap_until(Ready ready, bool* late) {
   const timespec nap{0, std::chrono::nanoseconds(kNap).count()};
   auto t = std::chrono::steady_clock::now();
   const auto end = t + kNaps;
+  *late = false;
   while (!ready()) {
     if (t > end) return false;
     nanosleep(&nap, nullptr);
     const auto woke = std::chrono::steady_clock::now();
-    if (woke - t > kNapLate) return false;
+    if ((*late = woke - t > kNapLate)) return false;
     t = woke;
   }
   return true;
@@ -104,9 +106,10 @@ void BackgroundJob::Poll::until(Ready ready) {
     off = kPollsOff;
   }
   if (!naps) return;
+  bool late = false;
   if (naps_off) {
     --naps_off;
-  } else if (!nap_until(ready)) {
+  } else if (!nap_until(ready, &late) && late) {
     naps_off = kPollsOff;
   }
 }
@@ -180,7 +183,7 @@ void BackgroundJob::finish(giftResult_t r) {
 
 void* BackgroundJob::run(void* self) {
   background_thread = true;
-  (void)prctl(PR_SET_TIMERSLACK, kNapSlackNs, 0, 0, 0);  // this thread's own; may fail
+  (void)prctl(PR_SET_TIMERSLACK, kNapSlackNs, 0UL, 0UL, 0UL);  // this thread's own; may fail
   BackgroundJob& b = *static_cast<BackgroundJob*>(self);
   const auto ready = [&] { return b.busy_.load(std::memory_order_acquire) || b.stop_.load(); };
   std::unique_lock<std::mutex> lock(b.mutex_, std::defer_lock);

@@ -41,7 +41,7 @@ class BackgroundJob {
  private:
   // A side's polling for the other before it sleeps (background.cc says why): on until a
   // poll runs out, then off for some waits. The thread's side naps after its poll
-  // (Poll::naps), with the same rule for its naps.
+  // (Poll::naps), off for some waits after a nap that ran late.
   struct Poll {
     unsigned off = 0;       // waits left that sleep at once
     unsigned naps_off = 0;  // waits left that sleep without napping first
