@@ -171,7 +171,10 @@ def main():
             # An output written to disk (--fsync, cp+sync) and then removed has its blocks
             # discarded at the journal's next commit where the file system is mounted with
             # discard (as this VM's / is), during whichever command runs then: synced here.
+            # (Outputs past the kernel's dirty limits, at 6G, are written back as they are made
+            # and may still leave discards to the next command.)
             rm_synced = lambda *paths: (rm(*paths), os.sync())
+            rm(frame, out, copy, frame + ".new")  # a failed run's, left in --dir
             # The frame decode reads, made once up front.
             subprocess.run([a.giftc, "encode", src, "-o", frame, "-q"], check=True)
             encoded = frame + ".new"
@@ -182,10 +185,7 @@ def main():
             # giftc leaves its outputs to the kernel's writeback, as cp does; with --fsync it
             # syncs each one before naming it, and the like-for-like copy syncs too. Every
             # command writes a new file, as cp does (replacing one costs freeing it), removed
-            # once timed, before the next command runs. Before, each output was removed just
-            # before its command's next round, synced ones without the sync; two runs each
-            # way, medians of 5: decode of bf16 1.18-1.19 of cp that way, 1.02-1.04 this way,
-            # of f32 0.99-1.04 and 0.84-0.90; encode within the runs' spread.
+            # once timed, before the next command runs.
             enc = [a.giftc, "encode", src, "-o", encoded, "--threads", "1", "-q"]
             dec = [a.giftc, "decode", frame, "-o", out, "--threads", "1", "-q"]
             (cp_t, cp_m, cp_min), (sync_t, _, sync_min), (enc_t, enc_m, enc_min), \
