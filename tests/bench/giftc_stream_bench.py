@@ -65,10 +65,11 @@ def many_table(giftc, work, count, repeat):
     """Every command on a dump of `count` small tensors, against cp of it."""
     src = os.path.join(work, f"many-{count}.safetensors")
     frame, out, copy = src + ".gift", src + ".out.safetensors", src + ".copy"
-    write_many(src, count)
-    subprocess.run([giftc, "encode", src, "-o", frame, "-q"], check=True)
     rm = lambda *paths: [os.path.exists(p) and os.unlink(p) for p in paths]
     encoded = frame + ".new"
+    rm(frame, encoded, out, copy)  # a failed run's, left in --dir
+    write_many(src, count)
+    subprocess.run([giftc, "encode", src, "-o", frame, "-q"], check=True)
     names = ["cp", "encode", "decode", "inspect", "inspect --json", "compare", "compare --json"]
     results = interleaved_runs([
         (["cp", src, copy], lambda: rm(copy)),
@@ -165,8 +166,6 @@ def main():
                 continue  # the large run shows memory growth; one dtype is enough
             src = os.path.join(work, f"dump-{size}-{dtype}.safetensors")
             frame, out, copy = src + ".gift", src + ".out.safetensors", src + ".copy"
-            real = write_dump(src, nbytes, dtype)
-            subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)  # hot cache
             rm = lambda *paths: [os.path.exists(p) and os.unlink(p) for p in paths]
             # An output written to disk (--fsync, cp+sync) and then removed has its blocks
             # discarded at the journal's next commit where the file system is mounted with
@@ -174,7 +173,10 @@ def main():
             # (Outputs past the kernel's dirty limits, at 6G, are written back as they are made
             # and may still leave discards to the next command.)
             rm_synced = lambda *paths: (rm(*paths), os.sync())
-            rm(frame, out, copy, frame + ".new")  # a failed run's, left in --dir
+            # A failed run's, left in --dir: gone before the dump takes their room.
+            rm_synced(frame, out, copy, frame + ".new")
+            real = write_dump(src, nbytes, dtype)
+            subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)  # hot cache
             # The frame decode reads, made once up front.
             subprocess.run([a.giftc, "encode", src, "-o", frame, "-q"], check=True)
             encoded = frame + ".new"
