@@ -135,22 +135,23 @@ void use_threads(int threads) {
 }
 
 Encoded encode(const giftQuantParams& p, const void* x, giftDType_t dt, Shape s,
-               giftEncodeStats* stats = nullptr) {
+               giftEncodeStats* stats = nullptr, giftCtx* ctx = test_ctx()) {
   uint64_t bytes = 0;
   EXPECT_EQ(giftScaleBytes(&p, s.rows, s.cols, &bytes), GIFT_OK);
   Encoded e;
   e.codes.assign(s.rows * s.cols, 0xAA);  // poison: every code must be written
   e.scales.assign(bytes, 0xAA);
-  const giftResult_t r = giftEncode(test_ctx(), &p, x, dt, s.rows, s.cols, e.codes.data(),
-                                    e.scales.data(), bytes, stats);
+  const giftResult_t r =
+      giftEncode(ctx, &p, x, dt, s.rows, s.cols, e.codes.data(), e.scales.data(), bytes, stats);
   EXPECT_EQ(r, GIFT_OK) << giftGetLastErrorMessage();
   return e;
 }
 
-std::vector<float> decode(const giftQuantParams& p, const Encoded& e, Shape s) {
+std::vector<float> decode(const giftQuantParams& p, const Encoded& e, Shape s,
+                          giftCtx* ctx = test_ctx()) {
   std::vector<float> out(s.rows * s.cols, -12345.0f);
-  EXPECT_EQ(giftDecode(test_ctx(), &p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows,
-                       s.cols, out.data(), GIFT_DTYPE_F32),
+  EXPECT_EQ(giftDecode(ctx, &p, e.codes.data(), e.scales.data(), e.scales.size(), s.rows, s.cols,
+                       out.data(), GIFT_DTYPE_F32),
             GIFT_OK)
       << giftGetLastErrorMessage();
   return out;
@@ -463,8 +464,11 @@ TEST(Codec, CallsInsideAParallelRegionGiveTheBytesOfCallsOutside) {
 #pragma omp parallel num_threads(2)
     {
       const int t = omp_get_thread_num();
-      got[t] = encode(p, x.data(), GIFT_DTYPE_F32, s, &got_stats[t]);
-      got_y[t] = decode(p, got[t], s);
+      giftCtx* ctx = nullptr;  // one context per thread, as gift.h asks
+      giftCtxCreate(&ctx);
+      got[t] = encode(p, x.data(), GIFT_DTYPE_F32, s, &got_stats[t], ctx);
+      got_y[t] = decode(p, got[t], s, ctx);
+      giftCtxFree(ctx);
 #pragma omp single
       team = omp_get_num_threads();
     }
