@@ -68,8 +68,10 @@ bool poll_until(Ready ready) {
 // against 176.6 (medians of 9 interleaved rounds). Late naps are not only that case's (a few a
 // run on an idle VM too: 10% of the naps idle, 7% busy, in one run each), so the rule keeps
 // naps on for part of a run. Idle, medians of 15 interleaved rounds: 126.9 ms sleeping at
-// once, 120.9 napping (cp 148.0 ms). A nap of 20 us takes about 45 us there, with the thread's
-// timer slack at kNapSlackNs (the default 50 us made it 90 us).
+// once, 120.9 napping (cp 148.0 ms). Identical binaries differ by up to 5% in such medians on
+// this VM, so these say less than they seem to: the README has this release's encode against
+// the last with that control. A nap of 20 us takes about 45 us there, with the thread's timer
+// slack at kNapSlackNs (the default 50 us made it 90 us).
 constexpr auto kNap = std::chrono::microseconds(20);
 constexpr auto kNapLate = 10 * kNap;
 constexpr auto kNaps = std::chrono::milliseconds(1);
