@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -98,6 +99,13 @@ int run(int argc, char** argv) {
   // its background writer has every signal blocked, so it gets EFBIG already).
   ::signal(SIGXFSZ, SIG_IGN);
   on_stop_signals();
+  if (const char* target = std::getenv("GIFT_CPU_TARGET"); target && *target) {
+    if (giftCpuLimitTarget(target) != GIFT_OK) {
+      std::fprintf(stderr, "giftc: GIFT_CPU_TARGET: %s\n",
+                   shown(giftGetLastErrorMessage(), stderr).c_str());
+      return kUsage;
+    }
+  }
   CLI::App app("giftc: encode, inspect, decode and compare FP8 gradient dumps (GIFT format)",
                "giftc");
   app.require_subcommand(1);

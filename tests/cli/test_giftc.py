@@ -2428,6 +2428,43 @@ class Giftc(unittest.TestCase):
         self.assertRegex(r.stdout, r"peak memory \d+\.\d MiB resident, of which 13\.0 MiB the buffers")
         self.assertAlmostEqual(doc["encode_ratio"], doc["encode_gbps"] / doc["baseline_gbps"], places=6)
 
+    def test_every_cpu_target_writes_the_same_bytes(self):
+        rng = np.random.default_rng(11)
+        src = self.path("t.safetensors")
+        save_file({"w": (rng.standard_normal((40, 3000)) * 1e-2).astype(np.float32),
+                   "h": rng.standard_normal((9, 4500)).astype(np.float16),
+                   "b": rng.standard_normal((3, 9000)).astype(ml_dtypes.bfloat16)}, src)
+
+        def under(target, *args):
+            env = dict(os.environ, GIFT_CPU_TARGET=target)
+            return subprocess.run([GIFTC, *map(str, args)], capture_output=True, env=env)
+
+        r = under("no-such-set", "encode", src, "-c", "-q")
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(r.stdout, b"")
+        # The refusal lists the sets this build has, widest first.
+        message = r.stderr.decode()
+        self.assertIn("GIFT_CPU_TARGET: no CPU instruction set named 'no-such-set'", message)
+        names = message.strip().rsplit(": ", 1)[1].split()
+
+        def target(name):
+            r = under(name, "bench", "--size", "64K", "--json", "--threads", 1)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return json.loads(r.stdout)["ran_on"].rsplit(", ", 1)[1]
+
+        widest = target("")
+        self.assertIn(widest, names)
+        frame = self.path("t.gift")
+        self.assertEqual(run("encode", src, "-o", frame, "-q").returncode, 0)
+        with open(frame, "rb") as f:
+            want_frame = f.read()
+        want_values = under("", "decode", frame, "-c", "-q").stdout
+        self.assertGreater(len(want_values), 3 * 9000 * 2)
+        for k, name in enumerate(names):
+            # The limit where the CPU has it, else the CPU's widest (the sets nest).
+            self.assertEqual(target(name.lower()), names[max(k, names.index(widest))])
+            self.assertEqual(under(name, "encode", src, "-c", "-q").stdout, want_frame, name)
+            self.assertEqual(under(name, "decode", frame, "-c", "-q").stdout, want_values, name)
     def test_device_cuda_gives_the_cpus_bytes_or_a_clear_error(self):
         rng = np.random.default_rng(5)
         src = self.path("d.safetensors")

@@ -3,11 +3,14 @@
 // Only public headers: what these tests rely on, every embedder may rely on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,6 +211,50 @@ TEST(Ctx, ThreadsDoNotChangeTheBytes) {
     }
   EXPECT_EQ(giftCtxSetThreads(ctx, -1), GIFT_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(giftGetLastErrorMessage(), "negative"));
+}
+
+// Every instruction set this build has, named from the refusal's list: the dispatcher takes
+// it or, where the CPU lacks it, a narrower one, and the bytes are those of the widest.
+TEST(CpuTarget, EveryInstructionSetGivesTheBytesOfTheWidest) {
+  const std::string widest = giftCpuTargetName();
+  ASSERT_EQ(giftCpuLimitTarget("no-such-set"), GIFT_ERROR_INVALID_ARGUMENT);
+  const std::string message = giftGetLastErrorMessage();
+  EXPECT_TRUE(contains(message, "'no-such-set'")) << message;
+  EXPECT_EQ(giftCpuTargetName(), widest);
+  const size_t colon = message.rfind(": ");
+  ASSERT_NE(colon, std::string::npos) << message;
+  std::vector<std::string> names;
+  std::istringstream list(message.substr(colon + 2));
+  for (std::string name; list >> name;) names.push_back(name);
+  const size_t at_widest = size_t(std::find(names.begin(), names.end(), widest) - names.begin());
+  ASSERT_LT(at_widest, names.size()) << message;
+
+  const uint64_t rows = 48, cols = 1000;  // blocks cut by the rows' ends
+  std::vector<float> w = gaussian(rows * cols, 8);
+  w[77] = 0.0f;
+  w[500] = -1e-40f;  // subnormal
+  giftQuantParams nearest = GIFT_QUANT_PARAMS_INIT, stochastic = GIFT_QUANT_PARAMS_INIT;
+  stochastic.rounding = GIFT_ROUND_STOCHASTIC;
+  stochastic.seed = 5;
+  giftQuantParams e8m0 = GIFT_QUANT_PARAMS_INIT;
+  e8m0.scale_dtype = GIFT_SCALE_DTYPE_E8M0;
+  e8m0.block = 32;
+  const giftQuantParams params[] = {nearest, stochastic, e8m0};
+  std::vector<Encoded> want;
+  for (const giftQuantParams& p : params) want.push_back(encode(nullptr, p, w, rows, cols));
+  for (size_t i = 0; i < names.size(); ++i) {
+    // Lower case: the name is taken in any case.
+    std::string lower = names[i];
+    for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    ASSERT_EQ(giftCpuLimitTarget(lower.c_str()), GIFT_OK) << giftGetLastErrorMessage();
+    // The sets nest, so the limit itself where the CPU has it, else the CPU's widest.
+    EXPECT_EQ(giftCpuTargetName(), names[std::max(i, at_widest)]) << "limited to " << names[i];
+    for (size_t k = 0; k < want.size(); ++k)
+      EXPECT_EQ(encode(nullptr, params[k], w, rows, cols), want[k])
+          << "params " << k << " under " << giftCpuTargetName();
+  }
+  ASSERT_EQ(giftCpuLimitTarget(nullptr), GIFT_OK);
+  EXPECT_EQ(giftCpuTargetName(), widest);
 }
 
 // ---- gift_basis.h --------------------------------------------------------------------------

@@ -562,6 +562,15 @@ GIFT_API giftResult_t giftWriteFile(const char* path, const void* data, uint64_t
 /* The instruction set the CPU codec dispatches to on this machine ("AVX3", "AVX2", ...). */
 GIFT_API const char* giftCpuTargetName(void);
 
+/* Limits the CPU codec, process-wide and from its next call on, to instruction sets no wider
+ * than `name` (as giftCpuTargetName spells them, in any case: "AVX2", "SSE4", ...); NULL lifts
+ * the limit. For machines whose widest vectors run slower (clock throttling), and to measure
+ * the narrower code on a wider machine; every instruction set gives the same bytes. Call it
+ * while no other thread is in libgift. A set the CPU lacks limits it to the widest it has
+ * below. GIFT_ERROR_INVALID_ARGUMENT, changing nothing, for a name this build has no code for
+ * (the message lists those it has). */
+GIFT_API giftResult_t giftCpuLimitTarget(const char* name);
+
 GIFT_API const char* giftGetErrorString(giftResult_t result);
 GIFT_API const char* giftGetLastErrorMessage(void);
 GIFT_API unsigned giftVersionNumber(void);

@@ -216,4 +216,10 @@ unsigned giftVersionNumber(void) { return GIFT_VERSION_NUMBER; }
 
 const char* giftCpuTargetName(void) { return gift::simd::target_name(); }
 
+giftResult_t giftCpuLimitTarget(const char* name) {
+  if (gift::simd::limit_targets(name)) return GIFT_OK;
+  return fail(GIFT_ERROR_INVALID_ARGUMENT, "no CPU instruction set named '%s' in this build: %s",
+              name, gift::simd::target_names().c_str());
+}
+
 }  // extern "C"

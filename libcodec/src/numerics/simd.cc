@@ -1,9 +1,12 @@
 #include "numerics/simd.h"
 
+#include <strings.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "numerics/hwy_targets.h"  // before Highway's headers
@@ -1828,6 +1831,32 @@ void decode_blocks(const BlockRun& run, void* dst, giftDType_t dst_dtype) {
 void stream_fence() { hwy::FlushStream(); }
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+// HWY_TARGETS holds the targets compiled here (hwy_targets.h's exclusions applied); a lower
+// bit is a wider target, so every target wider than t is a bit below it.
+bool limit_targets(const char* name) {
+  if (!name) {
+    hwy::DisableTargets(0);
+    return true;
+  }
+  for (int64_t bits = HWY_TARGETS; bits; bits &= bits - 1) {
+    const int64_t t = bits & -bits;
+    if (strcasecmp(hwy::TargetName(t), name) == 0) {
+      hwy::DisableTargets(t - 1);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string target_names() {
+  std::string names;
+  for (int64_t bits = HWY_TARGETS; bits; bits &= bits - 1) {
+    names += names.empty() ? "" : " ";
+    names += hwy::TargetName(bits & -bits);
+  }
+  return names;
+}
 
 }  // namespace gift::simd
 #endif

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "gift/gift.h"
 
@@ -101,6 +102,14 @@ void stream_fence();
 
 // Name of the instruction set the dispatcher picked, for benchmarks and --version.
 const char* target_name();
+
+// Dispatch from the next call on, process-wide, to instruction sets no wider than the one
+// named (as target_name spells it, in any case), or again to every set where `name` is null.
+// False, changing nothing, where this build has no code for that name.
+bool limit_targets(const char* name);
+
+// The names limit_targets takes, widest first, separated by spaces.
+std::string target_names();
 
 // How the AVX-512 encoder divides by fp32 scales: 1 through their reciprocals and one
 // correction (a quotient within an ulp, whose codes are those of the division), 0 with a
