@@ -3,12 +3,12 @@
 // Effective bandwidth = (bytes read + bytes written) / time, for memcpy as for the codec,
 // so a ratio of 1.0 means the codec streams as fast as a copy of its own traffic would.
 // One 256 MiB fp32 buffer (GIFT_BENCH_BYTES overrides), E4M3, blocks of 128, fp32 scales,
-// round to nearest; 1 thread and all threads; fp32 and bf16 input. GIFT_BENCH_TARGET names a
-// SIMD target to force (AVX2, SSE4, EMU128, ...; the names --version prints), so that the
-// narrower paths of a wide machine can be measured too.
+// round to nearest; 1 thread and all threads; fp32 and bf16 input. GIFT_BENCH_TARGET names an
+// instruction set to limit the codec to (AVX2, SSE4, SCALAR, ...: as giftCpuLimitTarget takes
+// them), so that the narrower paths of a wide machine can be measured too.
 #include <benchmark/benchmark.h>
-#include <hwy/targets.h>
 #include <omp.h>
+#include <strings.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -187,19 +187,21 @@ class RatioReporter : public benchmark::ConsoleReporter {
   std::map<std::string, double> bw_;
 };
 
-// Restricts the dispatcher to the target named by GIFT_BENCH_TARGET, if any; false when the
-// machine lacks it (or the library was built without it).
+// Restricts the codec to the instruction set named by GIFT_BENCH_TARGET, if any; false where
+// this machine lacks it, as giftCpuLimitTarget would then measure a narrower one.
 bool force_target() {
   const char* want = std::getenv("GIFT_BENCH_TARGET");
   if (!want) return true;
-  for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    if (std::strcmp(hwy::TargetName(t), want) == 0) {
-      hwy::SetSupportedTargetsForTest(t);
-      return true;
-    }
+  if (giftCpuLimitTarget(want) != GIFT_OK) {
+    std::fprintf(stderr, "GIFT_BENCH_TARGET: %s\n", giftGetLastErrorMessage());
+    return false;
   }
-  std::fprintf(stderr, "GIFT_BENCH_TARGET=%s: not a target of this machine and build\n", want);
-  return false;
+  if (strcasecmp(giftCpuTargetName(), want) != 0) {
+    std::fprintf(stderr, "GIFT_BENCH_TARGET=%s: this machine lacks it (its widest below is %s)\n",
+                 want, giftCpuTargetName());
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
