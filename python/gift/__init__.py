@@ -28,10 +28,25 @@ from . import _gift
 from ._errors import GiftError
 
 __all__ = ["GiftError", "Basis", "Frame", "ReducePlan", "encode", "decode", "open", "quant_params",
-           "encode_tensor", "decode_tensor", "have_cuda"]
+           "encode_tensor", "decode_tensor", "have_cuda", "cpu_target", "limit_cpu_target"]
 
 # Whether this libgift codes CUDA tensors (built with CUDA; a device may still be missing).
 have_cuda = _gift.have_cuda
+
+
+def cpu_target():
+    """The instruction set the CPU codec uses ("AVX3", "AVX2", ...), as giftc bench names it."""
+    return _gift.cpu_target()
+
+
+def limit_cpu_target(name=None):
+    """Limits the CPU codec, process-wide, to instruction sets no wider than `name` (any case;
+    None lifts the limit), as giftc's GIFT_CPU_TARGET does: for machines whose widest vectors
+    run slower. Every instruction set gives the same bytes. Call it while no other thread is in
+    the codec. Raises GiftError for a name this libgift has no code for."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, not {type(name).__name__}")
+    _gift.limit_cpu_target(name)
 
 _FP8 = {"e4m3": 0, "e5m2": 1}
 _SCALE_DTYPES = {"f32": 0, "e8m0": 1}

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -660,6 +661,9 @@ PYBIND11_MODULE(_gift, m) {
   });
   m.def("version_number", &giftVersionNumber);
   m.def("cpu_target", &giftCpuTargetName);
+  m.def("limit_cpu_target", [](const std::optional<std::string>& name) {
+    check(giftCpuLimitTarget(name ? c_string(*name, "name") : nullptr));
+  });
   m.def("error_string", [](int code) { return giftGetErrorString(giftResult_t(code)); });
   m.def("default_params", [] { return params_dict(GIFT_QUANT_PARAMS_INIT); });
   m.def("check_params", [](const py::dict& d) { quant_params(d); });

@@ -142,6 +142,27 @@ class Package(unittest.TestCase):
         with self.assertRaises(ValueError):
             gift.encode(np.zeros((4, 8), np.float32)[:, ::2])
 
+    def test_a_limited_cpu_target_gives_the_same_frame(self):
+        t = sample_tensors()
+        widest = gift.cpu_target()
+        want = gift.encode(t)
+        with self.assertRaises(gift.GiftError) as e:
+            gift.limit_cpu_target("no-such-set")
+        self.assertEqual(e.exception.name, "GIFT_ERROR_INVALID_ARGUMENT")
+        names = e.exception.message.rsplit(": ", 1)[1].split()
+        self.assertIn(widest, names)
+        self.assertEqual(gift.cpu_target(), widest)
+        with self.assertRaises(TypeError):
+            gift.limit_cpu_target(2)
+        try:
+            for k, name in enumerate(names):
+                gift.limit_cpu_target(name.lower())
+                self.assertEqual(gift.cpu_target(), names[max(k, names.index(widest))])
+                self.assertEqual(gift.encode(t), want, name)
+        finally:
+            gift.limit_cpu_target(None)
+        self.assertEqual(gift.cpu_target(), widest)
+
     def test_basis_fit_save_load_and_giftcs_bytes_in_gift_coordinates(self):
         rng = np.random.default_rng(3)
         acts = rng.standard_normal((512, 64)) * np.logspace(-2, 1, 64)
