@@ -42,8 +42,10 @@ def cpu_target():
 def limit_cpu_target(name=None):
     """Limits the CPU codec, process-wide, to instruction sets no wider than `name` (any case;
     None lifts the limit), as giftc's GIFT_CPU_TARGET does: for machines whose widest vectors
-    run slower. Every instruction set gives the same bytes. Call it while no other thread is in
-    the codec. Raises GiftError for a name this libgift has no code for."""
+    run slower. Every instruction set gives the same bytes, except in GIFT coordinates on sets
+    without fused multiply-add (SSE4 and narrower: within fp32 rounding; giftCpuLimitTarget in
+    gift.h). Call it while no other thread is in the codec. Raises GiftError for a name this
+    libgift has no code for."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a str or None, not {type(name).__name__}")
     _gift.limit_cpu_target(name)

@@ -2465,6 +2465,7 @@ class Giftc(unittest.TestCase):
             self.assertEqual(target(name.lower()), names[max(k, names.index(widest))])
             self.assertEqual(under(name, "encode", src, "-c", "-q").stdout, want_frame, name)
             self.assertEqual(under(name, "decode", frame, "-c", "-q").stdout, want_values, name)
+
     def test_device_cuda_gives_the_cpus_bytes_or_a_clear_error(self):
         rng = np.random.default_rng(5)
         src = self.path("d.safetensors")

@@ -565,10 +565,15 @@ GIFT_API const char* giftCpuTargetName(void);
 /* Limits the CPU codec, process-wide and from its next call on, to instruction sets no wider
  * than `name` (as giftCpuTargetName spells them, in any case: "AVX2", "SSE4", ...); NULL lifts
  * the limit. For machines whose widest vectors run slower (clock throttling), and to measure
- * the narrower code on a wider machine; every instruction set gives the same bytes. Call it
- * while no other thread is in libgift. A set the CPU lacks limits it to the widest it has
+ * the narrower code on a wider machine. Every instruction set gives the same bytes, except in
+ * GIFT coordinates: the whitening gives the same bytes on the sets with fused multiply-add
+ * (AVX2 and up, NEON) and values within fp32 rounding of them on the others (SSE4, SSSE3, and
+ * the portable SCALAR or EMU128). A set the CPU lacks limits the codec to the widest it has
  * below. GIFT_ERROR_INVALID_ARGUMENT, changing nothing, for a name this build has no code for
- * (the message lists those it has). */
+ * (the message lists those it has: they depend on the compiler and its flags).
+ * The limit is Highway's (hwy::DisableTargets), shared by every library in the process that
+ * uses the same shared libhwy; NULL also lifts any limit set through Highway. Call it while no
+ * other thread is in libgift. */
 GIFT_API giftResult_t giftCpuLimitTarget(const char* name);
 
 GIFT_API const char* giftGetErrorString(giftResult_t result);

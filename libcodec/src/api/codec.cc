@@ -217,9 +217,14 @@ unsigned giftVersionNumber(void) { return GIFT_VERSION_NUMBER; }
 const char* giftCpuTargetName(void) { return gift::simd::target_name(); }
 
 giftResult_t giftCpuLimitTarget(const char* name) {
-  if (gift::simd::limit_targets(name)) return GIFT_OK;
+  if (gift::simd::limit_targets(name)) {
+    gift::clear_error();
+    return GIFT_OK;
+  }
+  char names[256];
+  gift::simd::target_names(names, sizeof names);
   return fail(GIFT_ERROR_INVALID_ARGUMENT, "no CPU instruction set named '%s' in this build: %s",
-              name, gift::simd::target_names().c_str());
+              name, names);
 }
 
 }  // extern "C"

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "numerics/hwy_targets.h"  // before Highway's headers
@@ -68,8 +68,8 @@ struct Consecutive {
   }
 };
 
-// load(d, p) widens Lanes(d) elements: DF's, or a partial vector's (the census loads half
-// vectors, which convert to double without an extraction).
+// Source<T>::load(d, p) gives Lanes(d) elements as fp32: DF's, or a partial vector's (the
+// census loads half vectors, which convert to double without an extraction).
 template <>
 struct Source<float> : Consecutive<float> {
   template <class D>
@@ -1833,29 +1833,31 @@ void stream_fence() { hwy::FlushStream(); }
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 // HWY_TARGETS holds the targets compiled here (hwy_targets.h's exclusions applied); a lower
-// bit is a wider target, so every target wider than t is a bit below it.
+// bit is a wider target, so every target wider than t is a bit below it. DisableTargets only
+// unsets Highway's choice, which the next dispatch makes again; making it here, on the
+// caller's thread, keeps the threads of the caller's next call from all racing to make it
+// (Highway 1.0.3 briefly holds every target the CPU has while it does).
 bool limit_targets(const char* name) {
-  if (!name) {
-    hwy::DisableTargets(0);
-    return true;
+  int64_t wider = 0;
+  if (name) {
+    int64_t bits = HWY_TARGETS;
+    while (bits && strcasecmp(hwy::TargetName(bits & -bits), name) != 0) bits &= bits - 1;
+    if (!bits) return false;
+    wider = (bits & -bits) - 1;
   }
-  for (int64_t bits = HWY_TARGETS; bits; bits &= bits - 1) {
-    const int64_t t = bits & -bits;
-    if (strcasecmp(hwy::TargetName(t), name) == 0) {
-      hwy::DisableTargets(t - 1);
-      return true;
-    }
-  }
-  return false;
+  hwy::DisableTargets(wider);
+  target_name();
+  return true;
 }
 
-std::string target_names() {
-  std::string names;
-  for (int64_t bits = HWY_TARGETS; bits; bits &= bits - 1) {
-    names += names.empty() ? "" : " ";
-    names += hwy::TargetName(bits & -bits);
+void target_names(char* out, size_t size) {
+  size_t at = 0;
+  out[0] = '\0';
+  for (int64_t bits = HWY_TARGETS; bits && at < size; bits &= bits - 1) {
+    const int n =
+        snprintf(out + at, size - at, "%s%s", at ? " " : "", hwy::TargetName(bits & -bits));
+    at += n > 0 ? size_t(n) : 0;
   }
-  return names;
 }
 
 }  // namespace gift::simd
