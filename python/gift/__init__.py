@@ -28,7 +28,7 @@ from . import _gift
 from ._errors import GiftError
 
 __all__ = ["GiftError", "Basis", "Frame", "ReducePlan", "encode", "decode", "open", "quant_params",
-           "encode_tensor", "decode_tensor", "have_cuda", "cpu_target", "limit_cpu_target"]
+           "encode_tensor", "decode_tensor", "have_cuda", "cpu_target", "cpu_targets", "limit_cpu_target"]
 
 # Whether this libgift codes CUDA tensors (built with CUDA; a device may still be missing).
 have_cuda = _gift.have_cuda
@@ -37,6 +37,11 @@ have_cuda = _gift.have_cuda
 def cpu_target():
     """The instruction set the CPU codec uses ("AVX3", "AVX2", ...), as giftc bench names it."""
     return _gift.cpu_target()
+
+
+def cpu_targets():
+    """The names limit_cpu_target takes in this libgift, widest first."""
+    return _gift.cpu_target_names().split()
 
 
 def limit_cpu_target(name=None):

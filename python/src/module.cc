@@ -661,6 +661,7 @@ PYBIND11_MODULE(_gift, m) {
   });
   m.def("version_number", &giftVersionNumber);
   m.def("cpu_target", &giftCpuTargetName);
+  m.def("cpu_target_names", &giftCpuTargetNames);
   m.def("limit_cpu_target", [](const std::optional<std::string>& name) {
     check(giftCpuLimitTarget(name ? c_string(*name, "name") : nullptr));
   });

@@ -569,12 +569,16 @@ GIFT_API const char* giftCpuTargetName(void);
  * GIFT coordinates: the whitening gives the same bytes on the sets with fused multiply-add
  * (AVX2 and up, NEON) and values within fp32 rounding of them on the others (SSE4, SSSE3, and
  * the portable SCALAR or EMU128). A set the CPU lacks limits the codec to the widest it has
- * below. GIFT_ERROR_INVALID_ARGUMENT, changing nothing, for a name this build has no code for
- * (the message lists those it has: they depend on the compiler and its flags).
+ * below. GIFT_ERROR_INVALID_ARGUMENT, changing nothing, for a name not among
+ * giftCpuTargetNames (the message lists them; they depend on the compiler and its flags).
  * The limit is Highway's (hwy::DisableTargets), shared by every library in the process that
  * uses the same shared libhwy; NULL also lifts any limit set through Highway. Call it while no
  * other thread is in libgift. */
 GIFT_API giftResult_t giftCpuLimitTarget(const char* name);
+
+/* The names giftCpuLimitTarget takes in this build, widest first, separated by spaces (x86
+ * with GCC 12: "AVX3 AVX2 SSE4 SSSE3 SCALAR"); a static string. */
+GIFT_API const char* giftCpuTargetNames(void);
 
 GIFT_API const char* giftGetErrorString(giftResult_t result);
 GIFT_API const char* giftGetLastErrorMessage(void);

@@ -221,10 +221,10 @@ giftResult_t giftCpuLimitTarget(const char* name) {
     gift::clear_error();
     return GIFT_OK;
   }
-  char names[256];
-  gift::simd::target_names(names, sizeof names);
   return fail(GIFT_ERROR_INVALID_ARGUMENT, "no CPU instruction set named '%s' in this build: %s",
-              name, names);
+              name, gift::simd::target_names());
 }
+
+const char* giftCpuTargetNames(void) { return gift::simd::target_names(); }
 
 }  // extern "C"

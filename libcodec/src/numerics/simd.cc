@@ -1850,14 +1850,21 @@ bool limit_targets(const char* name) {
   return true;
 }
 
-void target_names(char* out, size_t size) {
-  size_t at = 0;
-  out[0] = '\0';
-  for (int64_t bits = HWY_TARGETS; bits && at < size; bits &= bits - 1) {
-    const int n =
-        snprintf(out + at, size - at, "%s%s", at ? " " : "", hwy::TargetName(bits & -bits));
-    at += n > 0 ? size_t(n) : 0;
-  }
+const char* target_names() {
+  // Built once, in a fixed buffer (the C API's callers get no exception): Highway's names are
+  // a few characters each, and HWY_TARGETS holds at most a dozen.
+  static const struct Names {
+    char text[256] = "";
+    Names() {
+      size_t at = 0;
+      for (int64_t bits = HWY_TARGETS; bits && at < sizeof text; bits &= bits - 1) {
+        const int n = snprintf(text + at, sizeof text - at, "%s%s", at ? " " : "",
+                               hwy::TargetName(bits & -bits));
+        at += n > 0 ? size_t(n) : 0;
+      }
+    }
+  } names;
+  return names.text;
 }
 
 }  // namespace gift::simd

@@ -107,9 +107,8 @@ const char* target_name();
 // False, changing nothing, where this build has no code for that name.
 bool limit_targets(const char* name);
 
-// The names limit_targets takes, widest first, separated by spaces, into out (cut short at
-// size - 1 characters).
-void target_names(char* out, size_t size);
+// The names limit_targets takes, widest first, separated by spaces.
+const char* target_names();
 
 // How the AVX-512 encoder divides by fp32 scales: 1 through their reciprocals and one
 // correction (a quotient within an ulp, whose codes are those of the division), 0 with a
