@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -427,6 +428,62 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
         }
         giftFrameClose(f);
       }
+}
+
+// The statistics whose census the encoder takes beside its codes (rows of whole blocks of
+// 16-bit sources, and of small fp32 blocks, on AVX-512; elsewhere the writer sums them after)
+// against their rule: every block size the encoder batches, both scale types, blocks of zeros
+// (a batch with a zero scale), the tensor whole and in bands, under every instruction set.
+TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
+  namespace num = gift::num;
+  const uint64_t rows = 9, cols = 4096, n = rows * cols, shape[] = {rows, cols};
+  std::vector<float> x = values(n, 11);
+  std::fill(x.begin() + 5000, x.begin() + 5256, 0.0f);
+  const std::string scratch = ::testing::TempDir();
+  struct LimitLifted {
+    ~LimitLifted() { giftCpuLimitTarget(nullptr); }
+  } lifted;
+  std::istringstream targets(giftCpuTargetNames());
+  for (std::string target; targets >> target;) {
+    ASSERT_EQ(giftCpuLimitTarget(target.c_str()), GIFT_OK);
+    for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
+      std::vector<uint16_t> half(n);
+      std::vector<float> v(n);  // the values as stored in `dtype`
+      for (uint64_t i = 0; i < n; ++i) {
+        half[i] = dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
+        v[i] = dtype == GIFT_DTYPE_F32    ? x[i]
+               : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
+                                          : num::f16_to_float(half[i]);
+      }
+      const RuleSums want = rule_sums(v);
+      const float rms = float(std::sqrt((want.sum + fold(want.lanes)) / double(want.finite)));
+      const void* data = dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
+      for (const uint32_t block : {16u, 32u, 64u, 128u})
+        for (const giftScaleDType_t scale_dtype : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
+          for (const bool banded : {false, true}) {
+            giftQuantParams p = params(GIFT_FP8_E4M3, GIFT_SCALE_BLOCK);
+            p.block = block;
+            p.scale_dtype = scale_dtype;
+            giftFrameWriter* w = nullptr;
+            ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
+            if (banded) {
+              ASSERT_EQ(giftFrameWriterSetScratchDir(w, scratch.c_str()), GIFT_OK);
+            }
+            ASSERT_EQ(giftFrameWriterAddTensor(w, "t", shape, 2, dtype, data, &p), GIFT_OK)
+                << giftGetLastErrorMessage();
+            const std::vector<uint8_t> bytes = finished_frame(w);
+            giftFrame* f = nullptr;
+            ASSERT_EQ(giftFrameOpen(bytes.data(), bytes.size(), &f), GIFT_OK);
+            giftTensorInfo info = GIFT_TENSOR_INFO_INIT;
+            ASSERT_EQ(giftFrameTensorInfo(f, 0, &info), GIFT_OK);
+            giftFrameClose(f);
+            ASSERT_TRUE(info.has_stats);
+            EXPECT_EQ(info.rms, rms) << target << " dtype " << dtype << " block " << block
+                                     << " scale dtype " << scale_dtype << (banded ? " banded" : "");
+            EXPECT_EQ(info.amax, want.amax);
+          }
+    }
+  }
 }
 
 // The writer's census against FORMAT.md's rule spelled out element by element, compared bit

@@ -20,7 +20,13 @@ namespace gift::container {
 // lane i mod 8) folded into the total at every multiple of 4096 elements: vector code, and
 // the same sum on every machine however the tensor is cut into pieces.
 struct Census {
-  static constexpr uint64_t kChunk = 4096;
+  static constexpr uint64_t kChunk = simd::kCensusChunk;
+  // Whole chunks whose lanes the encoder took with their codes (BandOrigin::census): chunk c
+  // of a piece that starts at a multiple of kChunk, counted from its start, where done[c].
+  struct Taken {
+    const double (*lanes)[8];
+    const uint8_t* done;
+  };
   double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   double sum = 0;
   uint64_t finite = 0;
@@ -28,9 +34,10 @@ struct Census {
 
   // Elements [base, base + n) of the tensor, after those before base. With finite_amax, the
   // caller has seen them all finite, with that largest magnitude (the encoder's statistics of
-  // the same elements): whole chunks then skip taking their own.
+  // the same elements): whole chunks then skip taking their own, and those in taken (base a
+  // multiple of kChunk) are not summed again.
   void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n,
-           const float* finite_amax = nullptr) {
+           const float* finite_amax = nullptr, const Taken* taken = nullptr) {
     const num::FpEnvGuard fp_env;  // the same sums whatever the caller's rounding mode
     if (finite_amax) stats.amax = std::max(stats.amax, *finite_amax);
     const uint8_t* bytes = static_cast<const uint8_t*>(data);
@@ -42,11 +49,15 @@ struct Census {
         double chunk_lanes[kMost][8];
         uint32_t bits[kMost];
         const uint64_t whole = std::min(kMost, (n - i0) / kChunk);
-        simd::add_squares_chunks(src, dtype, kChunk, whole, chunk_lanes,
-                                 finite_amax ? nullptr : bits);
+        const uint8_t* done = taken && finite_amax ? taken->done + i0 / kChunk : nullptr;
+        if (!done || !std::all_of(done, done + whole, [](uint8_t d) { return d != 0; })) {
+          simd::add_squares_chunks(src, dtype, kChunk, whole, chunk_lanes,
+                                   finite_amax ? nullptr : bits);
+        }
         for (uint64_t c = 0; c < whole; ++c) {
           if (finite_amax || bits[c] < 0x7F800000u) {
-            std::copy(chunk_lanes[c], chunk_lanes[c] + 8, lanes);
+            const double* from = done && done[c] ? taken->lanes[i0 / kChunk + c] : chunk_lanes[c];
+            std::copy(from, from + 8, lanes);
             finite += kChunk;
             if (!finite_amax) stats.amax = std::max(stats.amax, num::float_of(bits[c]));
           } else {

@@ -261,14 +261,19 @@ simd::BlockRun block_run(const giftQuantParams& p, const void* src, giftDType_t 
 // Round to nearest in blocks, the hot path: whole runs in vector code. A run that meets
 // NaN/Inf is redone group by group on the general path.
 Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void* src,
-                     giftDType_t dtype, uint8_t* codes, void* scales, int threads) {
+                     giftDType_t dtype, uint8_t* codes, void* scales, int threads,
+                     const BandOrigin& origin) {
   std::vector<Census> parts(static_cast<size_t>(threads));
   for_each_block_run(p, grid, threads, [&](uint64_t g, uint64_t e, uint64_t n, size_t thread) {
     Census& acc = parts[thread];
     // Codes stay cached at any size: streaming them gained about 7% (256 MiB, one thread) at
     // sizes that giftc's pieces and transport shards never reach, and evicts what is sent next.
-    const uint32_t bits =
-        simd::encode_blocks_rn(block_run(p, src, dtype, g, e, n, codes, scales, false));
+    simd::BlockRun run = block_run(p, src, dtype, g, e, n, codes, scales, false);
+    if (origin.census && e % simd::kCensusChunk == 0) {
+      run.census = origin.census + e / simd::kCensusChunk;
+      run.census_done = origin.census_done + e / simd::kCensusChunk;
+    }
+    const uint32_t bits = simd::encode_blocks_rn(run);
     if (is_finite_bits(bits)) {
       acc.finite_amax = std::max(acc.finite_amax, num::float_of(bits));
       return;
@@ -386,7 +391,7 @@ giftResult_t encode_tensor(const giftCtx* ctx, const giftQuantParams& p, const v
   const int64_t groups = static_cast<int64_t>(grid.count());
   Census total;
   if (p.layout == GIFT_SCALE_BLOCK && p.rounding == GIFT_ROUND_NEAREST) {
-    total = encode_blocks(p, grid, src, src_dtype, codes, scales, threads);
+    total = encode_blocks(p, grid, src, src_dtype, codes, scales, threads, origin);
   } else if (split_groups(grid, threads)) {  // tiles as wide as the tensor too: too few for threads
     for (int64_t g = 0; g < groups; ++g) {
       total.merge(

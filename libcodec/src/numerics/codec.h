@@ -20,6 +20,11 @@ giftResult_t load_params(const giftQuantParams* in, giftQuantParams* out);
 struct BandOrigin {
   uint64_t first_element = 0;
   const float* group_amax = nullptr;  // null: each group's own, from the rows given
+  // Where set (first_element a multiple of simd::kCensusChunk), the encoder may take the
+  // census of whole chunks of these rows with their codes, as simd::BlockRun::census says,
+  // chunk c counted from first_element; the caller zeroes census_done.
+  double (*census)[8] = nullptr;
+  uint8_t* census_done = nullptr;
 };
 
 // Assumes validated params and buffers of the right sizes; ctx may be null. Statistics and

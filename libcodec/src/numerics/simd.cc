@@ -1491,7 +1491,7 @@ HWY_INLINE bool SmallBlocksApply(uint32_t block) {
 // Blocks of 32, 128K fp32 elements in cache, one thread: 2.2 elements/ns that way (4.1 for
 // blocks of 128), 3.9 this way with fp32 scales, 5.5 with E8M0 (MX). Returns the batches'
 // abs_max_bits; on a NaN or Inf, a value >= 0x7F800000, with that batch unwritten.
-template <typename T, Fp8 K, bool kE8M0, bool kRecip>
+template <typename T, Fp8 K, bool kE8M0, bool kRecip, bool kCensus>
 HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
   const T* src = static_cast<const T*>(run.src);
   const char* bytes = static_cast<const char*>(run.src);
@@ -1506,6 +1506,17 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
   __m512i run_max = _mm512_setzero_si512();
   alignas(64) uint32_t amax[16];
   alignas(64) float factor[16], reciprocal[16];
+  // With kCensus, the census of each batch's elements beside its codes (BlockRun::census):
+  // squares, a chain of FMAs per chunk, that overlap the codes' arithmetic.
+  static const double kNoSquares[8] = {};
+  using Squares = SquareLanes<false>;
+  static_assert(64 % Squares::kStep == 0, "whole census steps per code step");
+  Squares squares(kNoSquares);
+  const auto square = [&](const T* p, size_t n) {
+    if constexpr (kCensus) {
+      for (size_t k = 0; k < n; k += Squares::kStep) squares.add(p + k);
+    }
+  };
   for (uint64_t q = 0; q < batches; ++q) {
     const uint64_t e0 = q * batch;
     fetch.at = std::min(e0 * sizeof(T) + kSmallFetchAhead, run_bytes);
@@ -1558,6 +1569,7 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
     if (clean) {
       for (size_t e = 0; e < batch; e += 64) {
         const size_t j = e >> block_log2;
+        square(src + e0 + e, 64);
         fetch.step(e * sizeof(T), 64 * sizeof(T));
         if (shift) {
           QuantizeGroup<T, K, kE8M0, kRecip, Source<T>::kZipped>(src + e0 + e, shift, &factor[j],
@@ -1567,15 +1579,24 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
                                                     codes + e);
         }
       }
-      continue;
+    } else {
+      fetch.all();
+      square(src + e0, batch);
+      for (size_t j = 0; j < 16; ++j) {  // rare: a zero scale, or one outside the domain
+        if (ZeroScale<kE8M0>(amax[j], factor[j])) {
+          memset(codes + j * block, 0, block);
+        } else {
+          EncodeBlock<T, K, kE8M0, false>(src + e0 + j * block, block, factor[j], kRecip,
+                                          &reciprocal[j], codes + j * block, nullptr);
+        }
+      }
     }
-    fetch.all();
-    for (size_t j = 0; j < 16; ++j) {  // rare: a zero scale, or one outside the domain
-      if (ZeroScale<kE8M0>(amax[j], factor[j])) {
-        memset(codes + j * block, 0, block);
-      } else {
-        EncodeBlock<T, K, kE8M0, false>(src + e0 + j * block, block, factor[j], kRecip,
-                                        &reciprocal[j], codes + j * block, nullptr);
+    if constexpr (kCensus) {  // batches divide chunks: 16 blocks of at most 256 elements
+      if ((e0 + batch) % kCensusChunk == 0) {
+        const uint64_t c = e0 / kCensusChunk;
+        squares.store(run.census[c]);
+        run.census_done[c] = 1;
+        squares = Squares(kNoSquares);
       }
     }
   }
@@ -1589,9 +1610,11 @@ uint32_t EncodeBlocksT(const BlockRun& run) {
 #if GIFT_AMAX_OF_16
   if (SmallBlocksApply<T>(run.block)) {
     uint64_t done = 0;
-    const uint32_t m = !kE8M0 && ReciprocalChosen()
-                           ? EncodeSmallBlocks<T, K, kE8M0, true>(run, &done)
-                           : EncodeSmallBlocks<T, K, kE8M0, false>(run, &done);
+    const bool recip = !kE8M0 && ReciprocalChosen();
+    const uint32_t m = run.census ? recip ? EncodeSmallBlocks<T, K, kE8M0, true, true>(run, &done)
+                                          : EncodeSmallBlocks<T, K, kE8M0, false, true>(run, &done)
+                       : recip ? EncodeSmallBlocks<T, K, kE8M0, true, false>(run, &done)
+                                  : EncodeSmallBlocks<T, K, kE8M0, false, false>(run, &done);
     const uint64_t at = done * run.block;
     if (m >= 0x7F800000u || at == run.n) return m;
     BlockRun rest = run;

@@ -23,6 +23,10 @@ uint32_t abs_max_bits(const void* src, giftDType_t dtype, size_t n);
 uint32_t abs_max_add_squares(const void* src, giftDType_t dtype, size_t n, size_t phase,
                              double lanes[8]);
 
+// The frame statistics' census folds its lanes at every multiple of this many elements
+// (container/census.h); the encoder can take whole chunks of it (BlockRun::census).
+constexpr uint64_t kCensusChunk = 4096;
+
 // abs_max_add_squares of `chunks` consecutive spans of `chunk` elements, each from phase 0
 // and lanes of zero: lanes[c] and amax_bits[c] are what that call on span c gives, the same
 // doubles. Faster than one call per span (several spans summed side by side). With
@@ -84,6 +88,13 @@ struct BlockRun {
   // (codec.cc, kStreamBytes). Other threads may read them only after this thread's
   // stream_fence().
   bool stream = false;
+  // encode_blocks_rn: where set, the run starts at a multiple of kCensusChunk elements of its
+  // tensor, and the encoder may take the census (add_squares_chunks's lanes, kMax off) of
+  // whole chunks of the run with their codes: chunk c's lanes into census[c] and census_done[c]
+  // set to 1, counting from the run's start. Only the chunks of finite elements it reached;
+  // some targets and block sizes take none.
+  double (*census)[8] = nullptr;
+  uint8_t* census_done = nullptr;
 };
 
 // Round-to-nearest encode of a run: amax, scale (FORMAT.md's rule) and codes per block,
