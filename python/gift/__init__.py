@@ -28,7 +28,8 @@ from . import _gift
 from ._errors import GiftError
 
 __all__ = ["GiftError", "Basis", "Frame", "ReducePlan", "encode", "decode", "open", "quant_params",
-           "encode_tensor", "decode_tensor", "have_cuda", "cpu_target", "cpu_targets", "limit_cpu_target"]
+           "encode_tensor", "decode_tensor", "have_cuda", "cpu_target", "cpu_targets",
+           "limit_cpu_target"]
 
 # Whether this libgift codes CUDA tensors (built with CUDA; a device may still be missing).
 have_cuda = _gift.have_cuda

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,7 +20,9 @@
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
 #include "gift_generated.h"
+#include "numerics/codec.h"
 #include "numerics/elementwise.h"
+#include "unit/cpu_limit.h"
 #include "unit/edited.h"
 #include "unit/finished_frame.h"
 #include "unit/random_values.h"
@@ -430,19 +433,19 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
       }
 }
 
-// The statistics whose census the encoder takes beside its codes (rows of whole blocks of
-// 16-bit sources, and of small fp32 blocks, on AVX-512; elsewhere the writer sums them after)
-// against their rule: every block size the encoder batches, both scale types, blocks of zeros
-// (a batch with a zero scale), the tensor whole and in bands, under every instruction set.
+// The statistics whose census the encoder takes beside its codes (a frame written in bands,
+// rows of whole blocks of 16-bit sources and of small fp32 blocks, on AVX-512; elsewhere the
+// writer sums them after) against their rule: every block size the encoder batches, both
+// scale types, blocks of zeros (a batch with a zero scale), under every instruction set, and
+// written whole (the census on its own). Census.ChunksTakenWithTheCodesFollowTheRuleBitForBit
+// checks the doubles.
 TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
   namespace num = gift::num;
   const uint64_t rows = 9, cols = 4096, n = rows * cols, shape[] = {rows, cols};
   std::vector<float> x = values(n, 11);
   std::fill(x.begin() + 5000, x.begin() + 5256, 0.0f);
   const std::string scratch = ::testing::TempDir();
-  struct LimitLifted {
-    ~LimitLifted() { giftCpuLimitTarget(nullptr); }
-  } lifted;
+  const CpuLimitLifted lifted;
   std::istringstream targets(giftCpuTargetNames());
   for (std::string target; targets >> target;) {
     ASSERT_EQ(giftCpuLimitTarget(target.c_str()), GIFT_OK);
@@ -482,6 +485,86 @@ TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
                                      << " scale dtype " << scale_dtype << (banded ? " banded" : "");
             EXPECT_EQ(info.amax, want.amax);
           }
+    }
+  }
+}
+
+// The census the encoder takes beside its codes (BandOrigin::census) against the rule on its
+// doubles, bit for bit: each chunk's eight lanes from zero, element i into lane i mod 8 in
+// order, lane 0's values 2^12 times the others' so that an order shows in the last bits. Two
+// threads and several tasks, rows of whole blocks and rows that are not (a run per row, whose
+// chunks are taken only where a row starts at a multiple of 4096), every block size the encoder
+// batches, fp32 and 16-bit sources, both scale types, under every instruction set; where the
+// AVX-512 encoder batches small blocks of rows that are whole blocks, it takes every chunk.
+TEST(Census, ChunksTakenWithTheCodesFollowTheRuleBitForBit) {
+  namespace num = gift::num;
+  using gift::container::Census;
+  const CpuLimitLifted lifted;
+  giftCtx* raw = nullptr;
+  ASSERT_EQ(giftCtxCreate(&raw), GIFT_OK);
+  const std::unique_ptr<giftCtx, decltype(&giftCtxFree)> ctx(raw, giftCtxFree);
+  ASSERT_EQ(giftCtxSetThreads(ctx.get(), 2), GIFT_OK);
+  const uint64_t rows = 40;
+  std::istringstream targets(giftCpuTargetNames());
+  for (std::string target; targets >> target;) {
+    ASSERT_EQ(giftCpuLimitTarget(target.c_str()), GIFT_OK);
+    for (const uint64_t cols : {uint64_t(4096), uint64_t(4100)}) {
+      const uint64_t n = rows * cols, chunks = n / Census::kChunk;
+      std::vector<float> x = values(n, 5);
+      for (uint64_t i = 0; i < n; i += 8) x[i] *= 4096.0f;
+      for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
+        std::vector<uint16_t> half(n);
+        std::vector<double> want(chunks * 8, 0.0);
+        for (uint64_t i = 0; i < chunks * Census::kChunk; ++i) {
+          half[i] =
+              dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
+          const double v = dtype == GIFT_DTYPE_F32    ? x[i]
+                           : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
+                                                      : num::f16_to_float(half[i]);
+          want[i / Census::kChunk * 8 + i % 8] += v * v;
+        }
+        for (uint64_t i = chunks * Census::kChunk; i < n; ++i)
+          half[i] =
+              dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
+        const void* data =
+            dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
+        for (const uint32_t block : {16u, 32u, 64u, 128u})
+          for (const giftScaleDType_t scale_dtype : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+            giftQuantParams p = GIFT_QUANT_PARAMS_INIT;
+            p.block = block;
+            p.scale_dtype = scale_dtype;
+            uint64_t scale_bytes = 0;
+            ASSERT_EQ(giftScaleBytes(&p, rows, cols, &scale_bytes), GIFT_OK);
+            std::vector<uint8_t> codes(n), scales(scale_bytes), done(chunks, 0);
+            std::vector<double> lanes(chunks * 8, -1.0);
+            gift::BandOrigin origin;
+            origin.census = reinterpret_cast<double(*)[8]>(lanes.data());
+            origin.census_done = done.data();
+            giftEncodeStats st;
+            ASSERT_EQ(gift::encode_tensor(ctx.get(), p, data, dtype, rows, cols, codes.data(),
+                                          scales.data(), &st, origin),
+                      GIFT_OK);
+            const std::string at = target + " cols " + std::to_string(cols) + " dtype " +
+                                   std::to_string(dtype) + " block " + std::to_string(block) +
+                                   " scale dtype " + std::to_string(scale_dtype);
+            uint64_t taken = 0;
+            for (uint64_t c = 0; c < chunks; ++c) {
+              ASSERT_LE(done[c], 1) << at;
+              if (!done[c]) continue;
+              ++taken;
+              for (int l = 0; l < 8; ++l)
+                ASSERT_EQ(lanes[c * 8 + l], want[c * 8 + l])
+                    << at << " chunk " << c << " lane " << l;
+            }
+            const bool small = block * (dtype == GIFT_DTYPE_F32 ? 4 : 2) <= 256;
+            if (target == "AVX3" && small && cols % block == 0) {
+              EXPECT_EQ(taken, chunks) << at;
+            }
+            if (cols % block) {
+              EXPECT_LE(taken, 1u) << at;  // row 0's first chunk alone
+            }
+          }
+      }
     }
   }
 }

@@ -17,6 +17,7 @@
 
 #include "gift/gift.h"
 #include "gift/gift_basis.h"
+#include "unit/cpu_limit.h"
 
 namespace {
 
@@ -213,12 +214,6 @@ TEST(Ctx, ThreadsDoNotChangeTheBytes) {
   EXPECT_TRUE(contains(giftGetLastErrorMessage(), "negative"));
 }
 
-// Lifts any limit on the CPU codec's instruction set as it goes out of scope, so that a
-// failed assertion leaves none for the tests after it.
-struct LimitLifted {
-  ~LimitLifted() { giftCpuLimitTarget(nullptr); }
-};
-
 // Every encode and decode of fp32, bf16 and fp16 sources under three settings, as bytes:
 // codes, scales, statistics, and the values decoded to fp32 and to bf16.
 std::vector<std::vector<uint8_t>> codec_bytes() {
@@ -271,7 +266,7 @@ std::vector<std::vector<uint8_t>> codec_bytes() {
 // Every instruction set this build has: the dispatcher takes it or, where the CPU lacks it, a
 // narrower one, and the bytes are those of the widest.
 TEST(CpuTarget, EveryInstructionSetGivesTheBytesOfTheWidest) {
-  const LimitLifted lifted;
+  const CpuLimitLifted lifted;
   const std::string widest = giftCpuTargetName();
   ASSERT_EQ(giftCpuLimitTarget("no-such-set"), GIFT_ERROR_INVALID_ARGUMENT);
   const std::string message = giftGetLastErrorMessage();

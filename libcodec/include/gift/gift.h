@@ -576,8 +576,8 @@ GIFT_API const char* giftCpuTargetName(void);
  * other thread is in libgift. */
 GIFT_API giftResult_t giftCpuLimitTarget(const char* name);
 
-/* The names giftCpuLimitTarget takes in this build, widest first, separated by spaces (x86
- * with GCC 12: "AVX3 AVX2 SSE4 SSSE3 SCALAR"); a static string. */
+/* The names giftCpuLimitTarget takes in this build, widest first, separated by spaces (x86,
+ * GCC 12 and Highway 1.0.3: "AVX3 AVX2 SSE4 SSSE3 SCALAR"); a static string. */
 GIFT_API const char* giftCpuTargetNames(void);
 
 GIFT_API const char* giftGetErrorString(giftResult_t result);

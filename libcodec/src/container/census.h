@@ -35,7 +35,8 @@ struct Census {
   // Elements [base, base + n) of the tensor, after those before base. With finite_amax, the
   // caller has seen them all finite, with that largest magnitude (the encoder's statistics of
   // the same elements): whole chunks then skip taking their own, and those in taken (base a
-  // multiple of kChunk) are not summed again.
+  // multiple of kChunk) take its lanes (a group of chunks that taken holds only in part is
+  // summed whole, the rest of it not used).
   void add(const void* data, giftDType_t dtype, uint64_t base, uint64_t n,
            const float* finite_amax = nullptr, const Taken* taken = nullptr) {
     const num::FpEnvGuard fp_env;  // the same sums whatever the caller's rounding mode

@@ -203,13 +203,16 @@ constexpr uint64_t kLeastBehindBytes = uint64_t(64) << 10;
 // 512 MiB fp32 dump took 0.133 to 0.139 s on one thread, census second 0.117 to 0.122 s.
 // Still one encoder task (codec.cc, kChunkElems) per thread.
 constexpr uint64_t kPieceElems = uint64_t(1) << 16;
-// The most chunks of a piece whose census the encoder takes with their codes (64 KiB of
-// lanes): pieces of kPieceElems for up to 64 threads; larger ones are summed after. Taken
-// with the codes, the census's chains of FMAs overlap the codes' arithmetic: giftc encode
-// --threads 1 of a 512 MiB bf16 dump (Zen 4, 21 interleaved rounds, a copy of each binary
-// as a control; a busy hour, cp 171 to 199 ms) took medians 152.2 and 143.8, then 169.5 and
-// 165.8 ms summed after; 141.6 and 138.3, then 159.0 and 157.0 ms taken with the codes.
-constexpr uint64_t kTakenChunksMost = 1024;
+// Where a piece starts at a multiple of Census::kChunk elements, the encoder may take the
+// census of its whole chunks with their codes (BandOrigin::census), whose chains of FMAs
+// then overlap the codes' arithmetic. giftc encode --threads 1 of a 512 MiB bf16 dump (Zen 4,
+// a busy hour), two runs of 21 interleaved rounds, each binary as two copies: medians summed
+// after 152.2 and 143.8 ms (the copies) in the first run, 169.5 and 165.8 in the second;
+// taken with the codes 141.6 and 138.3, then 159.0 and 157.0 (cp 171.5, then 198.5 ms).
+// A piece of blocks is at most a band: at most this many chunks (larger pieces, of tiles, are
+// left to the census after).
+constexpr uint64_t kBandChunks = kBandElems / Census::kChunk;
+static_assert(kBandElems % Census::kChunk == 0, "whole chunks a band");
 
 // Once a tensor is encoded: what is larger than a common band's buffers (a row of tiles'
 // codes, another encoder's whole rows, scales past those held) goes with it.
@@ -492,7 +495,6 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
     std::vector<float> span_amax, band_amax;
     // The census of a piece's whole chunks, where the encoder takes it with their codes.
     std::unique_ptr<double[][8]> taken_lanes;
-    uint64_t taken_room = 0;
     std::vector<uint8_t> taken_done;
     census = Census{};
     t->stats = giftEncodeStats{0.0f, 0, UINT64_MAX};
@@ -517,11 +519,8 @@ giftResult_t FrameWriter::encode_in_bands(Pending* t, const BandAt& band_at, gif
       giftEncodeStats st;
       origin.first_element = first;
       const uint64_t chunks = m * w / Census::kChunk;
-      const bool take = cpu && first % Census::kChunk == 0 && chunks <= kTakenChunksMost;
-      if (take && chunks > taken_room) {
-        taken_lanes.reset(new double[chunks][8]);
-        taken_room = chunks;
-      }
+      const bool take = cpu && chunks && chunks <= kBandChunks && first % Census::kChunk == 0;
+      if (take && !taken_lanes) taken_lanes.reset(new double[kBandChunks][8]);
       if (take) taken_done.assign(chunks, 0);
       origin.census = take ? taken_lanes.get() : nullptr;
       origin.census_done = take ? taken_done.data() : nullptr;

@@ -1591,7 +1591,8 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
         }
       }
     }
-    if constexpr (kCensus) {  // batches divide chunks: 16 blocks of at most 256 elements
+    if constexpr (kCensus) {  // batches divide chunks: 16 blocks of at most 128 elements
+      HWY_DASSERT(kCensusChunk % batch == 0);
       if ((e0 + batch) % kCensusChunk == 0) {
         const uint64_t c = e0 / kCensusChunk;
         squares.store(run.census[c]);
@@ -1605,19 +1606,29 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
 }
 #endif
 
+#if GIFT_AMAX_OF_16
+// EncodeSmallBlocks dividing through reciprocals where ReciprocalChosen (fp32 scales only).
+template <typename T, Fp8 K, bool kE8M0, bool kCensus>
+HWY_INLINE uint32_t SmallBlocksFor(const BlockRun& run, uint64_t* done) {
+  if constexpr (!kE8M0) {
+    if (ReciprocalChosen()) return EncodeSmallBlocks<T, K, false, true, kCensus>(run, done);
+  }
+  return EncodeSmallBlocks<T, K, kE8M0, false, kCensus>(run, done);
+}
+#endif
+
 template <typename T, Fp8 K, bool kE8M0>
 uint32_t EncodeBlocksT(const BlockRun& run) {
 #if GIFT_AMAX_OF_16
   if (SmallBlocksApply<T>(run.block)) {
     uint64_t done = 0;
-    const bool recip = !kE8M0 && ReciprocalChosen();
-    const uint32_t m = run.census ? recip ? EncodeSmallBlocks<T, K, kE8M0, true, true>(run, &done)
-                                          : EncodeSmallBlocks<T, K, kE8M0, false, true>(run, &done)
-                       : recip ? EncodeSmallBlocks<T, K, kE8M0, true, false>(run, &done)
-                                  : EncodeSmallBlocks<T, K, kE8M0, false, false>(run, &done);
+    const uint32_t m = run.census ? SmallBlocksFor<T, K, kE8M0, true>(run, &done)
+                                  : SmallBlocksFor<T, K, kE8M0, false>(run, &done);
     const uint64_t at = done * run.block;
     if (m >= 0x7F800000u || at == run.n) return m;
     BlockRun rest = run;
+    rest.census = nullptr;  // its chunks would count from its own start
+    rest.census_done = nullptr;
     rest.src = static_cast<const T*>(run.src) + at;
     rest.n = run.n - at;
     rest.codes = run.codes + at;
