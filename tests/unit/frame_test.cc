@@ -373,13 +373,28 @@ RuleSums rule_sums(const std::vector<float>& v) {
   return r;
 }
 
+// x as a tensor of `dtype`: the 16-bit patterns of bf16 and fp16 (rounded to nearest even),
+// the values those hold, and the data to hand over (x itself for fp32).
+struct AsStored {
+  std::vector<uint16_t> half;
+  std::vector<float> v;
+  const void* data;
+  AsStored(const std::vector<float>& x, giftDType_t dtype) : half(x.size()), v(x) {
+    namespace num = gift::num;
+    for (size_t i = 0; i < x.size() && dtype != GIFT_DTYPE_F32; ++i) {
+      half[i] = dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
+      v[i] = dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i]) : num::f16_to_float(half[i]);
+    }
+    data = dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
+  }
+};
+
 // Tensor.stats by their rule (FORMAT.md 2.2), computed here independently (rule_sums, and
 // the last chunk's lanes folded in); NaN and Inf counted apart wherever they fall (every
 // lane, both ends of chunks, a whole chunk), for FP8 and lossless tensors of every input
 // type, and for values all finite; written whole, and in bands through a scratch folder
 // (where the statistics of all-finite pieces take the encoder's amax).
 TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
-  namespace num = gift::num;
   const uint64_t rows = 4, cols = 5001, n = rows * cols, shape[] = {rows, cols};
   std::vector<float> x = values(n, 7);
   std::vector<uint64_t> bad = {0, 4095, 4096, 8191, 8192, n - 1};
@@ -395,19 +410,10 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
     for (const bool all_finite : {false, true})
       for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
         x = all_finite ? clean : with_bad;
-        std::vector<uint16_t> half(n);
-        std::vector<float> v(n);  // the values as stored in `dtype`
-        for (uint64_t i = 0; i < n; ++i) {
-          half[i] =
-              dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
-          v[i] = dtype == GIFT_DTYPE_F32    ? x[i]
-                 : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
-                                            : num::f16_to_float(half[i]);
-        }
-        const RuleSums want = rule_sums(v);
+        const AsStored stored(x, dtype);
+        const void* data = stored.data;
+        const RuleSums want = rule_sums(stored.v);
         const float rms = float(std::sqrt((want.sum + fold(want.lanes)) / double(want.finite)));
-        const void* data =
-            dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
         giftFrameWriter* w = nullptr;
         ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
         if (banded) {
@@ -440,7 +446,6 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
 // written whole (the census on its own). Census.ChunksTakenWithTheCodesFollowTheRuleBitForBit
 // checks the doubles.
 TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
-  namespace num = gift::num;
   const uint64_t rows = 9, cols = 4096, n = rows * cols, shape[] = {rows, cols};
   std::vector<float> x = values(n, 11);
   std::fill(x.begin() + 5000, x.begin() + 5256, 0.0f);
@@ -450,17 +455,10 @@ TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
   for (std::string target; targets >> target;) {
     ASSERT_EQ(giftCpuLimitTarget(target.c_str()), GIFT_OK);
     for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
-      std::vector<uint16_t> half(n);
-      std::vector<float> v(n);  // the values as stored in `dtype`
-      for (uint64_t i = 0; i < n; ++i) {
-        half[i] = dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
-        v[i] = dtype == GIFT_DTYPE_F32    ? x[i]
-               : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
-                                          : num::f16_to_float(half[i]);
-      }
-      const RuleSums want = rule_sums(v);
+      const AsStored stored(x, dtype);
+      const void* data = stored.data;
+      const RuleSums want = rule_sums(stored.v);
       const float rms = float(std::sqrt((want.sum + fold(want.lanes)) / double(want.finite)));
-      const void* data = dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
       for (const uint32_t block : {16u, 32u, 64u, 128u})
         for (const giftScaleDType_t scale_dtype : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
           for (const bool banded : {false, true}) {
@@ -497,7 +495,6 @@ TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
 // batches, fp32 and 16-bit sources, both scale types, under every instruction set; where the
 // AVX-512 encoder batches small blocks of rows that are whole blocks, it takes every chunk.
 TEST(Census, ChunksTakenWithTheCodesFollowTheRuleBitForBit) {
-  namespace num = gift::num;
   using gift::container::Census;
   const CpuLimitLifted lifted;
   giftCtx* raw = nullptr;
@@ -513,21 +510,11 @@ TEST(Census, ChunksTakenWithTheCodesFollowTheRuleBitForBit) {
       std::vector<float> x = values(n, 5);
       for (uint64_t i = 0; i < n; i += 8) x[i] *= 4096.0f;
       for (const giftDType_t dtype : {GIFT_DTYPE_F32, GIFT_DTYPE_BF16, GIFT_DTYPE_F16}) {
-        std::vector<uint16_t> half(n);
+        const AsStored stored(x, dtype);
+        const void* data = stored.data;
         std::vector<double> want(chunks * 8, 0.0);
-        for (uint64_t i = 0; i < chunks * Census::kChunk; ++i) {
-          half[i] =
-              dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
-          const double v = dtype == GIFT_DTYPE_F32    ? x[i]
-                           : dtype == GIFT_DTYPE_BF16 ? num::bf16_to_float(half[i])
-                                                      : num::f16_to_float(half[i]);
-          want[i / Census::kChunk * 8 + i % 8] += v * v;
-        }
-        for (uint64_t i = chunks * Census::kChunk; i < n; ++i)
-          half[i] =
-              dtype == GIFT_DTYPE_BF16 ? num::bf16_from_float(x[i]) : num::f16_from_float(x[i]);
-        const void* data =
-            dtype == GIFT_DTYPE_F32 ? static_cast<const void*>(x.data()) : half.data();
+        for (uint64_t i = 0; i < chunks * Census::kChunk; ++i)
+          want[i / Census::kChunk * 8 + i % 8] += double(stored.v[i]) * double(stored.v[i]);
         for (const uint32_t block : {16u, 32u, 64u, 128u})
           for (const giftScaleDType_t scale_dtype : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
             giftQuantParams p = GIFT_QUANT_PARAMS_INIT;
