@@ -1212,16 +1212,25 @@ constexpr bool kBoundByLinesInFlight = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
 // as each block's amax is taken. One thread, 256 MiB of fp32 from memory, AVX-512: the parts encode
 // a single row about 20% faster than the run read in order, and runs of 32 blocks encode 20 to 25%
 // faster with the fetch ahead than with the hardware prefetcher alone. Narrower vectors read
-// every run in order: with twice the instructions per byte the arithmetic bounds them, and
-// four streams over four pages seem to cost more than they bring. bench_codec, one thread,
-// 256 MiB, of memcpy, medians of 6 rounds with the two builds interleaved (Zen 4 made to run
-// AVX2): fp32 0.597 to 0.623, bf16 0.504 to 0.534; SSE4 (4 rounds) fp32 0.440 to 0.453.
-// AVX-512 keeps the parts (fp32 in a harness: 0.79-0.81 of memcpy with them, 0.53-0.66 in
-// order; bf16 the same either way). Other CPUs unmeasured.
+// every run in order: four streams over four pages measured slower there. bench_codec, one
+// thread, 256 MiB, of memcpy, medians of 6 rounds with the two builds interleaved (Zen 4 made
+// to run AVX2, lines fetched 1024 bytes ahead): fp32 0.597 to 0.623, bf16 0.504 to 0.534;
+// SSE4 (4 rounds) fp32 0.440 to 0.453. AVX-512 keeps the parts (fp32 in a harness: 0.79-0.81
+// of memcpy with them, 0.53-0.66 in order; bf16 the same either way). Other CPUs unmeasured.
 constexpr uint64_t kReadStreams = kBoundByLinesInFlight ? 4 : 1;
 constexpr uint64_t kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
-constexpr size_t kPrefetchBytes = 1024;
+
+// How far ahead a run read in order fetches: 4 KiB, where 1 KiB had fewer lines coming than a
+// memory's latency needs at the rate the arithmetic takes them. A harness timing giftEncode
+// with each distance in turn in one process, one thread, 256 MiB of fp32 from memory, medians
+// of 16 interleaved rounds (Zen 4): made to run AVX2, blocks of 128 24.6 to 20.9 ms (memcpy of
+// the input 20.2 ms; 2 KiB 22.1, 3 KiB 21.3, 6 and 16 KiB as 4), blocks of 256 24.7 to 18.7,
+// of 1024 24.9 to 19.7 (10 rounds); AVX-512, rows of 4100 (runs of 33 blocks) 25.6 to 22.1 (12
+// rounds). Unchanged where the arithmetic bounds the encode: AVX2 fp32 blocks of 32 and bf16
+// blocks of 32 and 128, SSE4. giftc bench --threads 1 made to run AVX2, 8 rounds interleaved
+// with separate processes: 0.50 to 0.64 of memcpy (median). Fetched into L2 the same.
+constexpr size_t kPrefetchBytes = 4096;
 
 // Which cache the lines fetched ahead go to (FetchTo). Reading fp32 with AVX-512 the encode is
 // bound by the lines it has in flight, and L2 pays; where the arithmetic per byte bounds it, the
