@@ -269,6 +269,7 @@ Census encode_blocks(const giftQuantParams& p, const GroupGrid& grid, const void
     // Codes stay cached at any size: streaming them gained about 7% (256 MiB, one thread) at
     // sizes that giftc's pieces and transport shards never reach, and evicts what is sent next.
     simd::BlockRun run = block_run(p, src, dtype, g, e, n, codes, scales, false);
+    run.readable_after = (grid.rows * grid.cols - e - n) * dtype_size(dtype);
     if (origin.census && e % simd::kCensusChunk == 0) {
       run.census = origin.census + e / simd::kCensusChunk;
       run.census_done = origin.census_done + e / simd::kCensusChunk;

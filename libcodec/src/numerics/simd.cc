@@ -1199,7 +1199,7 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
 
 // The targets whose encode reads memory fast enough to be bound by the lines it keeps in
 // flight (AVX-512 on x86): they read long runs as parts (kReadStreams) and fetch fp32 into
-// L2 (FetchToFor); the others are bound by their arithmetic, as measured below.
+// L2 (FetchToFor); the others read every run in order (kPrefetchBytes ahead).
 constexpr bool kBoundByLinesInFlight = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
 
 // A run of at least kStreamedBlocks blocks is read as kReadStreams contiguous parts side by
@@ -1221,15 +1221,21 @@ constexpr uint64_t kReadStreams = kBoundByLinesInFlight ? 4 : 1;
 constexpr uint64_t kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 
-// How far ahead a run read in order fetches: 4 KiB, where 1 KiB had fewer lines coming than a
-// memory's latency needs at the rate the arithmetic takes them. A harness timing giftEncode
-// with each distance in turn in one process, one thread, 256 MiB of fp32 from memory, medians
-// of 16 interleaved rounds (Zen 4): made to run AVX2, blocks of 128 24.6 to 20.9 ms (memcpy of
-// the input 20.2 ms; 2 KiB 22.1, 3 KiB 21.3, 6 and 16 KiB as 4), blocks of 256 24.7 to 18.7,
-// of 1024 24.9 to 19.7 (10 rounds); AVX-512, rows of 4100 (runs of 33 blocks) 25.6 to 22.1 (12
-// rounds). Unchanged where the arithmetic bounds the encode: AVX2 fp32 blocks of 32 and bf16
-// blocks of 32 and 128, SSE4. giftc bench --threads 1 made to run AVX2, 8 rounds interleaved
-// with separate processes: 0.50 to 0.64 of memcpy (median). Fetched into L2 the same.
+// How far ahead a run read in order fetches (on AVX-512, runs under kStreamedBlocks blocks):
+// 4 KiB, where 1 KiB kept too few lines coming for a memory's latency at the rate the
+// arithmetic takes them; and past the run's end into the bytes that follow it in the same
+// buffer (BlockRun::readable_after), where the next run, often the next row, starts. A harness
+// timing giftEncode each way in turn in one process, one thread, 256 MiB from memory, blocks
+// of 128, medians of 12 to 16 interleaved rounds, Zen 4 (ms; 1 KiB, then 4 KiB within the
+// run, then 4 KiB past it): made to run AVX2, fp32 one run of whole rows 24.6, 20.9 (memcpy of
+// the input 20.2; 2 KiB 22.1, 3 KiB 21.3, 6 and 16 KiB as 4 KiB), rows of 1000 23.4, 24.6,
+// 18.7, of 2000 33.0, 30.6, 25.4, of 4100 28.5, 26.5, 24.2, bf16 rows of 2000 53.2, 55.9, 40.3;
+// AVX-512, fp32 rows of 2000 29.2, 27.9, 22.6, of 4100 30.6, 26.9, 23.3, bf16 rows of 2000
+// 41.3, 32.9, 30.1. Rows of 300 (a run of 3 blocks each) about the same every way. Unchanged
+// where the arithmetic bounds the encode: AVX2 fp32 blocks of 32, bf16 blocks of 32 and 128
+// in whole rows, SSE4. Into L2 rather than L1, AVX2 fp32 at 4 KiB measured the same.
+// EncodeSmallBlocks fetches past its run's end too: AVX-512, bf16 rows of 4100, six runs of
+// the harness per build, alternated: medians 26.1-33.9 ms within the run, 18.4-26.1 past it.
 constexpr size_t kPrefetchBytes = 4096;
 
 // Which cache the lines fetched ahead go to (FetchTo). Reading fp32 with AVX-512 the encode is
@@ -1240,10 +1246,10 @@ constexpr size_t kPrefetchBytes = 4096;
 // interleaved: fp32 blocks of 128 0.59-0.60 to 0.74-0.77, of 32 0.65-0.66 to 0.76-0.78;
 // with a switch in one build, blocks of 256 0.51-0.53 to 0.72-0.75, E8M0 scales 0.59-0.60
 // to 0.81-0.82; runs read in order (a harness, 256 MiB as runs of 4100 and of 2000
-// elements) 26.3 to 24.4 and 29.4 to 18.6 ms. L1 stays for 16-bit sources (bf16 0.47-0.50
-// either way), fp32 blocks of one vector (16: 0.70-0.73, 0.68-0.69 from L2) and AVX2 (in a
-// harness, fp32 blocks of 32 and bf16 blocks of 128 took 8% longer from L2, fp32 blocks of
-// 128 5% less). Intel unmeasured.
+// elements) 26.3 to 24.4 and 29.4 to 18.6 ms. (All with lines fetched 1 KiB ahead.) L1 stays for
+// 16-bit sources (bf16 0.47-0.50 either way), fp32 blocks of one vector (16: 0.70-0.73, 0.68-0.69
+// from L2) and AVX2 (in a harness, fp32 blocks of 32 and bf16 blocks of 128 took 8% longer from L2,
+// fp32 blocks of 128 5% less). Intel unmeasured.
 template <typename T>
 HWY_INLINE constexpr FetchTo FetchToFor() {
   return kBoundByLinesInFlight && sizeof(T) == 4 ? FetchTo::kL2 : FetchTo::kL1;
@@ -1391,7 +1397,7 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
   const auto len_of = [&](uint64_t b) {
     return static_cast<size_t>(std::min<uint64_t>(run.block, run.n - b * run.block));
   };
-  const uint64_t run_bytes = run.n * sizeof(T);
+  const uint64_t fetch_end = run.n * sizeof(T) + run.readable_after;  // see BlockRun
   // The blocks of the batch that starts at round r0, the parts side by side.
   const auto batch_at = [&](uint64_t r0, uint64_t* ids) {
     size_t count = 0;
@@ -1408,8 +1414,8 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
     f.base = bytes;
     f.where = FetchToFor<T>();
     if (streams == 1) {
-      f.at = std::min(b * run.block * sizeof(T) + kPrefetchBytes, run_bytes);
-      f.len = std::min(f.at + len_of(b) * sizeof(T), run_bytes) - f.at;
+      f.at = std::min(b * run.block * sizeof(T) + kPrefetchBytes, fetch_end);
+      f.len = std::min(f.at + len_of(b) * sizeof(T), fetch_end) - f.at;
     } else if (b + rounds < blocks) {
       f.at = (b + rounds) * run.block * sizeof(T);
       f.len = len_of(b + rounds) * sizeof(T);
@@ -1508,7 +1514,7 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
   const size_t shift = block == 16 ? 0 : block == 32 ? 1 : 2;
   const int block_log2 = __builtin_ctz(run.block);
   const uint64_t batches = run.n / block / 16, batch = 16 * block;
-  const uint64_t run_bytes = run.n * sizeof(T);
+  const uint64_t fetch_end = run.n * sizeof(T) + run.readable_after;  // see BlockRun
   Fetch fetch;  // the batch kSmallFetchAhead bytes ahead
   fetch.base = bytes;
   fetch.where = block == 16 ? FetchTo::kL1 : FetchToFor<T>();  // see FetchTo
@@ -1528,8 +1534,8 @@ HWY_INLINE uint32_t EncodeSmallBlocks(const BlockRun& run, uint64_t* done) {
   };
   for (uint64_t q = 0; q < batches; ++q) {
     const uint64_t e0 = q * batch;
-    fetch.at = std::min(e0 * sizeof(T) + kSmallFetchAhead, run_bytes);
-    fetch.len = std::min(batch * sizeof(T), run_bytes - fetch.at);
+    fetch.at = std::min(e0 * sizeof(T) + kSmallFetchAhead, fetch_end);
+    fetch.len = std::min(batch * sizeof(T), fetch_end - fetch.at);
     __m512i parts[16];
     switch (block * sizeof(T)) {
       case 32:

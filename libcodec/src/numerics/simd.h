@@ -95,6 +95,9 @@ struct BlockRun {
   // some targets and block sizes take none.
   double (*census)[8] = nullptr;
   uint8_t* census_done = nullptr;
+  // encode_blocks_rn: bytes of the same buffer that follow the run, which it may fetch ahead
+  // into, so that a run read in order has the next run's first lines coming as it ends.
+  uint64_t readable_after = 0;
 };
 
 // Round-to-nearest encode of a run: amax, scale (FORMAT.md's rule) and codes per block,
