@@ -396,21 +396,21 @@ HWY_INLINE VI ConvertRN(DF d, VF v) {
 
 // The same rule in fewer instructions for |v| < 2^17, in two steps. The magnitude before
 // saturation: MagnitudeOf takes a = |v| (+0 included) and returns its code times 2^kAt, in six
-// instructions. With e the exponent of a clamped below at the smallest normal one (subnormals round
-// at their fixed step), t = 2^e (a's exponent field, or the clamp's) and m = t * 2^(23 - M) lie on
-// the grid of a's FP8 step, and a + m stays in m's binade (a < 2^(e + 1), far below m), where
-// fp32's step is that FP8 step: RN(a + m) - m is a rounded to its step, exactly, ties to even (m /
-// step = 2^23 is even). (t = 1.5 * 2^e, as before, needed an OR beside the AND where there is no
-// OrAnd instruction. Without it, the bytes the same, encode of 512 KiB in cache, six processes per
-// build alternated, medians of 2000 rounds: AVX2 fp32 36-40 to 33-34 us, bf16 35-36 to 33-35, SSE4
-// fp32 68 to 63; giftc bench --threads 1 made to run AVX2, 0.630 to 0.673 of memcpy.) Products by
-// powers of two are exact, so the sum is one fused multiply-add, and subtracting m is fused with
-// the exact scaling by 2^-(127 - bias): both (a rounded) * 2^-(127 - bias) and m * 2^-(127 - bias)
-// = t * 2^(bias - 104 - M) are representable (the latter normal, since e >= 1 - bias). Where MulAdd
-// and MulSub are emulated, as a product then a sum, the products are exact too (sum * 2^-(127 -
-// bias) is normal, as sum >= m), so the bytes are the same. That leaves the FP8 code in fp32 bits
-// [30 - M .. 23 - M], fp32 subnormals included (no flush-to-zero is ever enabled), below 2^8 since
-// a < 2^17.
+// instructions where multiply-adds are fused (eight where they are not). With e the exponent of a
+// clamped below at the smallest normal one (subnormals round at their fixed step), t = 2^e (a's
+// exponent field, or the clamp's) and m = t * 2^(23 - M) lie on the grid of a's FP8 step, and a + m
+// stays in m's binade (a < 2^(e + 1), far below m), where fp32's step is that FP8 step: RN(a + m) -
+// m is a rounded to its step, exactly, ties to even (m / step = 2^23 is even). (t = 1.5 * 2^e, as
+// before, needed an OR beside the AND where there is no OrAnd instruction. Without it, the bytes
+// the same, encode of 512 KiB in cache, six processes per build alternated, medians of 2000 rounds:
+// AVX2 fp32 36-40 to 33-34 us, bf16 35-36 to 33-35, SSE4 fp32 68 to 63; giftc bench --threads 1
+// made to run AVX2, 0.630 to 0.673 of memcpy.) Products by powers of two are exact, so the sum is
+// one fused multiply-add, and subtracting m is fused with the exact scaling by 2^-(127 - bias):
+// both (a rounded) * 2^-(127 - bias) and m * 2^-(127 - bias) = t * 2^(bias - 104 - M) are
+// representable (the latter normal, since e >= 1 - bias). Where MulAdd and MulSub are emulated, as
+// a product then a sum, the products are exact too (sum * 2^-(127 - bias) is normal, as sum >= m),
+// so the bytes are the same. That leaves the FP8 code in fp32 bits [30 - M .. 23 - M], fp32
+// subnormals included (no flush-to-zero is ever enabled), below 2^8 since a < 2^17.
 template <Fp8 K, int kAt = 0>
 HWY_INLINE VI MagnitudeOf(DF d, VF a) {
   using Tr = Fp8Traits<K>;
