@@ -345,15 +345,17 @@ TEST(Frame, TheCallersRoundingModeDoesNotChangeTheBytes) {
 // the finite ones in lane i mod 8, folded pairwise into the sum at every multiple of 4096
 // (a last partial chunk's lanes left unfolded), their count and largest magnitude, and the
 // non-finite ones' count and first index.
+double fold(const double (&l)[8]) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 struct RuleSums {
   double lanes[8] = {}, sum = 0;
   uint64_t finite = 0, nonfinite = 0, first_nonfinite = UINT64_MAX;
   float amax = 0;
+  // The header's rms: the chunks' folded sums and the last partial chunk's lanes, over the finite.
+  float rms() const { return float(std::sqrt((sum + fold(lanes)) / double(finite))); }
 };
-
-double fold(const double (&l)[8]) {
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
 
 RuleSums rule_sums(const std::vector<float>& v) {
   RuleSums r;
@@ -413,7 +415,6 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
         const AsStored stored(x, dtype);
         const void* data = stored.data;
         const RuleSums want = rule_sums(stored.v);
-        const float rms = float(std::sqrt((want.sum + fold(want.lanes)) / double(want.finite)));
         giftFrameWriter* w = nullptr;
         ASSERT_EQ(giftFrameWriterCreate(&w), GIFT_OK);
         if (banded) {
@@ -431,7 +432,7 @@ TEST(Frame, StatisticsFollowTheirRuleAroundNonFiniteValues) {
           ASSERT_TRUE(info.has_stats);
           const std::string at = "dtype " + std::to_string(dtype) + " tensor " + std::to_string(t) +
                                  (banded ? ", banded" : "") + (all_finite ? ", all finite" : "");
-          EXPECT_EQ(info.rms, rms) << at;
+          EXPECT_EQ(info.rms, want.rms()) << at;
           EXPECT_EQ(info.amax, want.amax) << at;
           EXPECT_EQ(info.nonfinite_count, want.nonfinite) << at;
         }
@@ -458,7 +459,6 @@ TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
       const AsStored stored(x, dtype);
       const void* data = stored.data;
       const RuleSums want = rule_sums(stored.v);
-      const float rms = float(std::sqrt((want.sum + fold(want.lanes)) / double(want.finite)));
       for (const uint32_t block : {16u, 32u, 64u, 128u})
         for (const giftScaleDType_t scale_dtype : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
           for (const bool banded : {false, true}) {
@@ -479,8 +479,9 @@ TEST(Frame, StatisticsTakenWithTheCodesFollowTheirRule) {
             ASSERT_EQ(giftFrameTensorInfo(f, 0, &info), GIFT_OK);
             giftFrameClose(f);
             ASSERT_TRUE(info.has_stats);
-            EXPECT_EQ(info.rms, rms) << target << " dtype " << dtype << " block " << block
-                                     << " scale dtype " << scale_dtype << (banded ? " banded" : "");
+            EXPECT_EQ(info.rms, want.rms())
+                << target << " dtype " << dtype << " block " << block << " scale dtype "
+                << scale_dtype << (banded ? " banded" : "");
             EXPECT_EQ(info.amax, want.amax);
           }
     }
