@@ -1405,6 +1405,35 @@ HWY_INLINE void QuantizeGroup(const T* src, size_t shift, const float* factor,
       codes);
 }
 
+// A batch of kBatchBlocks whole blocks of len elements at x, len a multiple of a 4-vector step,
+// whose next batch follows it in memory as whole blocks too (a run read in order), every
+// block's scale one that the bounded conversion takes (kRecip: in the reciprocal's domain):
+// the codes, one loop per block with nothing else to decide, and the next batch's amax to
+// next_amax. EncodeBlocksBatched's loop, which allows for every other case, spent about 100
+// instructions per block beside the 264 of a block of 128 fp32 elements (AVX2): its
+// bookkeeping, and the constants it set up again for each block. A harness timing giftEncode
+// of 512 KiB in cache, one thread, blocks of 128, 10 to 14 alternated processes per build,
+// medians (Zen 4, made to run AVX2; its other hardware thread busy at times): fp32 27.9 to 23.6
+// us (blocks of 1024: 23.2 and 23.9), bf16 56.8 to 48.3; SSE4 fp32 59.8 to 55.3. From memory
+// (256 MiB) the same: the encode waits on memory there.
+template <typename T, Fp8 K, bool kE8M0, bool kRecip>
+HWY_INLINE void EncodeWholeBatch(const T* x, size_t len, const float* factor,
+                                 const float* reciprocal, uint8_t* codes, const Fetch& fetch,
+                                 uint32_t* next_amax) {
+  const size_t step = 4 * hn::Lanes(DF());
+  const T* next = x + kBatchBlocks * len;
+  for (size_t k = 0, i = 0; k < kBatchBlocks; ++k) {
+    AmaxOf<T> amax;
+    for (const size_t end = i + len; i < end; i += step) {
+      fetch.step<4 * hn::MaxLanes(DF()) * sizeof(T)>(i * sizeof(T));
+      amax.add4(next + i);
+      QuantizeGroup<T, K, kE8M0, kRecip, Source<T>::kZipped>(x + i, 2, &factor[k], &reciprocal[k],
+                                                             codes + i);
+    }
+    next_amax[k] = amax.bits();
+  }
+}
+
 template <typename T, Fp8 K, bool kE8M0>
 uint32_t EncodeBlocksBatched(const BlockRun& run) {
   const bool recip = !kE8M0 && ReciprocalChosen();
@@ -1474,6 +1503,33 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
     uint32_t* next_amax = amax_bits[cur ^ 1];
     const size_t next_count = count[cur ^ 1] =
         r0 + rounds < part ? batch_at(r0 + rounds, batch[cur ^ 1]) : 0;
+    if (streams == 1 && count[cur] == kBatchBlocks && next_count == kBatchBlocks &&
+        run.block % (4 * hn::Lanes(DF())) == 0 &&
+        (next_ids[kBatchBlocks - 1] + 1) * run.block <= run.n) {
+      bool clean = true, in_domain = recip;
+      for (size_t k = 0; k < kBatchBlocks; ++k) {
+        clean = clean && !ZeroScale<kE8M0>(amax[k], factor[k]);
+        in_domain = in_domain && ReciprocalApplies(factor[k]);
+      }
+      if (clean) {
+        const uint64_t e0 = ids[0] * run.block, ahead = kBatchBlocks * run.block;
+        Fetch fetch;  // as fetch_of's, for the whole next batch
+        fetch.base = bytes;
+        fetch.where = FetchToFor<T>();
+        fetch.at = std::min((e0 + ahead) * sizeof(T) + kPrefetchBytes, fetch_end);
+        fetch.len = std::min(fetch.at + ahead * sizeof(T), fetch_end) - fetch.at;
+        const auto whole_batch = [&](auto recip_used) {
+          EncodeWholeBatch<T, K, kE8M0, decltype(recip_used)::value>(
+              src + e0, run.block, factor, reciprocal, run.codes + e0, fetch, next_amax);
+        };
+        if (GIFT_RECIPROCAL_PAYS && in_domain) {  // instantiated where it can pay
+          whole_batch(std::bool_constant<GIFT_RECIPROCAL_PAYS>());
+        } else {
+          whole_batch(std::false_type());
+        }
+        continue;
+      }
+    }
     for (size_t k = 0; k < count[cur]; ++k) {
       const uint64_t b = ids[k], e0 = b * run.block;
       const size_t len = len_of(b);
