@@ -735,18 +735,22 @@ HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to, Fetc
   for (uint64_t i = from; i < to; i += 64) PrefetchLine(base + i, where);
 }
 
-// The lines a loop over a block fetches ahead as it goes: at each step's offset, the step's
-// share of the len bytes at base + at (none by default). As for small blocks (kSmallFetchAhead),
-// a block's lines fetched at once measured slower than step by step beside its codes: giftc
-// bench --threads 1, fp32 from memory, blocks of 256, four sets of 3 to 6 interleaved rounds,
-// medians 0.47-0.52 to 0.49-0.59 of memcpy (one set even); blocks of 1024 0.47 to 0.51; blocks
-// of 128 the same. A loop's step is a size known when compiling (step<kBytes>), so that a step
-// within the range fetches its lines without a loop: the loop's bounds took about 10
+// The lines a loop over a block or a batch fetches ahead as it goes: at each step's offset, the
+// step's share of the len bytes at base + at (none by default). As for small blocks
+// (kSmallFetchAhead), a block's lines fetched at once measured slower than step by step beside its
+// codes: giftc bench --threads 1, fp32 from memory, blocks of 256, four sets of 3 to 6 interleaved
+// rounds, medians 0.47-0.52 to 0.49-0.59 of memcpy (one set even); blocks of 1024 0.47 to 0.51;
+// blocks of 128 the same. A loop's step is a size known when compiling (step<kBytes>, kStepBytes),
+// so that a step within the range fetches its lines without a loop: the loop's bounds took about 10
 // instructions per step beside some 54 vector ones (AVX2, fp32). A harness timing giftEncode of
 // 512 KiB of fp32 in cache, one thread, blocks of 128, 20 to 30 alternated processes per build,
-// medians (Zen 4, made to run AVX2): 33.5 to 32.0 us; blocks of 1024 26.1 to 24.8; AVX-512 27.4
-// to 23.9. giftc bench --threads 1 made to run AVX2, ten interleaved rounds: encode 0.657 to
-// 0.680 of memcpy.
+// medians (Zen 4, made to run AVX2, an hour when its other hardware thread was busy most of the
+// time): 33.5 to 32.0 us; blocks of 1024 26.1 to 24.8; AVX-512 27.4 to 23.9. giftc bench
+// --threads 1 made to run AVX2, ten interleaved rounds: encode 0.657 to 0.680 of memcpy.
+static_assert(!HWY_HAVE_SCALABLE, "kStepBytes is a step's size (hwy_targets.h)");
+template <typename T>
+constexpr size_t kStepBytes = 4 * hn::MaxLanes(DF()) * sizeof(T);  // a 4-vector step's source
+
 struct Fetch {
   const char* base = nullptr;
   uint64_t at = 0, len = 0;
@@ -788,7 +792,7 @@ HWY_INLINE uint32_t QuantizeLoop(const T* src, size_t n, float factor, float rec
   AmaxOf<T> amax;
   size_t i = 0;
   for (; i + 4 * lanes <= n; i += 4 * lanes) {
-    fetch.step<4 * hn::MaxLanes(DF()) * sizeof(T)>(i * sizeof(T));
+    fetch.step<kStepBytes<T>>(i * sizeof(T));
     if constexpr (kAmaxNext) amax.add4(next + i);
     if constexpr (kBounded) {
       BoundedStep4<T, K, Source<T>::kZipped>(
@@ -1413,19 +1417,21 @@ HWY_INLINE void QuantizeGroup(const T* src, size_t shift, const float* factor,
 // instructions per block beside the 264 of a block of 128 fp32 elements (AVX2): its
 // bookkeeping, and the constants it set up again for each block. A harness timing giftEncode
 // of 512 KiB in cache, one thread, blocks of 128, 10 to 14 alternated processes per build,
-// medians (Zen 4, made to run AVX2; its other hardware thread busy at times): fp32 27.9 to 23.6
-// us (blocks of 1024: 23.2 and 23.9), bf16 56.8 to 48.3; SSE4 fp32 59.8 to 55.3. From memory
-// (256 MiB) the same: the encode waits on memory there.
+// medians (Zen 4, made to run AVX2; its other hardware thread busy at times, less than in the
+// hour of Fetch's figures): fp32 27.9 to 23.6 us (blocks of 1024, which this leaves as they were:
+// 23.2 and 23.9), bf16 56.8 to 48.3; SSE4 fp32 59.8 to 55.3. From memory (256 MiB) unchanged
+// within the noise: the encode waits on memory there.
 template <typename T, Fp8 K, bool kE8M0, bool kRecip>
 HWY_INLINE void EncodeWholeBatch(const T* x, size_t len, const float* factor,
                                  const float* reciprocal, uint8_t* codes, const Fetch& fetch,
                                  uint32_t* next_amax) {
   const size_t step = 4 * hn::Lanes(DF());
+  HWY_DASSERT(len % step == 0);
   const T* next = x + kBatchBlocks * len;
   for (size_t k = 0, i = 0; k < kBatchBlocks; ++k) {
     AmaxOf<T> amax;
     for (const size_t end = i + len; i < end; i += step) {
-      fetch.step<4 * hn::MaxLanes(DF()) * sizeof(T)>(i * sizeof(T));
+      fetch.step<kStepBytes<T>>(i * sizeof(T));
       amax.add4(next + i);
       QuantizeGroup<T, K, kE8M0, kRecip, Source<T>::kZipped>(x + i, 2, &factor[k], &reciprocal[k],
                                                              codes + i);
@@ -1503,8 +1509,9 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
     uint32_t* next_amax = amax_bits[cur ^ 1];
     const size_t next_count = count[cur ^ 1] =
         r0 + rounds < part ? batch_at(r0 + rounds, batch[cur ^ 1]) : 0;
-    if (streams == 1 && count[cur] == kBatchBlocks && next_count == kBatchBlocks &&
-        run.block % (4 * hn::Lanes(DF())) == 0 &&
+    // Taken whole where the run is read in order (the batch's blocks and the next batch's follow
+    // one another) and the next batch is whole blocks of whole steps, as this one then is.
+    if (streams == 1 && next_count == kBatchBlocks && run.block % (4 * hn::Lanes(DF())) == 0 &&
         (next_ids[kBatchBlocks - 1] + 1) * run.block <= run.n) {
       bool clean = true, in_domain = recip;
       for (size_t k = 0; k < kBatchBlocks; ++k) {
@@ -1512,21 +1519,20 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
         in_domain = in_domain && ReciprocalApplies(factor[k]);
       }
       if (clean) {
-        const uint64_t e0 = ids[0] * run.block, ahead = kBatchBlocks * run.block;
-        Fetch fetch;  // as fetch_of's, for the whole next batch
-        fetch.base = bytes;
-        fetch.where = FetchToFor<T>();
-        fetch.at = std::min((e0 + ahead) * sizeof(T) + kPrefetchBytes, fetch_end);
-        fetch.len = std::min(fetch.at + ahead * sizeof(T), fetch_end) - fetch.at;
-        const auto whole_batch = [&](auto recip_used) {
-          EncodeWholeBatch<T, K, kE8M0, decltype(recip_used)::value>(
-              src + e0, run.block, factor, reciprocal, run.codes + e0, fetch, next_amax);
-        };
-        if (GIFT_RECIPROCAL_PAYS && in_domain) {  // instantiated where it can pay
-          whole_batch(std::bool_constant<GIFT_RECIPROCAL_PAYS>());
-        } else {
-          whole_batch(std::false_type());
+        const uint64_t e0 = ids[0] * run.block;
+        Fetch fetch = fetch_of(next_ids[0]);  // widened to the whole next batch
+        fetch.len = std::min(fetch.at + kBatchBlocks * run.block * sizeof(T), fetch_end) - fetch.at;
+        // A batch with a block outside the reciprocal's domain divides all its blocks (the same
+        // bytes either way).
+        if constexpr (!kE8M0 && GIFT_RECIPROCAL_PAYS) {
+          if (in_domain) {
+            EncodeWholeBatch<T, K, kE8M0, true>(src + e0, run.block, factor, reciprocal,
+                                                run.codes + e0, fetch, next_amax);
+            continue;
+          }
         }
+        EncodeWholeBatch<T, K, kE8M0, false>(src + e0, run.block, factor, reciprocal,
+                                             run.codes + e0, fetch, next_amax);
         continue;
       }
     }
