@@ -721,6 +721,49 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
 // in order (every run on narrower targets; blocks of 256: three batches; of 4096: one),
 // all-zero and subnormal blocks, bf16 values (whose few mantissa bits put many quotients next
 // to FP8 rounding midpoints), and a NaN that stops the run.
+// Encodes the n elements at src (value(i) being element i) as one run, and checks it against
+// the scalar rule: each block's scale and codes, the run's amax bits, and nothing written past
+// the codes or the scales. The codes and scales written are left in *codes and *scales.
+template <typename Value>
+void ExpectEncodeFollowsScalarRule(const void* src, giftDType_t dt, size_t n, uint32_t block,
+                                   giftFp8Kind_t kind, giftScaleDType_t sd, const Value& value,
+                                   std::vector<uint8_t>* codes, std::vector<uint8_t>* scales) {
+  const size_t blocks = (n + block - 1) / block;
+  const size_t scale_bytes = blocks * (sd == GIFT_SCALE_DTYPE_E8M0 ? 1 : 4);
+  // 64 guard bytes past the codes and past the scales, which nothing may write.
+  codes->assign(n + 64, 0xAA);
+  scales->assign(scale_bytes + 64, 0xAA);
+  const simd::BlockRun run{src, dt, n, block, kind, sd, codes->data(), scales->data()};
+  const uint32_t run_max = simd::encode_blocks_rn(run);
+  const auto untouched = [](auto from, auto to) {
+    return std::all_of(from, to, [](uint8_t v) { return v == 0xAA; });
+  };
+  ASSERT_TRUE(untouched(codes->begin() + n, codes->end())) << "codes, block " << block;
+  ASSERT_TRUE(untouched(scales->begin() + scale_bytes, scales->end())) << "scales, block " << block;
+  float amax_all = 0;
+  for (size_t i = 0; i < n; ++i) amax_all = std::max(amax_all, std::fabs(value(i)));
+  ASSERT_EQ(run_max, num::bits_of(amax_all));
+  for (size_t b = 0; b < blocks; ++b) {
+    float amax = 0;
+    for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
+      amax = std::max(amax, std::fabs(value(i)));
+    const num::GroupScale gs =
+        num::group_scale(amax, static_cast<Fp8>(kind), sd == GIFT_SCALE_DTYPE_E8M0);
+    const uint32_t stored = sd == GIFT_SCALE_DTYPE_E8M0
+                                ? (*scales)[b]
+                                : num::bits_of(reinterpret_cast<const float*>(scales->data())[b]);
+    ASSERT_EQ(stored, gs.stored) << "block " << b;
+    num::Rounding nearest(false, 0, 0);
+    for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
+      const uint8_t want = kind == GIFT_FP8_E4M3
+                               ? num::encode_element<Fp8::kE4M3>(value(i), gs, false, nearest, i)
+                               : num::encode_element<Fp8::kE5M2>(value(i), gs, false, nearest, i);
+      ASSERT_EQ((*codes)[i], want)
+          << "dtype " << dt << " kind " << kind << " sd " << sd << " block " << block << " i " << i;
+    }
+  }
+}
+
 TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   std::mt19937 gen(11);
   std::normal_distribution<float> nd;
@@ -749,41 +792,9 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
                                            : num::f16_to_float(xh[i]);
           };
           const size_t blocks = (n + block - 1) / block;
-          const size_t scale_bytes = blocks * (sd == GIFT_SCALE_DTYPE_E8M0 ? 1 : 4);
-          // 64 guard bytes past the codes and past the scales, which nothing may write.
-          std::vector<uint8_t> codes(n + 64, 0xAA), scales(scale_bytes + 64, 0xAA);
-          const simd::BlockRun run{src, dt, n, block, kind, sd, codes.data(), scales.data()};
-          const uint32_t run_max = simd::encode_blocks_rn(run);
-          const auto untouched = [](auto from, auto to) {
-            return std::all_of(from, to, [](uint8_t v) { return v == 0xAA; });
-          };
-          ASSERT_TRUE(untouched(codes.begin() + n, codes.end())) << "codes, block " << block;
-          ASSERT_TRUE(untouched(scales.begin() + scale_bytes, scales.end()))
-              << "scales, block " << block;
-          float amax_all = 0;
-          for (size_t i = 0; i < n; ++i) amax_all = std::max(amax_all, std::fabs(value(i)));
-          ASSERT_EQ(run_max, num::bits_of(amax_all));
-          for (size_t b = 0; b < blocks; ++b) {
-            float amax = 0;
-            for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
-              amax = std::max(amax, std::fabs(value(i)));
-            const num::GroupScale gs =
-                num::group_scale(amax, static_cast<Fp8>(kind), sd == GIFT_SCALE_DTYPE_E8M0);
-            const uint32_t stored =
-                sd == GIFT_SCALE_DTYPE_E8M0
-                    ? scales[b]
-                    : num::bits_of(reinterpret_cast<const float*>(scales.data())[b]);
-            ASSERT_EQ(stored, gs.stored) << "block " << b;
-            num::Rounding nearest(false, 0, 0);
-            for (size_t i = b * block; i < std::min(n, (b + 1) * block); ++i) {
-              const uint8_t want =
-                  kind == GIFT_FP8_E4M3
-                      ? num::encode_element<Fp8::kE4M3>(value(i), gs, false, nearest, i)
-                      : num::encode_element<Fp8::kE5M2>(value(i), gs, false, nearest, i);
-              ASSERT_EQ(codes[i], want) << "dtype " << dt << " kind " << kind << " sd " << sd
-                                        << " block " << block << " i " << i;
-            }
-          }
+          std::vector<uint8_t> codes, scales;
+          ExpectEncodeFollowsScalarRule(src, dt, n, block, kind, sd, value, &codes, &scales);
+          if (HasFailure()) return;
           // Decoding the run gives code * scale, as decode_element does, to fp32, bf16 and
           // fp16, with plain and with streaming stores, at several alignments of the output,
           // with a NaN code in the second block (the scalar path after vectors) and scales
@@ -829,9 +840,7 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
                                               ~uintptr_t(63)) +
                    bytes;
           };
-          simd::BlockRun decode_run = run;
-          decode_run.codes = in.data();
-          decode_run.scales = in_scales.data();
+          simd::BlockRun decode_run{src, dt, n, block, kind, sd, in.data(), in_scales.data()};
           for (bool stream : {false, true}) {
             decode_run.stream = stream;
             // Bytes past a 64-byte boundary: 16-byte aligned (streamed whole or in pieces)
@@ -889,6 +898,62 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
               << at << " block " << block << " dtype " << dt << " sd " << sd;
         }
     }
+}
+
+// Batches taken whole (EncodeWholeBatch: runs read in order, on AVX2 and narrower every run,
+// on AVX-512 runs under 64 blocks that the 16-block encoder leaves): runs whose last block is
+// short, in the batch after one that would otherwise be taken whole, and the same runs whole;
+// a batch with a block whose fp32 scale lies below the reciprocal's domain (values near 1e-30,
+// in fp16 zeros); NaN and Inf in a batch whose amax is taken beside a whole batch's codes.
+TEST_P(ForEachTarget, WholeBatchesEqualScalarRule) {
+  std::mt19937 gen(12);
+  std::normal_distribution<float> nd;
+  // 96 blocks of 128 or 48 of 256: six or three batches of 16.
+  for (size_t n : {size_t(12288 - 77), size_t(12288)}) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = nd(gen) * (i / 128 == 40 ? 1e-30f : 1e-3f);
+    std::vector<uint16_t> xb(n), xh(n);
+    for (size_t i = 0; i < n; ++i) {
+      xb[i] = static_cast<uint16_t>(num::bits_of(x[i]) >> 16);
+      xh[i] = num::f16_from_float(x[i]);
+    }
+    const std::pair<giftDType_t, const void*> sources[] = {
+        {GIFT_DTYPE_F32, x.data()}, {GIFT_DTYPE_BF16, xb.data()}, {GIFT_DTYPE_F16, xh.data()}};
+    for (const auto& [dt, src] : sources) {
+      const auto value = [&, dt = dt](size_t i) {
+        return dt == GIFT_DTYPE_F32    ? x[i]
+               : dt == GIFT_DTYPE_BF16 ? num::bf16_to_float(xb[i])
+                                       : num::f16_to_float(xh[i]);
+      };
+      for (uint32_t block : {128u, 256u})
+        for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+          for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0}) {
+            std::vector<uint8_t> codes, scales;
+            ExpectEncodeFollowsScalarRule(src, dt, n, block, kind, sd, value, &codes, &scales);
+            if (HasFailure()) return;
+          }
+    }
+    // Element 5220 is in block 40 of 128 (the third batch) and block 20 of 256 (the second).
+    for (const float bad : {std::nanf(""), -INFINITY}) {
+      std::vector<float> y = x;
+      y[5220] = bad;
+      std::vector<uint16_t> yb(n), yh(n);
+      for (size_t i = 0; i < n; ++i) {
+        yb[i] = static_cast<uint16_t>(num::bits_of(y[i]) >> 16);
+        yh[i] = num::f16_from_float(y[i]);
+      }
+      std::vector<uint8_t> codes(n), scales(n / 128 * 4 + 4);
+      const std::pair<giftDType_t, const void*> bad_sources[] = {
+          {GIFT_DTYPE_F32, y.data()}, {GIFT_DTYPE_BF16, yb.data()}, {GIFT_DTYPE_F16, yh.data()}};
+      for (const auto& [dt, src] : bad_sources)
+        for (uint32_t block : {128u, 256u})
+          for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
+            EXPECT_GE(simd::encode_blocks_rn(
+                          {src, dt, n, block, GIFT_FP8_E4M3, sd, codes.data(), scales.data()}),
+                      0x7F800000u)
+                << "dtype " << dt << " block " << block << " sd " << sd;
+    }
+  }
 }
 
 // The whitener's fused kernel against the same product in double precision, on shapes with
