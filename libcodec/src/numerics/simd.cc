@@ -1246,8 +1246,9 @@ constexpr uint64_t kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 
 // How far ahead a run read in order fetches (on AVX-512, runs under kStreamedBlocks blocks):
-// 4 KiB, where 1 KiB kept too few lines coming for a memory's latency at the rate the
-// arithmetic takes them; and past the run's end into the bytes that follow it in the same
+// 8 KiB, where 1 KiB kept too few lines coming for a memory's latency at the rate the
+// arithmetic takes them, and 4 KiB too once whole batches (EncodeWholeBatch) made the AVX2
+// loop faster; and past the run's end into the bytes that follow it in the same
 // buffer (BlockRun::readable_after), where the next run, often the next row, starts. A harness
 // timing giftEncode each way in turn in one process, one thread, 256 MiB from memory, blocks
 // of 128, medians of 12 to 16 interleaved rounds, Zen 4 (ms; 1 KiB, then 4 KiB within the
@@ -1260,7 +1261,13 @@ static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 // in whole rows, SSE4. Into L2 rather than L1, AVX2 fp32 at 4 KiB measured the same.
 // EncodeSmallBlocks fetches past its run's end too: AVX-512, bf16 rows of 4100, six runs of
 // the harness per build, alternated: medians 26.1-33.9 ms within the run, 18.4-26.1 past it.
-constexpr size_t kPrefetchBytes = 4096;
+// Then from 4 to 8 KiB, with whole batches: giftc bench --threads 1 made to run AVX2, the
+// builds interleaved, three runs of 8 to 10 rounds, encode medians 0.695, 0.710, 0.725 to
+// 0.761, 0.778, 0.768 of memcpy (6 KiB 0.716, 12 KiB 0.754); bf16 0.488 to 0.494, SSE4 0.360
+// to 0.374, AVX3 (its long runs read as parts, so unchanged) 0.721 and 0.743. The harness,
+// alternated processes, medians: AVX2 fp32 rows of 2000 16.6 to 15.7 ms, AVX-512 18.2 to 17.5,
+// bf16 the same.
+constexpr size_t kPrefetchBytes = 8192;
 
 // Which cache the lines fetched ahead go to (FetchTo). Reading fp32 with AVX-512 the encode is
 // bound by the lines it has in flight, and L2 pays; where the arithmetic per byte bounds it, the
