@@ -39,15 +39,18 @@ std::vector<float> dense_sample() {
 }
 
 // A target forced for the test, and on AVX-512 how it divides by fp32 scales (through their
-// reciprocals, or with a division: the CPU's vendor picks one, and both must give the same
-// bytes on any machine).
+// reciprocals, or with a division) and reads long runs (as parts, or in order): the CPU's
+// vendor picks each, and every way must give the same bytes on any machine. The cases take
+// Intel's two choices together and AMD's together.
 struct TargetCase {
   int64_t target;
   int reciprocal;  // simd::set_reciprocal_division_for_test's mode
+  int parts;       // simd::set_read_in_parts_for_test's mode
 };
 
 void PrintTo(const TargetCase& c, std::ostream* os) {
-  *os << hwy::TargetName(c.target) << ", reciprocal division " << c.reciprocal;
+  *os << hwy::TargetName(c.target) << ", reciprocal division " << c.reciprocal << ", read in parts "
+      << c.parts;
 }
 
 class ForEachTarget : public ::testing::TestWithParam<TargetCase> {
@@ -55,10 +58,12 @@ class ForEachTarget : public ::testing::TestWithParam<TargetCase> {
   void SetUp() override {
     hwy::SetSupportedTargetsForTest(GetParam().target);
     simd::set_reciprocal_division_for_test(GetParam().reciprocal);
+    simd::set_read_in_parts_for_test(GetParam().parts);
   }
   void TearDown() override {
     hwy::SetSupportedTargetsForTest(0);
     simd::set_reciprocal_division_for_test(-1);
+    simd::set_read_in_parts_for_test(-1);
   }
 };
 
@@ -1048,8 +1053,8 @@ TEST(LowRankUpdate, FmaTargetsAgreeBitForBit) {
 std::vector<TargetCase> targets() {
   std::vector<TargetCase> out;
   for (const int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    out.push_back({t, 0});
-    if (t <= HWY_AVX3) out.push_back({t, 1});  // AVX-512 and later: both ways to divide
+    out.push_back({t, 0, 0});
+    if (t <= HWY_AVX3) out.push_back({t, 1, 1});  // AVX-512 and later: both ways of each
   }
   return out;
 }
@@ -1058,7 +1063,8 @@ INSTANTIATE_TEST_SUITE_P(Targets, ForEachTarget, ::testing::ValuesIn(targets()),
                          [](const auto& info) {
                            return std::string(hwy::TargetName(info.param.target)) +
                                   (info.param.target <= HWY_AVX3
-                                       ? (info.param.reciprocal ? "_reciprocal" : "_division")
+                                       ? (info.param.reciprocal ? "_reciprocal_parts"
+                                                                : "_division_in_order")
                                        : "");
                          });
 

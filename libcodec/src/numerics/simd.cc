@@ -27,9 +27,11 @@
 #include "numerics/shapes.h"
 
 namespace gift::simd {
-// Whether the AVX-512 encoder divides by fp32 scales through their reciprocals: by the CPU's
-// vendor, or as set_reciprocal_division_for_test says (defined once, below).
+// Whether the AVX-512 encoder divides by fp32 scales through their reciprocals, and whether it
+// reads long runs as parts (kReadStreams): by the CPU's vendor, or as
+// set_reciprocal_division_for_test and set_read_in_parts_for_test say (defined once, below).
 bool reciprocal_division_chosen();
+bool read_in_parts_chosen();
 }  // namespace gift::simd
 
 HWY_BEFORE_NAMESPACE();
@@ -1239,11 +1241,17 @@ constexpr bool kBoundByLinesInFlight = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
 // every run in order: four streams over four pages measured slower there. bench_codec, one
 // thread, 256 MiB, of memcpy, medians of 6 rounds with the two builds interleaved (Zen 4 made
 // to run AVX2, lines fetched 1024 bytes ahead): fp32 0.597 to 0.623, bf16 0.504 to 0.534;
-// SSE4 (4 rounds) fp32 0.440 to 0.453. AVX-512 keeps the parts (fp32 in a harness: 0.79-0.81
-// of memcpy with them, 0.53-0.66 in order; bf16 the same either way). Other CPUs unmeasured.
+// SSE4 (4 rounds) fp32 0.440 to 0.453. AVX-512 kept the parts (fp32 in a harness: 0.79-0.81
+// of memcpy with them, 0.53-0.66 in order; bf16 the same either way). Since whole batches
+// (EncodeWholeBatch) and the 8 KiB fetch (kPrefetchBytes), Zen 4 reads faster in order: giftc
+// bench --threads 1, the two ways interleaved, encode medians 0.750 and 0.741 of memcpy as
+// parts, 0.869 and 0.895 in order; blocks of 256 0.680 to 0.824, E8M0 scales 0.696 to 0.720.
+// So AMD CPUs read in order (read_in_parts_chosen); Intel's keep the parts, unmeasured since.
 constexpr uint64_t kReadStreams = kBoundByLinesInFlight ? 4 : 1;
 constexpr uint64_t kStreamedBlocks = kBatchBlocks * kReadStreams;
 static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
+
+HWY_INLINE bool ReadInParts() { return kReadStreams > 1 && read_in_parts_chosen(); }
 
 // How far ahead a run read in order fetches (on AVX-512, runs under kStreamedBlocks blocks):
 // 8 KiB, where 1 KiB kept too few lines coming for a memory's latency at the rate the
@@ -1453,7 +1461,7 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
   const T* src = static_cast<const T*>(run.src);
   const char* bytes = static_cast<const char*>(run.src);
   const uint64_t blocks = (run.n + run.block - 1) / run.block;
-  const uint64_t streams = blocks >= kStreamedBlocks ? kReadStreams : 1;
+  const uint64_t streams = blocks >= kStreamedBlocks && ReadInParts() ? kReadStreams : 1;
   const uint64_t part = (blocks + streams - 1) / streams;  // blocks per part; the last fewer
   const uint64_t rounds = kBatchBlocks / streams;          // blocks of each part per batch
   const auto len_of = [&](uint64_t b) {
@@ -1877,26 +1885,36 @@ namespace gift::simd {
 
 namespace {
 std::atomic<int> g_reciprocal_division{-1};
+std::atomic<int> g_read_in_parts{-1};
+
+// The choices made by the CPU's vendor: mode if set (0 or 1), else the vendor's.
+bool chosen_unless_amd(const std::atomic<int>& mode_set) {
+  const int mode = mode_set.load(std::memory_order_relaxed);
+  if (mode >= 0) return mode == 1;
+  static const bool amd = [] {
+#if HWY_ARCH_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+#else
+    return false;
+#endif
+  }();
+  return !amd;
+}
 }  // namespace
 
 // Intel's AVX-512 (the Xeon measured) divides faster through the reciprocal, AMD's Zen 4 with
 // vdivps (ReciprocalChosen's comment): AMD CPUs divide (Zen 5, whose 512-bit units are whole on
 // its server parts, is unmeasured).
-bool reciprocal_division_chosen() {
-  const int mode = g_reciprocal_division.load(std::memory_order_relaxed);
-  if (mode >= 0) return mode == 1;
-  static const bool by_vendor = [] {
-#if HWY_ARCH_X86
-    __builtin_cpu_init();
-    return !__builtin_cpu_is("amd");
-#else
-    return true;
-#endif
-  }();
-  return by_vendor;
-}
+bool reciprocal_division_chosen() { return chosen_unless_amd(g_reciprocal_division); }
+
+// Long runs read as parts measured faster before whole batches; since then AMD's Zen 4 reads
+// faster in order, and Intel's CPUs keep the parts, unmeasured since (kReadStreams' comment).
+bool read_in_parts_chosen() { return chosen_unless_amd(g_read_in_parts); }
 
 int set_reciprocal_division_for_test(int mode) { return g_reciprocal_division.exchange(mode); }
+
+int set_read_in_parts_for_test(int mode) { return g_read_in_parts.exchange(mode); }
 
 HWY_EXPORT(AbsMaxBits);
 HWY_EXPORT(BlocksAbsMaxBits);

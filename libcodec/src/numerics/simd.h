@@ -130,4 +130,9 @@ const char* target_names();
 // the same; tests set it to reach both. Returns the previous setting.
 int set_reciprocal_division_for_test(int mode);
 
+// Whether the AVX-512 encoder reads runs of 64 blocks or more as four parts side by side (1)
+// or in order (0); -1 (the default): as measured faster for the CPU's vendor. The bytes are
+// the same; tests set it to reach both. Returns the previous setting.
+int set_read_in_parts_for_test(int mode);
+
 }  // namespace gift::simd
