@@ -94,8 +94,9 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(b.n * 4 * 2));
 }
 
-// The buffer as rows of `cols` elements (0: one row of them all). The encoder reads a row of
-// 64 blocks or more otherwise than a shorter one (simd.cc, kReadStreams), so both are timed.
+// The buffer as rows of `cols` elements (0: one row of them all). The encoder may read a row of
+// 64 blocks or more otherwise than a shorter one (simd.cc, kReadStreams: on AVX-512 where
+// ReadInParts), so both are timed.
 void encode_loop(benchmark::State& state, const void* src, giftDType_t dt, size_t in_bytes,
                  size_t cols = 0) {
   Buffers& b = buffers();

@@ -13,6 +13,7 @@
 
 #include "gift/gift.h"
 #include "numerics/elementwise.h"
+#include "numerics/simd.h"
 #include "unit/compiler_half.h"
 
 namespace {
@@ -523,43 +524,50 @@ uint16_t bf16_of(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// Rows long enough for the block encoder to read them as four parts side by side: NaN and
-// Inf in the first block, a middle one, the last block of a part and the last of a row make
-// the encoder redo the run; every block then has the scale and codes it has with zeros in
-// those places, but for the NaN and Inf codes themselves. The same for tiles, whose rows of
-// tiles are taken in pieces (codec.cc, encode_tile_rows) and a piece holding one tile by tile.
+// Rows long enough for the block encoder to read them as four parts side by side (on AVX-512,
+// where it chooses to; both ways are taken here): NaN and Inf in the first block, a middle
+// one, the last block of a part and the last of a row make the encoder redo the run; every block
+// then has the scale and codes it has with zeros in those places, but for the NaN and Inf codes
+// themselves. The same for tiles, whose rows of tiles are taken in pieces (codec.cc,
+// encode_tile_rows) and a piece holding one tile by tile.
 TEST(Codec, NonFiniteValuesInLongRowsKeepEveryOtherCode) {
   // 157 blocks of 128 per row, parts of 40; and rows of whole blocks, the tensor one run of
   // 320 blocks across rows (codec.cc, for_each_block_run), parts of 80.
-  for (const Shape s : {Shape{2, 20000}, Shape{40, 1024}}) {
-    const std::vector<uint64_t> at = {3, 64 * 128 + 5, 39 * 128 + 127, 20000 - 1, 20000 + 80 * 128};
-    std::vector<float> x = gradient_like(s, 41), zeroed = x;
-    for (size_t k = 0; k < at.size(); ++k) {
-      x[at[k]] = k % 2 ? -INFINITY : std::nanf("");
-      zeroed[at[k]] = 0.0f;
-    }
-    for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
-      for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
-        for (giftQuantParams p : {params(kind, GIFT_SCALE_BLOCK, sd, 128),
-                                  params(kind, GIFT_SCALE_TILE, sd, 128, 3, 100),
-                                  params(kind, GIFT_SCALE_TILE, sd, 128, 8, 128)})
-          for (int threads : {1, 2}) {
-            use_threads(threads);
-            p.nonfinite = GIFT_NONFINITE_KEEP;
-            giftEncodeStats st;
-            const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s, &st);
-            const Encoded want = encode(p, zeroed.data(), GIFT_DTYPE_F32, s);
-            EXPECT_EQ(st.nonfinite_count, at.size());
-            EXPECT_EQ(st.first_nonfinite, at[0]);
-            ASSERT_EQ(got.scales, want.scales) << describe(p, s);
-            for (uint64_t i = 0; i < x.size(); ++i) {
-              const bool nan = std::isnan(x[i]), inf = std::isinf(x[i]);
-              const uint8_t code = nan || kind == GIFT_FP8_E4M3 ? 0x7F : 0xFC;  // -Inf in E5M2
-              ASSERT_EQ(got.codes[i], nan || inf ? code : want.codes[i])
-                  << describe(p, s) << " i=" << i;
+  struct Restore {
+    ~Restore() { gift::simd::set_read_in_parts_for_test(-1); }
+  } restore;
+  for (const int parts : {0, 1})
+    for (const Shape s : {Shape{2, 20000}, Shape{40, 1024}}) {
+      gift::simd::set_read_in_parts_for_test(parts);
+      const std::vector<uint64_t> at = {3, 64 * 128 + 5, 39 * 128 + 127, 20000 - 1,
+                                        20000 + 80 * 128};
+      std::vector<float> x = gradient_like(s, 41), zeroed = x;
+      for (size_t k = 0; k < at.size(); ++k) {
+        x[at[k]] = k % 2 ? -INFINITY : std::nanf("");
+        zeroed[at[k]] = 0.0f;
+      }
+      for (auto kind : {GIFT_FP8_E4M3, GIFT_FP8_E5M2})
+        for (auto sd : {GIFT_SCALE_DTYPE_F32, GIFT_SCALE_DTYPE_E8M0})
+          for (giftQuantParams p : {params(kind, GIFT_SCALE_BLOCK, sd, 128),
+                                    params(kind, GIFT_SCALE_TILE, sd, 128, 3, 100),
+                                    params(kind, GIFT_SCALE_TILE, sd, 128, 8, 128)})
+            for (int threads : {1, 2}) {
+              use_threads(threads);
+              p.nonfinite = GIFT_NONFINITE_KEEP;
+              giftEncodeStats st;
+              const Encoded got = encode(p, x.data(), GIFT_DTYPE_F32, s, &st);
+              const Encoded want = encode(p, zeroed.data(), GIFT_DTYPE_F32, s);
+              EXPECT_EQ(st.nonfinite_count, at.size());
+              EXPECT_EQ(st.first_nonfinite, at[0]);
+              ASSERT_EQ(got.scales, want.scales) << describe(p, s);
+              for (uint64_t i = 0; i < x.size(); ++i) {
+                const bool nan = std::isnan(x[i]), inf = std::isinf(x[i]);
+                const uint8_t code = nan || kind == GIFT_FP8_E4M3 ? 0x7F : 0xFC;  // -Inf in E5M2
+                ASSERT_EQ(got.codes[i], nan || inf ? code : want.codes[i])
+                    << describe(p, s) << " i=" << i;
+              }
             }
-          }
-  }
+    }
 }
 
 TEST(Codec, Bf16AndFp16InputsEncodeAsTheirExactFp32Widening) {

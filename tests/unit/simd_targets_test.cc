@@ -717,15 +717,6 @@ TEST_P(ForEachTarget, AddSquaresChunksEqualsOneCallPerSpan) {
       }
 }
 
-// The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
-// per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
-// short last blocks, runs read as four parts on AVX-512 (blocks of 16 to 128; the last part
-// shorter; fp32 blocks of 16 to 64 and 16-bit ones of 16 to 128 are taken 16 at a time
-// instead, and only the rest of the run in parts: blocks of 48, 80 and 100 and fp32 blocks
-// of 128 keep the parts) and
-// in order (every run on narrower targets; blocks of 256: three batches; of 4096: one),
-// all-zero and subnormal blocks, bf16 values (whose few mantissa bits put many quotients next
-// to FP8 rounding midpoints), and a NaN that stops the run.
 // Encodes the n elements at src (value(i) being element i) as one run, and checks it against
 // the scalar rule: each block's scale and codes, the run's amax bits, and nothing written past
 // the codes or the scales. The codes and scales written are left in *codes and *scales.
@@ -769,6 +760,15 @@ void ExpectEncodeFollowsScalarRule(const void* src, giftDType_t dt, size_t n, ui
   }
 }
 
+// The block encoder and decoder (the hot path, runs of whole blocks in batches) against the
+// per-element rules: every source type, FP8 kind and scale type; runs longer than a batch,
+// short last blocks, runs read as four parts on AVX-512 where the case reads in parts (blocks
+// of 16 to 128; the last part shorter; fp32 blocks of 16 to 64 and 16-bit ones of 16 to 128
+// are taken 16 at a time instead, and only the rest of the run in parts: blocks of 48, 80 and
+// 100 and fp32 blocks of 128 keep the parts) and in order (every run on narrower targets and
+// in the cases that read in order; blocks of 256: three batches; of 4096: one),
+// all-zero and subnormal blocks, bf16 values (whose few mantissa bits put many quotients next
+// to FP8 rounding midpoints), and a NaN that stops the run.
 TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
   std::mt19937 gen(11);
   std::normal_distribution<float> nd;
@@ -906,7 +906,8 @@ TEST_P(ForEachTarget, BlockRunsEqualScalarRule) {
 }
 
 // Batches taken whole (EncodeWholeBatch: runs read in order, on AVX2 and narrower every run,
-// on AVX-512 runs under 64 blocks that the 16-block encoder leaves): runs whose last block is
+// on AVX-512 those that the 16-block encoder leaves, under 64 blocks where the case reads long
+// runs in parts): runs whose last block is
 // short, in the batch after one that would otherwise be taken whole, and the same runs whole;
 // a batch with a block whose fp32 scale lies below the reciprocal's domain (values near 1e-30,
 // in fp16 zeros); NaN and Inf in a batch whose amax is taken beside a whole batch's codes.

@@ -1224,14 +1224,14 @@ HWY_INLINE void BatchScalesF32(const uint32_t* amax_bits, float* scale, float* r
 }
 
 // The targets whose encode reads memory fast enough to be bound by the lines it keeps in
-// flight (AVX-512 on x86): they read long runs as parts (kReadStreams) and fetch fp32 into
-// L2 (FetchToFor); the others read every run in order (kPrefetchBytes ahead).
+// flight (AVX-512 on x86): they may read long runs as parts (kReadStreams, ReadInParts) and
+// fetch fp32 into L2 (FetchToFor); the others read every run in order (kPrefetchBytes ahead).
 constexpr bool kBoundByLinesInFlight = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
 
-// A run of at least kStreamedBlocks blocks is read as kReadStreams contiguous parts side by
-// side: the batch takes kBatchBlocks / kReadStreams consecutive blocks of each part, and as
-// a block's amax is taken, the block that the next batch takes in its place is fetched.
-// One thread reading memory is bound by the lines it has in flight: the hardware
+// A run of at least kStreamedBlocks blocks is read, where ReadInParts, as kReadStreams
+// contiguous parts side by side: the batch takes kBatchBlocks / kReadStreams consecutive blocks of
+// each part, and as a block's amax is taken, the block that the next batch takes in its place is
+// fetched. One thread reading memory is bound by the lines it has in flight: the hardware
 // prefetcher follows each part's stream (within its 4 KiB page) on its own, so four parts
 // keep about four times as many lines coming (codec.cc makes a run of rows where every row
 // is whole blocks). A shorter run is read in order, each line kPrefetchBytes ahead fetched
@@ -1253,7 +1253,8 @@ static_assert(kBatchBlocks % kReadStreams == 0, "whole rounds per batch");
 
 HWY_INLINE bool ReadInParts() { return kReadStreams > 1 && read_in_parts_chosen(); }
 
-// How far ahead a run read in order fetches (on AVX-512, runs under kStreamedBlocks blocks):
+// How far ahead a run read in order fetches (on AVX-512, every run where it does not read in
+// parts, else runs under kStreamedBlocks blocks):
 // 8 KiB, where 1 KiB kept too few lines coming for a memory's latency at the rate the
 // arithmetic takes them, and 4 KiB too once whole batches (EncodeWholeBatch) made the AVX2
 // loop faster; and past the run's end into the bytes that follow it in the same
@@ -1590,7 +1591,8 @@ constexpr uint64_t kSmallFetchAhead = 4096;
 // EncodeBlocksBatched, giftc bench --threads 1, of memcpy, the two builds interleaved (Zen 4): bf16
 // blocks of 128 0.150 to 0.162 in cache (2 MiB), 0.504 to 0.52 from memory (256 MiB); fp32 blocks
 // of 64 0.213 to 0.228 and 0.61 to 0.68. fp32 blocks of 128 are left to EncodeBlocksBatched: 0.255
-// to 0.233 this way in cache, 0.77 to 0.58 from memory, where its parts (kReadStreams) read faster.
+// to 0.233 this way in cache, 0.77 to 0.58 from memory, where its parts (kReadStreams) read faster
+// (and on AMD, read in order as whole batches since, faster still).
 template <typename T>
 HWY_INLINE bool SmallBlocksApply(uint32_t block) {
   return (block == 16 || block == 32 || block == 64 || block == 128) && block * sizeof(T) <= 256;
@@ -1909,7 +1911,8 @@ bool chosen_unless_amd(const std::atomic<int>& mode_set) {
 bool reciprocal_division_chosen() { return chosen_unless_amd(g_reciprocal_division); }
 
 // Long runs read as parts measured faster before whole batches; since then AMD's Zen 4 reads
-// faster in order, and Intel's CPUs keep the parts, unmeasured since (kReadStreams' comment).
+// faster in order, and Intel's CPUs keep the parts, unmeasured since (kReadStreams' comment;
+// Zen 5 unmeasured).
 bool read_in_parts_chosen() { return chosen_unless_amd(g_read_in_parts); }
 
 int set_reciprocal_division_for_test(int mode) { return g_reciprocal_division.exchange(mode); }
