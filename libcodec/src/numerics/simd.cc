@@ -749,9 +749,10 @@ HWY_INLINE void PrefetchBytes(const char* base, uint64_t from, uint64_t to, Fetc
 // medians (Zen 4, made to run AVX2, an hour when its other hardware thread was busy most of the
 // time): 33.5 to 32.0 us; blocks of 1024 26.1 to 24.8; AVX-512 27.4 to 23.9. giftc bench
 // --threads 1 made to run AVX2, ten interleaved rounds: encode 0.657 to 0.680 of memcpy.
-static_assert(!HWY_HAVE_SCALABLE, "kStepBytes is a step's size (hwy_targets.h)");
+static_assert(!HWY_HAVE_SCALABLE, "kStepLanes is a step's size (hwy_targets.h)");
+constexpr size_t kStepLanes = 4 * hn::MaxLanes(DF());  // elements of a 4-vector step
 template <typename T>
-constexpr size_t kStepBytes = 4 * hn::MaxLanes(DF()) * sizeof(T);  // a 4-vector step's source
+constexpr size_t kStepBytes = kStepLanes * sizeof(T);  // a 4-vector step's source
 
 struct Fetch {
   const char* base = nullptr;
@@ -761,8 +762,8 @@ struct Fetch {
   HWY_INLINE void step(uint64_t offset) const {
     if (offset + kBytes <= len) {
       for (uint64_t i = 0; i < kBytes; i += 64) PrefetchLine(base + at + offset + i, where);
-    } else if (offset < len) {
-      PrefetchBytes(base + at, offset, len, where);
+    } else {
+      rest(offset);
     }
   }
   HWY_INLINE void rest(uint64_t offset) const {
@@ -1441,12 +1442,11 @@ template <typename T, Fp8 K, bool kE8M0, bool kRecip>
 HWY_INLINE void EncodeWholeBatch(const T* x, size_t len, const float* factor,
                                  const float* reciprocal, uint8_t* codes, const Fetch& fetch,
                                  uint32_t* next_amax) {
-  const size_t step = 4 * hn::Lanes(DF());
-  HWY_DASSERT(len % step == 0);
+  HWY_DASSERT(len % kStepLanes == 0);
   const T* next = x + kBatchBlocks * len;
   for (size_t k = 0, i = 0; k < kBatchBlocks; ++k) {
     AmaxOf<T> amax;
-    for (const size_t end = i + len; i < end; i += step) {
+    for (const size_t end = i + len; i < end; i += kStepLanes) {
       fetch.step<kStepBytes<T>>(i * sizeof(T));
       amax.add4(next + i);
       QuantizeGroup<T, K, kE8M0, kRecip, Source<T>::kZipped>(x + i, 2, &factor[k], &reciprocal[k],
@@ -1527,7 +1527,7 @@ uint32_t EncodeBlocksBatched(const BlockRun& run) {
         r0 + rounds < part ? batch_at(r0 + rounds, batch[cur ^ 1]) : 0;
     // Taken whole where the run is read in order (the batch's blocks and the next batch's follow
     // one another) and the next batch is whole blocks of whole steps, as this one then is.
-    if (streams == 1 && next_count == kBatchBlocks && run.block % (4 * hn::Lanes(DF())) == 0 &&
+    if (streams == 1 && next_count == kBatchBlocks && run.block % kStepLanes == 0 &&
         (next_ids[kBatchBlocks - 1] + 1) * run.block <= run.n) {
       bool clean = true, in_domain = recip;
       for (size_t k = 0; k < kBatchBlocks; ++k) {
